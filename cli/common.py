@@ -1,0 +1,21 @@
+"""Options shared by several commands, and output helpers (data to stdout, hints to stderr)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON object.")]
+OutOpt = Annotated[str | None, typer.Option("-o", "--output", help="Where to write the result.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

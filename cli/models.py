@@ -1,0 +1,96 @@
+"""``zoo list``, ``zoo info``, ``zoo doctor``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Column, Table
+
+from cli.common import JsonOpt, err, out, print_json
+from zoo.metadata import ModelInfo
+from zoo.registry import list_models, model_info
+
+
+def _row(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "arch": info.arch,
+        "tag": info.tag,
+        "params": info.params,
+        "gflops": info.gflops,
+        "input_size": list(info.input_size),
+        "num_classes": info.num_classes,
+        "weights": info.weights.kind,
+        "pinned": info.weights.pinned,
+        "license": info.license,
+        "parent": info.parent,
+    }
+
+
+def list_cmd(
+    pattern: Annotated[str | None, typer.Argument(help="fnmatch pattern, e.g. 'resnet*'")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List registered models."""
+    rows = [_row(model_info(n)) for n in list_models(pattern)]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        err.print(f"No model matches {pattern!r}.")
+        raise typer.Exit(1)
+    table = Table("params", "GFLOPs", "input", "classes", "weights")
+    table.columns.insert(0, Column("name", no_wrap=True))
+    for r in rows:
+        table.add_row(
+            r["name"],
+            f"{r['params']:,}",
+            f"{r['gflops']:.3g}",
+            "×".join(map(str, r["input_size"])),
+            str(r["num_classes"]),
+            r["weights"] + ("" if r["pinned"] or r["weights"] == "none" else " (unpinned)"),
+        )
+    out.print(table)
+
+
+def info_cmd(
+    name: Annotated[str, typer.Argument(help="arch, arch.tag, timm:<name> or a model folder")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show everything known about one model."""
+    from zoo.factory import resolve
+
+    info = resolve(name)[0].info
+    d = info.to_dict()
+    if as_json:
+        print_json(d)
+        return
+    labels = d.pop("label_names")
+    for k, v in d.items():
+        if k == "weights":
+            v = v["description"]
+        out.print(f"[bold]{k}[/bold]: {v}")
+    if labels:
+        out.print(f"[bold]labels[/bold]: {len(labels)} ({', '.join(labels[:5])}, …)")
+
+
+def doctor_cmd(as_json: JsonOpt = False) -> None:
+    """Report versions, CUDA/driver, GPUs, ORT providers and thread counts."""
+    from zoo.system import environment_report
+
+    report = environment_report()
+    if as_json:
+        print_json(report)
+        return
+    for k, v in report.items():
+        if k != "warnings":
+            out.print(f"{k}: {v}")
+    for w in report["warnings"]:
+        err.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_cmd)
+    app.command("info")(info_cmd)
+    app.command("doctor")(doctor_cmd)

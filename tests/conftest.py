@@ -1,0 +1,49 @@
+"""Shared fixtures. Tests never touch the network: the Hub is offline, and the real
+MobileNetV2 ImageNet weights come from torch hub's cache (scripts/fetch_test_weights.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["ZOO_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = str(Path(sys.executable).parent / "zoo")
+
+
+@pytest.fixture(scope="session")
+def mobilenet_weights() -> Path:
+    path = Path(torch.hub.get_dir()) / "checkpoints" / "mobilenet_v2-b0353104.pth"
+    if not path.exists():
+        pytest.fail(f"Real test weights missing at {path}: run scripts/fetch_test_weights.sh")
+    return path
+
+
+def run_zoo(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``zoo`` console script."""
+    return subprocess.run(
+        [ZOO, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sklearn's 1,797 real handwritten digits as a flat image folder (32×32 PNGs)."""
+    from zoo.samples import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("digits") / "digits")

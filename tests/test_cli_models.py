@@ -1,0 +1,76 @@
+"""The real ``zoo`` command: exit codes, messages, JSON shapes."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_zoo
+from tests.test_registry import EXPECTED_PARAMS
+
+
+def test_help() -> None:
+    r = run_zoo("--help")
+    assert r.returncode == 0
+    for cmd in ("list", "info", "doctor"):
+        assert cmd in r.stdout
+
+
+def test_list_json_has_every_entry() -> None:
+    r = run_zoo("list", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    for name, params in EXPECTED_PARAMS.items():
+        row = rows[name]
+        assert row["params"] == params
+        assert {"input_size", "num_classes", "weights"} <= row.keys()
+
+
+def test_info_resnet18_json() -> None:
+    r = run_zoo("info", "resnet18", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["params"] == 11_689_512 and d["name"] == "resnet18.tv_in1k"
+    assert d["weights"]["pinned"] is True
+
+
+def test_unknown_model_did_you_mean() -> None:
+    r = run_zoo("info", "resnet81")
+    assert r.returncode == 1
+    assert "Unknown model 'resnet81'" in r.stderr and "Did you mean" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_debug_variable_shows_traceback() -> None:
+    r = run_zoo("info", "resnet81", env={"ZOO_DEBUG": "1"})
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_usage_error_exits_2() -> None:
+    assert run_zoo("list", "--no-such-flag").returncode == 2
+    assert run_zoo("no-such-command").returncode == 2
+
+
+def test_list_pattern_without_match() -> None:
+    r = run_zoo("list", "nothing*")
+    assert r.returncode == 1 and "No model matches" in r.stderr
+
+
+def test_doctor_json() -> None:
+    r = run_zoo("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for key in (
+        "python",
+        "torch",
+        "torchvision",
+        "timm",
+        "onnx",
+        "onnxruntime",
+        "ort_providers",
+        "torch_threads",
+        "cpus_available",
+        "cuda_available",
+        "warnings",
+    ):
+        assert key in d
+    assert "CPUExecutionProvider" in d["ort_providers"]

@@ -1,0 +1,31 @@
+"""Every registered entry has a card in model_cards/ whose numbers match model_info."""
+
+from __future__ import annotations
+
+import pytest
+from huggingface_hub import ModelCard
+
+import zoo
+from tests.conftest import ROOT
+from zoo.cards import registry_card, validate_card_locally
+
+
+@pytest.mark.parametrize("name", [n for n in zoo.list_models() if not n.startswith("tiny_")])
+def test_card_exists_and_matches(name: str) -> None:
+    path = ROOT / "model_cards" / f"{name}.md"
+    assert path.exists(), "missing card: run python scripts/make_model_cards.py"
+    card = ModelCard.load(path)
+    info = zoo.model_info(name)
+    data = card.data.to_dict()
+    assert data["zoo_name"] == name
+    assert data["params"] == info.params
+    assert data["gflops"] == info.gflops
+    assert data["input_size"] == list(info.input_size)
+    assert data["num_classes"] == info.num_classes
+    assert data["preprocessing"] == info.preprocessing()
+    assert data["weights_pinned"] == info.weights.pinned
+    published = {(r.metric_name, r.metric_value) for r in card.data.eval_results or []}
+    assert published == {(k.split("/")[1], v) for k, v in info.metrics}
+    assert f"{info.params:,}" in card.text
+    validate_card_locally(str(card))
+    assert str(card) == str(registry_card(info)), "card is stale: regenerate it"

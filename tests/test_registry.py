@@ -1,0 +1,136 @@
+"""The registry itself: every entry is checked (shape, NaN, determinism, params, GFLOPs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import zoo
+from zoo.errors import DuplicateModelError, StateDictMismatchError, UnknownModelError
+from zoo.metadata import ModelInfo
+from zoo.profile import count_gflops, count_params
+from zoo.registry import register_model
+
+EXPECTED_PARAMS = {
+    "mlp.scratch": 203_530,
+    "simple_cnn.scratch": 620_362,
+    "crnn.scratch": 2_122_378,
+    "resnet18.tv_in1k": 11_689_512,
+    "resnet34.tv_in1k": 21_797_672,
+    "resnet50.tv_in1k": 25_557_032,
+    "resnet18.a1_in1k": 11_689_512,
+    "resnet34.a1_in1k": 21_797_672,
+    "resnet50.a1_in1k": 25_557_032,
+    "mobilenet_v2.tv_in1k": 3_504_872,
+}
+
+
+def test_every_documented_entry_is_registered() -> None:
+    assert set(EXPECTED_PARAMS) <= set(zoo.list_models())
+
+
+@pytest.mark.parametrize("name", zoo.list_models())
+def test_entry_builds_and_behaves(name: str) -> None:
+    info = zoo.model_info(name)
+    model = zoo.create_model(name, weights="none")
+    assert count_params(model) == info.params == EXPECTED_PARAMS[name]
+    assert not model.training
+    torch.manual_seed(0)
+    x = torch.randn(2, *info.input_size)
+    with torch.no_grad():
+        y1, y2 = model(x), model(x)
+    assert y1.shape == (2, info.num_classes)
+    assert torch.isfinite(y1).all()
+    assert torch.equal(y1, y2), "eval mode must be deterministic"
+    assert math.isclose(count_gflops(model, info.input_size), info.gflops, rel_tol=0.01)
+
+
+@pytest.mark.parametrize("name", zoo.list_models())
+def test_metadata_is_complete(name: str) -> None:
+    info = zoo.model_info(name)
+    assert info.name == name
+    assert len(info.mean) == len(info.std) == info.input_size[0]
+    assert info.classifier, "every entry declares its classifier head"
+    assert info.license
+    if info.weights.kind != "none":
+        assert info.label_names is not None and len(info.label_names) == info.num_classes
+    if info.weights.kind == "hub":
+        assert not info.weights.pinned and "not pinned" in info.description
+
+
+def test_bare_arch_means_default_tag() -> None:
+    assert zoo.model_info("resnet18").name == "resnet18.tv_in1k"
+    assert zoo.list_models("resnet1*") == ["resnet18.a1_in1k", "resnet18.tv_in1k"]
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(UnknownModelError, match="Did you mean 'resnet18'"):
+        zoo.create_model("resnt18")
+    with pytest.raises(KeyError):  # also a builtin KeyError
+        zoo.model_info("nope")
+
+
+def test_duplicate_registration_raises() -> None:
+    info = zoo.model_info("mlp")
+    with pytest.raises(DuplicateModelError):
+        register_model(info)(lambda num_classes=10: torch.nn.Linear(1, 1))
+    assert isinstance(DuplicateModelError("x"), ValueError)
+
+
+def test_fresh_name_registers() -> None:
+    info = ModelInfo(
+        arch="tiny_test_net",
+        tag="scratch",
+        input_size=(4,),
+        num_classes=2,
+        params=10,
+        gflops=0.0,
+        mean=(0.0,) * 4,
+        std=(1.0,) * 4,
+        classifier="0",
+    )
+    register_model(info)(lambda num_classes=2: torch.nn.Sequential(torch.nn.Linear(4, num_classes)))
+    assert "tiny_test_net.scratch" in zoo.list_models("tiny_*")
+
+
+def test_head_reinit_and_strict_load(mobilenet_weights) -> None:
+    model = zoo.create_model("mobilenet_v2", num_classes=5)
+    report = model.zoo_load_report
+    assert report.reinitialised == ["classifier.1.weight", "classifier.1.bias"]
+    assert not report.missing and not report.unexpected
+    assert model.zoo_info.num_classes == 5 and model.zoo_info.label_names is None
+    ref = zoo.create_model("mobilenet_v2")
+    assert torch.equal(model.features[0][0].weight, ref.features[0][0].weight)
+
+
+def test_mismatch_outside_head_is_an_error(mobilenet_weights, tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    sd = zoo.create_model("mobilenet_v2", weights="none").state_dict()
+    sd.pop("features.0.0.weight")
+    sd["extra.weight"] = torch.zeros(1)
+    save_file(sd, tmp_path / "w.safetensors")
+    with pytest.raises(
+        StateDictMismatchError, match=r"missing from the weights: features\.0\.0\.weight"
+    ):
+        zoo.create_model("mobilenet_v2", weights=str(tmp_path / "w.safetensors"))
+
+
+def test_timm_entry_from_pretrained_cfg() -> None:
+    info = zoo.model_info("timm:resnet18.a1_in1k")
+    assert info.params == 11_689_512
+    assert info.crop_pct == 0.95 and info.interpolation == "bicubic"
+    assert info.weights.repo_id == "timm/resnet18.a1_in1k"
+    model = zoo.create_model("timm:resnet18.a1_in1k", weights="none", num_classes=3)
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)
+    with pytest.raises(UnknownModelError):
+        zoo.model_info("timm:resnet18x_bogus")
+
+
+def test_hub_weights_offline_error_names_repo() -> None:
+    from zoo.errors import WeightsNotFoundError
+
+    with pytest.raises(WeightsNotFoundError, match=r"hf:timm/resnet18.a1_in1k@main.*zoo pull"):
+        zoo.create_model("resnet18.a1_in1k")

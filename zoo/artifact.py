@@ -1,0 +1,160 @@
+"""The model-folder contract: ``model.safetensors`` + ``config.json`` + ``README.md``
+(+ optional ``model.onnx``). Written atomically; read back strictly, hash-verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from zoo.errors import ArtifactError
+from zoo.metadata import ModelInfo, WeightSource
+
+SCHEMA_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+CARD_FILE = "README.md"
+ONNX_FILE = "model.onnx"
+REQUIRED_FILES = frozenset({WEIGHTS_FILE, CONFIG_FILE, CARD_FILE})
+ALLOWED_FILES = REQUIRED_FILES | {ONNX_FILE}
+
+
+def zoo_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zoo")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def is_model_folder(path: str | os.PathLike[str]) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
+
+
+def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    folder = Path(folder)
+    missing = sorted(f for f in REQUIRED_FILES if not (folder / f).is_file())
+    if missing:
+        raise ArtifactError(
+            f"{folder} is not a zoo model folder: missing {', '.join(missing)}. A model folder "
+            f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE})."
+        )
+    extra = sorted(p.name for p in folder.iterdir() if p.name not in ALLOWED_FILES)
+    if extra:
+        raise ArtifactError(
+            f"{folder} holds files outside the model-folder contract: {', '.join(extra)}. "
+            "Remove them (pickle checkpoints are never part of an artifact)."
+        )
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{folder / CONFIG_FILE} is not valid JSON: {exc}") from exc
+    for key in ("zoo_schema", "base", "num_classes", "class_names", "weights_sha256"):
+        if key not in config:
+            raise ArtifactError(f"{folder / CONFIG_FILE} lacks the required key {key!r}.")
+    if config["zoo_schema"] > SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{folder} uses config schema {config['zoo_schema']}, newer than this zoo "
+            f"understands ({SCHEMA_VERSION}). Upgrade zoo."
+        )
+    if len(config["class_names"]) != config["num_classes"]:
+        raise ArtifactError(
+            f"{folder / CONFIG_FILE} says num_classes={config['num_classes']} but lists "
+            f"{len(config['class_names'])} class names."
+        )
+    return config
+
+
+def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> ModelInfo:
+    """The registry view of a fine-tuned folder: its parent's metadata, its own head/labels."""
+    pre = config.get("preprocessing", {})
+    return replace(
+        base,
+        tag=config.get("tag") or f"ft-{folder.name}",
+        num_classes=config["num_classes"],
+        label_names=tuple(config["class_names"]),
+        params=config.get("params", base.params),
+        mean=tuple(pre.get("mean", base.mean)),
+        std=tuple(pre.get("std", base.std)),
+        crop_pct=pre.get("crop_pct", base.crop_pct),
+        interpolation=pre.get("interpolation", base.interpolation),
+        input_size=tuple(pre.get("input_size", base.input_size)),
+        weights=WeightSource(
+            kind="local", path=str(folder / WEIGHTS_FILE), sha256=config["weights_sha256"]
+        ),
+        metrics=tuple(
+            (k, float(v))
+            for k, v in config.get("metrics", {}).items()
+            if isinstance(v, int | float)
+        ),
+        metrics_source="measured by zoo on the run's validation split",
+        parent=config["base"],
+        description=f"{base.arch} fine-tuned by zoo from {config['base']}.",
+    )
+
+
+def save_model_folder(
+    model: nn.Module,
+    out_dir: str | os.PathLike[str],
+    config: dict[str, Any],
+    card: str,
+    onnx_path: Path | None = None,
+) -> Path:
+    """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        from zoo.weights import sha256_file
+
+        config = {
+            "zoo_schema": SCHEMA_VERSION,
+            "zoo_version": zoo_version(),
+            **config,
+            "weights_sha256": sha256_file(tmp / WEIGHTS_FILE),
+        }
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / CARD_FILE).write_text(card)
+        if onnx_path is not None:
+            shutil.copy2(onnx_path, tmp / ONNX_FILE)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def state_dict_equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

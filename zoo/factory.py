@@ -1,0 +1,136 @@
+"""One builder that resolves a name, instantiates, loads weights, adapts the head and
+reports what it did."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from zoo.artifact import WEIGHTS_FILE, info_from_config, is_model_folder, read_config
+from zoo.errors import InputError
+from zoo.loading import LoadReport, load_strict
+from zoo.metadata import ModelInfo, WeightSource
+from zoo.registry import Entry, get_entry
+from zoo.weights import load_weights, read_state_dict
+
+RANDOM = ("none", "random", "scratch")
+
+
+def resolve(name: str) -> tuple[Entry, Path | None]:
+    """Registry entry for ``name``; a model folder or ``hf:ORG/REPO[@REV]`` resolves to its
+    base entry, with the folder returned beside it."""
+    if name.startswith(("hf:", "hf-hub:")):
+        from zoo.hub import pull
+
+        folder = pull(name)
+        if folder is None:  # a timm Hub name: hf-hub:timm/resnet18.a1_in1k
+            return get_entry("timm:" + name.split("/", 1)[1]), None
+        name = str(folder)
+    path = Path(name)
+    if os.sep in name or name.startswith(".") or path.is_dir():
+        if not is_model_folder(path):
+            if path.is_dir() and is_model_folder(path / "model"):  # a training run directory
+                path = path / "model"
+            elif not path.exists():
+                raise InputError(f"Model folder {name!r} does not exist.")
+            else:
+                read_config(path)  # raises with the precise contract violation
+        config = read_config(path)
+        base = get_entry(config["base"])
+        return Entry(info_from_config(path, config, base.info), base.builder), path
+    return get_entry(name), None
+
+
+def create_model_with_report(
+    name: str,
+    *,
+    num_classes: int | None = None,
+    weights: str | None = None,
+    label_names: tuple[str, ...] | list[str] | None = None,
+    **kwargs: Any,
+) -> tuple[nn.Module, ModelInfo, LoadReport | None]:
+    """Like :func:`create_model`, also returning the effective metadata and the load report."""
+    entry, _ = resolve(name)
+    info = entry.info
+    source: WeightSource = info.weights
+    if weights is not None:
+        if weights.lower() in RANDOM:
+            source = WeightSource()
+        else:
+            wpath = Path(weights)
+            if wpath.is_dir():
+                wpath = wpath / WEIGHTS_FILE
+            source = WeightSource(kind="local", path=str(wpath))
+    n = num_classes if num_classes is not None else info.num_classes
+    if n < 1:
+        raise InputError(f"num_classes must be at least 1, got {n}.")
+    model = entry.builder(num_classes=n, **kwargs)
+    report = None
+    if source.kind != "none":
+        state = (
+            load_weights(source)
+            if source.kind != "local"
+            else read_state_dict(_verified_local(source))
+        )
+        report = load_strict(
+            model,
+            state,
+            head=info.classifier,
+            source=source.describe(),
+            adapt_head=n != info.num_classes,
+        )
+    labels = (
+        tuple(label_names) if label_names else (info.label_names if n == info.num_classes else None)
+    )
+    if labels is not None and len(labels) != n:
+        raise InputError(f"{len(labels)} label names given for {n} classes.")
+    eff = replace(info, num_classes=n, label_names=labels, weights=source)
+    if n != info.num_classes:
+        from zoo.profile import count_params
+
+        eff = replace(eff, params=count_params(model), metrics=(), parent=info.name)
+    return model, eff, report
+
+
+def _verified_local(source: WeightSource) -> Path:
+    from zoo.weights import fetch_weights
+
+    return fetch_weights(source)
+
+
+def create_model(
+    name: str,
+    *,
+    num_classes: int | None = None,
+    weights: str | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a registry entry (``arch`` or ``arch.tag``), a ``timm:`` model, a zoo model
+    folder or ``hf:ORG/REPO[@REV]``, with its weights loaded strictly.
+
+    Args:
+        name: what to build.
+        num_classes: a different number of classes re-initialises the classifier head;
+            every other tensor still loads strictly.
+        weights: ``None`` for the entry's own weights (random init when it has none),
+            ``"none"`` for random initialisation, or a path to a safetensors file / folder.
+
+    Returns:
+        The model in eval mode, with ``zoo_info`` (effective :class:`ModelInfo`) and
+        ``zoo_load_report`` (:class:`LoadReport` or ``None``) attributes.
+
+    Raises:
+        UnknownModelError: the name is not registered (with did-you-mean suggestions).
+        WeightsNotFoundError / WeightsIntegrityError: weights missing or failing their hash.
+        StateDictMismatchError: weights do not fit outside the declared head.
+    """
+    model, info, report = create_model_with_report(
+        name, num_classes=num_classes, weights=weights, **kwargs
+    )
+    model.zoo_info = info  # type: ignore[assignment]
+    model.zoo_load_report = report  # type: ignore[assignment]
+    return model.eval()

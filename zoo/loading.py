@@ -1,0 +1,88 @@
+"""Strict state-dict loading with a declared, re-initialisable classifier head."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from zoo.errors import StateDictMismatchError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadReport:
+    """What a load did: which tensors came from the weights and which did not."""
+
+    source: str
+    loaded: list[str] = field(default_factory=list)
+    reinitialised: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        s = f"loaded {len(self.loaded)} tensors from {self.source}"
+        if self.reinitialised:
+            s += f"; re-initialised head: {', '.join(self.reinitialised)}"
+        return s
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _in_head(key: str, head: str | None) -> bool:
+    return head is not None and (key == head or key.startswith(head + "."))
+
+
+def load_strict(
+    model: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    *,
+    head: str | None,
+    source: str,
+    adapt_head: bool,
+) -> LoadReport:
+    """Load ``state_dict`` into ``model``.
+
+    With ``adapt_head``, head tensors (under the module path ``head``) whose shapes differ
+    are skipped and left at their fresh initialisation. Anything else missing, unexpected or
+    mis-shaped raises :class:`StateDictMismatchError` in plain words.
+    """
+    own = model.state_dict()
+    report = LoadReport(source=source)
+    to_load: dict[str, torch.Tensor] = {}
+    shape_errors = []
+    for key, tensor in state_dict.items():
+        if key not in own:
+            report.unexpected.append(key)
+        elif own[key].shape != tensor.shape:
+            if adapt_head and _in_head(key, head):
+                report.reinitialised.append(key)
+            else:
+                shape_errors.append(
+                    f"{key}: weights {tuple(tensor.shape)} vs model {tuple(own[key].shape)}"
+                )
+        else:
+            to_load[key] = tensor
+    report.missing = [k for k in own if k not in state_dict]
+    problems = []
+    if shape_errors:
+        problems.append("shape mismatch: " + "; ".join(shape_errors[:5]))
+    if report.missing:
+        problems.append(f"missing from the weights: {', '.join(report.missing[:8])}")
+    if report.unexpected:
+        problems.append(f"not in the model: {', '.join(report.unexpected[:8])}")
+    if problems:
+        hint = ""
+        if any(_in_head(k, head) for k in shape_errors + report.missing):
+            hint = " The classifier head differs: pass num_classes to re-initialise it."
+        raise StateDictMismatchError(
+            f"Weights from {source} do not fit the model ({'; '.join(problems)}).{hint}"
+        )
+    model.load_state_dict(to_load, strict=False)
+    report.loaded = sorted(to_load)
+    log.info(report.summary())
+    return report

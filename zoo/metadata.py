@@ -1,0 +1,111 @@
+"""Typed, frozen metadata for each registry entry (one entry = one architecture + weight tag)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+SourceKind = Literal["none", "torchvision", "hub", "local"]
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where an entry's weights come from, and the pin that proves they are the right ones.
+
+    ``kind``:
+      - ``none``: random initialisation (architectures without published weights);
+      - ``torchvision``: ``url`` through torch hub's cache; ``sha256`` is the full hash where
+        known, ``hash_prefix`` the part torchvision puts in the file name and checks itself;
+      - ``hub``: Hugging Face Hub ``repo_id`` / ``filename`` at ``revision`` (``None``: the
+        default branch, i.e. *not pinned*), checked against ``sha256`` when given;
+      - ``local``: a zoo model folder at ``path``.
+    """
+
+    kind: SourceKind = "none"
+    url: str | None = None
+    repo_id: str | None = None
+    filename: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+    hash_prefix: str | None = None
+
+    @property
+    def pinned(self) -> bool:
+        if self.kind == "hub":
+            return self.revision is not None and len(self.revision) == 40
+        return self.kind != "none"
+
+    def describe(self) -> str:
+        if self.kind == "torchvision":
+            pin = f"sha256 {self.sha256}" if self.sha256 else f"sha256 prefix {self.hash_prefix}"
+            return f"torchvision {self.url} ({pin})"
+        if self.kind == "hub":
+            rev = self.revision or "main (revision not pinned)"
+            return f"hf://{self.repo_id}/{self.filename} @ {rev}"
+        if self.kind == "local":
+            return f"local folder {self.path}"
+        return "random initialisation (no pretrained weights)"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Everything known about one registry entry without building it.
+
+    ``gflops`` follows torchvision's convention: one multiply-accumulate counts as one FLOP,
+    measured at ``input_size`` with batch 1 (ResNet-18: 1.81).
+    """
+
+    arch: str
+    tag: str
+    input_size: tuple[int, ...]
+    num_classes: int
+    params: int
+    gflops: float
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: str = "bilinear"
+    crop_pct: float = 0.875
+    label_names: tuple[str, ...] | None = None
+    license: str = "apache-2.0"
+    paper: str | None = None
+    source: str | None = None
+    description: str = ""
+    weights: WeightSource = field(default_factory=WeightSource)
+    metrics: tuple[tuple[str, float], ...] = ()
+    metrics_source: str | None = None
+    classifier: str | None = None
+    has_batchnorm: bool = False
+    parent: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.arch}.{self.tag}"
+
+    @property
+    def resize_size(self) -> int:
+        """Short-side resize before the center crop (e.g. 224 / 0.875 = 256)."""
+        return int(self.input_size[-1] / self.crop_pct)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["name"] = self.name
+        d["label_names"] = list(self.label_names) if self.label_names else None
+        d["metrics"] = dict(self.metrics)
+        d["weights"]["pinned"] = self.weights.pinned
+        d["weights"]["description"] = self.weights.describe()
+        return d
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The eval preprocessing as plain data (written into configs and ONNX metadata)."""
+        return {
+            "input_size": list(self.input_size),
+            "resize_size": self.resize_size,
+            "crop_pct": self.crop_pct,
+            "interpolation": self.interpolation,
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }

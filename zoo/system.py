@@ -1,0 +1,116 @@
+"""What machine this is: CPUs actually available, versions, CUDA, ORT providers."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS/Windows
+        n = os.cpu_count() or 1
+    quota = Path("/sys/fs/cgroup/cpu.max")
+    try:
+        q, period = quota.read_text().split()
+        if q != "max":
+            n = min(n, max(1, math.floor(int(q) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def _version(mod: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(mod)
+    except PackageNotFoundError:
+        return None
+
+
+def _nvidia_smi() -> dict[str, Any] | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        head = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    cuda = None
+    for token in head.split("CUDA Version:")[1:2]:
+        cuda = token.split()[0]
+    gpus = [
+        dict(zip(("name", "driver", "memory"), (c.strip() for c in line.split(",")), strict=False))
+        for line in out.strip().splitlines()
+    ]
+    return {"gpus": gpus, "driver_cuda": cuda}
+
+
+def environment_report() -> dict[str, Any]:
+    """The facts ``zoo doctor`` prints and benchmarks record as their fingerprint."""
+    import torch
+
+    report: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus_available": available_cpus(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    for mod in (
+        "torchvision",
+        "timm",
+        "onnx",
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "huggingface_hub",
+        "safetensors",
+        "numpy",
+    ):
+        report[mod.replace("-", "_")] = _version(mod)
+    try:
+        import onnxruntime as ort
+
+        report["ort_providers"] = ort.get_available_providers()
+    except ImportError:
+        report["ort_providers"] = []
+    smi = _nvidia_smi()
+    report["nvidia_smi"] = smi
+    warnings = []
+    if report["torch_cuda"] and smi is None and not report["cuda_available"]:
+        warnings.append("torch is a CUDA build but no NVIDIA driver was found: running on CPU.")
+    if smi and smi.get("driver_cuda") and report["torch_cuda"]:
+        drv = tuple(int(x) for x in smi["driver_cuda"].split(".")[:2])
+        built = tuple(int(x) for x in report["torch_cuda"].split(".")[:2])
+        if drv < built:
+            warnings.append(
+                f"torch was built for CUDA {report['torch_cuda']} but the driver supports "
+                f"CUDA {smi['driver_cuda']}: upgrade the driver or install a torch built for "
+                "an older CUDA."
+            )
+    if smi and not report["cuda_available"]:
+        warnings.append("An NVIDIA GPU is present but torch cannot use it (CPU-only torch build?).")
+    report["warnings"] = warnings
+    return report

@@ -1,0 +1,149 @@
+"""Weight resolution: torchvision files, Hugging Face Hub files, local safetensors.
+
+Every file is hash-checked on *every* load (not only on download) when its entry pins a hash,
+and nothing is unpickled: ``.pth`` files go through ``torch.load(weights_only=True)``, and
+everything zoo reads from the Hub or writes itself is safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from zoo.errors import UnsafeWeightsError, WeightsIntegrityError, WeightsNotFoundError
+from zoo.metadata import WeightSource
+
+StateDict = dict[str, torch.Tensor]
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_file(path: Path, *, sha256: str | None = None, prefix: str | None = None) -> str:
+    """Check ``path`` against a full sha256 (preferred) or torchvision's hash prefix."""
+    actual = sha256_file(path)
+    if sha256 and actual != sha256:
+        raise WeightsIntegrityError(str(path), sha256, actual)
+    if not sha256 and prefix and not actual.startswith(prefix):
+        raise WeightsIntegrityError(str(path), f"{prefix}…", actual)
+    return actual
+
+
+def torchvision_cache_path(source: WeightSource) -> Path:
+    assert source.filename is not None
+    return Path(torch.hub.get_dir()) / "checkpoints" / source.filename
+
+
+def _fetch_torchvision(source: WeightSource) -> Path:
+    path = torchvision_cache_path(source)
+    if not path.exists():
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("ZOO_OFFLINE") == "1":
+            raise WeightsNotFoundError(
+                f"Weights {source.filename} are not in the torch hub cache ({path}) and "
+                "downloads are disabled (offline). Copy the file there or go online."
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        try:
+            torch.hub.download_url_to_file(
+                str(source.url), str(tmp), hash_prefix=source.hash_prefix
+            )
+        except Exception as exc:  # urllib raises many kinds; all mean "could not fetch"
+            tmp.unlink(missing_ok=True)
+            raise WeightsNotFoundError(
+                f"Could not download {source.url} ({exc}). Place the file at {path} "
+                "(torch hub cache, $TORCH_HOME) or retry with network access."
+            ) from exc
+        os.replace(tmp, path)
+    verify_file(path, sha256=source.sha256, prefix=source.hash_prefix)
+    return path
+
+
+def hub_download(repo_id: str, filename: str, revision: str | None) -> Path:
+    """``hf_hub_download`` with errors that name the repo, revision and next step."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    rev = revision or "main"
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
+    except LocalEntryNotFoundError as exc:
+        raise WeightsNotFoundError(
+            f"{filename} of hf:{repo_id}@{rev} is not in the Hugging Face cache and the Hub "
+            f"cannot be reached (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). "
+            f"Fetch it once with network access: `zoo pull hf:{repo_id}@{rev}`."
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise WeightsNotFoundError(f"Revision {rev!r} does not exist in hf:{repo_id}.") from exc
+    except RepositoryNotFoundError as exc:
+        raise WeightsNotFoundError(
+            f"Hub repo {repo_id!r} does not exist or needs a token (`hf auth login`)."
+        ) from exc
+    except EntryNotFoundError as exc:
+        raise WeightsNotFoundError(f"hf:{repo_id}@{rev} has no file {filename!r}.") from exc
+
+
+def _fetch_hub(source: WeightSource) -> Path:
+    assert source.repo_id and source.filename
+    if not source.filename.endswith(".safetensors"):
+        raise UnsafeWeightsError(
+            f"Refusing {source.filename!r} from hf:{source.repo_id}: only safetensors are "
+            "loaded from the Hub. Convert pickle checkpoints with `zoo convert`."
+        )
+    path = hub_download(source.repo_id, source.filename, source.revision)
+    if source.sha256:
+        verify_file(path, sha256=source.sha256)
+    return path
+
+
+def fetch_weights(source: WeightSource) -> Path:
+    """Local path of the (verified) weights file for ``source``."""
+    if source.kind == "torchvision":
+        return _fetch_torchvision(source)
+    if source.kind == "hub":
+        return _fetch_hub(source)
+    if source.kind == "local":
+        assert source.path
+        path = Path(source.path)
+        if not path.is_file():
+            raise WeightsNotFoundError(f"Weights file {path} does not exist.")
+        if source.sha256:
+            verify_file(path, sha256=source.sha256)
+        return path
+    raise WeightsNotFoundError("This entry has no pretrained weights (random initialisation).")
+
+
+def read_state_dict(path: Path) -> StateDict:
+    """Tensors from a safetensors file, or a ``.pth`` through ``weights_only=True``."""
+    if path.suffix == ".safetensors":
+        return load_file(str(path), device="cpu")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle.UnpicklingError and friends
+        raise UnsafeWeightsError(
+            f"{path} cannot be loaded without unpickling arbitrary objects ({exc}). "
+            "If you trust it, convert it with `zoo convert --trust`."
+        ) from exc
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UnsafeWeightsError(f"{path} does not hold a plain state_dict of tensors.")
+    return obj
+
+
+def load_weights(source: WeightSource) -> StateDict:
+    return read_state_dict(fetch_weights(source))
