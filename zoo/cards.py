@@ -121,7 +121,6 @@ def finetuned_card(info: ModelInfo, config: dict[str, Any]) -> ModelCard:
             metric_type=k.split("/")[-1],
             metric_name=k,
             metric_value=float(v),
-            source_name="measured by zoo",
         )
         for k, v in metrics.items()
     ]

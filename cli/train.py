@@ -1,0 +1,229 @@
+"""``zoo finetune``, ``zoo eval``, ``zoo check``, ``zoo example``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from click.core import ParameterSource
+
+from cli.common import JsonOpt, err, out, print_json
+
+
+class StrategyName(str, Enum):
+    linear = "linear"
+    full = "full"
+    gradual = "gradual"
+
+
+class OptimName(str, Enum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class ScheduleName(str, Enum):
+    cosine = "cosine"
+    onecycle = "onecycle"
+    constant = "constant"
+
+
+class AmpName(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+# Option names whose CLI spelling differs from the TrainConfig field.
+_FIELD = {"arch": "model", "amp_dtype": "amp"}
+
+
+def finetune_cmd(
+    ctx: typer.Context,
+    arch: Annotated[
+        str | None,
+        typer.Argument(help="registry name, timm:<name>, or a model folder; omit with --resume"),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option("--data", help="image folder: DIR/<class>/… or DIR/train|val/<class>/…"),
+    ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="'none' for random init, or a safetensors file/folder; default: the entry's own"
+        ),
+    ] = None,
+    strategy: Annotated[
+        StrategyName | None,
+        typer.Option(
+            help="linear | full | gradual (default: gradual when pretrained, full from scratch)"
+        ),
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    freeze_epochs: Annotated[
+        int, typer.Option(min=0, help="gradual: epochs with the backbone frozen")
+    ] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="per process")] = 32,
+    lr: Annotated[
+        float | None, typer.Option(help="head learning rate (default 1e-3 AdamW, 0.1 SGD)")
+    ] = None,
+    backbone_lr_mult: Annotated[float, typer.Option(help="backbone LR = lr × this")] = 0.1,
+    weight_decay: float = 0.05,
+    optimizer: OptimName = OptimName.adamw,
+    schedule: ScheduleName = ScheduleName.cosine,
+    warmup_epochs: float = 0.5,
+    label_smoothing: float = 0.0,
+    clip_grad_norm: Annotated[float | None, typer.Option(help="e.g. 1.0")] = None,
+    amp_dtype: Annotated[
+        AmpName | None, typer.Option("--amp", help="mixed precision on CUDA")
+    ] = None,
+    channels_last: bool = False,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model")] = False,
+    val_fraction: Annotated[
+        float, typer.Option(help="flat folders: share held out for validation")
+    ] = 0.2,
+    seed: int = 0,
+    device: str = "auto",
+    num_workers: Annotated[
+        int | None, typer.Option(help="DataLoader workers (default: auto)")
+    ] = None,
+    augment: Annotated[bool, typer.Option(help="online augmentation in training")] = True,
+    cache_features: Annotated[
+        bool, typer.Option(help="linear: train the head on cached backbone features")
+    ] = False,
+    patience: Annotated[
+        int | None, typer.Option(help="early stopping after N epochs without improvement")
+    ] = None,
+    save_every_steps: Annotated[
+        int | None, typer.Option(help="also checkpoint every N steps")
+    ] = None,
+    top_k_checkpoints: int = 0,
+    strict_data: Annotated[
+        bool, typer.Option(help="unreadable images are fatal instead of quarantined")
+    ] = False,
+    image_size: Annotated[int | None, typer.Option(help="override the model's input size")] = None,
+    sync_bn: bool = False,
+    detect_anomaly: bool = False,
+    log_grad_norms: bool = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="check shapes, count parameters, estimate time; no training")
+    ] = False,
+    runs_root: Annotated[str, typer.Option("--runs", help="where run folders go")] = "runs",
+    name: Annotated[
+        str | None, typer.Option(help="run name (default: ARCH-DATA, auto-incremented)")
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
+    ] = None,
+    extend: Annotated[int, typer.Option(min=0, help="with --resume: add N epochs")] = 0,
+    nproc: Annotated[
+        int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
+    ] = 1,
+    progress: Annotated[bool, typer.Option(help="rich progress bar")] = True,
+) -> None:
+    """Fine-tune a model on a folder of images (e.g. zoo finetune resnet18 --data ./fish)."""
+    from train.config import TrainConfig
+
+    if resume is None and (arch is None or data is None):
+        raise typer.BadParameter("give ARCH and --data (or --resume RUN_DIR)")
+    if extend and resume is None:
+        raise typer.BadParameter("--extend only makes sense with --resume RUN_DIR")
+    params = dict(ctx.params)
+    if nproc > 1:
+        from train.launch import launch
+
+        raise typer.Exit(launch(nproc))
+    # What the user typed: --resume compares exactly these against the run's config.
+    explicit = frozenset(
+        _FIELD.get(k, k)
+        for k in params
+        if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE
+    )
+    values = {_FIELD.get(k, k): (v.value if isinstance(v, Enum) else v) for k, v in params.items()}
+    values["model"] = values.get("model") or ""
+    values["data"] = values.get("data") or ""
+    if values["data"]:
+        values["data"] = str(Path(values["data"]).expanduser().resolve())
+    if values["model"] and Path(values["model"]).exists():
+        values["model"] = str(Path(values["model"]).resolve())
+    cfg = TrainConfig.from_dict(values)
+    from train.trainer import fit
+
+    run = fit(cfg, explicit=explicit)
+    out.print(str(run))
+
+
+def eval_cmd(
+    model: Annotated[str, typer.Argument(help="run folder, model folder or registry name")],
+    data: Annotated[
+        str | None, typer.Option("--data", help="image folder (default: the run's own data)")
+    ] = None,
+    split: Annotated[str, typer.Option(help="train | val | test")] = "val",
+    batch_size: int = 64,
+    device: str = "auto",
+    num_workers: int = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
+    from train.eval_cli import run_eval
+
+    result = run_eval(
+        model, data=data, split=split, batch_size=batch_size, device=device, num_workers=num_workers
+    )
+    if as_json:
+        print_json(result)
+        return
+    out.print(f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images")
+    out.print(
+        f"top-1 {result['acc']:.4f}  top-5 {result['top5']:.4f}  loss {result['loss']:.4f}  "
+        f"macro-F1 {result['macro_f1']:.4f}"
+    )
+    for row in result["per_class"]:
+        out.print(
+            f"  {row['class']:<24} P {row['precision']:.3f} R {row['recall']:.3f} F1 {row['f1']:.3f} n={row['support']}"
+        )
+
+
+def check_cmd(
+    data: Annotated[str, typer.Argument(help="image folder")],
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    as_json: JsonOpt = False,
+    strict: Annotated[
+        bool, typer.Option(help="exit 1 when any image is unreadable or leaks across splits")
+    ] = False,
+) -> None:
+    """Preflight an image folder: corrupt files, tiny images, odd modes, leaks, imbalance."""
+    from train.check import check_splits, format_report
+    from train.data import scan
+
+    report = check_splits(scan(data, val_fraction=val_fraction, seed=seed))
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for line in format_report(report):
+            out.print(line)
+    if strict and report.problems():
+        err.print(f"{report.problems()} problem(s) found")
+        raise typer.Exit(1)
+
+
+def example_cmd(
+    name: Annotated[str, typer.Argument(help="built-in data set: digits")],
+    dest: Annotated[Path, typer.Argument(help="folder to write the image folder into")],
+    size: int = 32,
+) -> None:
+    """Write a built-in real data set as an image folder (digits: sklearn's 1,797 handwritten digits)."""
+    from zoo.samples import write_digits_folder
+
+    if name != "digits":
+        raise typer.BadParameter(f"unknown example {name!r}; available: digits")
+    out.print(str(write_digits_folder(dest, size=size)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("finetune")(finetune_cmd)
+    app.command("eval")(eval_cmd)
+    app.command("check")(check_cmd)
+    app.command("example")(example_cmd)

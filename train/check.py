@@ -1,0 +1,214 @@
+"""Preflight for an image folder: decode every image (in parallel) and report what would hurt
+training. The trainer runs the same check, cached by file size + mtime, and quarantines
+undecodable files instead of crashing mid-epoch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from train.data import Splits
+from zoo.system import available_cpus
+
+TINY_SIDE = 16
+ODD_MODES = frozenset(
+    {
+        "CMYK",
+        "I;16",
+        "I;16B",
+        "I;16L",
+        "I",
+        "F",
+        "P",
+        "PA",
+        "LA",
+        "RGBA",
+        "1",
+        "YCbCr",
+        "LAB",
+        "HSV",
+    }
+)
+IMBALANCE_RATIO = 5.0
+CACHE_VERSION = 1
+
+
+@dataclass
+class FileCheck:
+    path: str
+    ok: bool
+    error: str | None = None
+    width: int = 0
+    height: int = 0
+    mode: str | None = None
+    sha256: str | None = None
+
+
+@dataclass
+class CheckReport:
+    root: str
+    n_files: int = 0
+    corrupt: list[dict[str, str]] = field(default_factory=list)
+    tiny: list[dict[str, Any]] = field(default_factory=list)
+    odd_modes: list[dict[str, str]] = field(default_factory=list)
+    duplicates_across_splits: list[list[str]] = field(default_factory=list)
+    class_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    imbalance: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def quarantined(self) -> list[str]:
+        return [c["path"] for c in self.corrupt]
+
+    def problems(self) -> int:
+        return len(self.corrupt) + len(self.duplicates_across_splits)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["quarantined"] = self.quarantined
+        return d
+
+
+def _check_file(path: Path) -> FileCheck:
+    try:
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im.verify()  # structure
+            with Image.open(path) as im:
+                im.load()  # every pixel: catches truncated files
+                return FileCheck(
+                    str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
+                )
+    except Exception as exc:  # PIL raises many types for broken files; all mean "unreadable"
+        kind = "empty file" if path.stat().st_size == 0 else f"{type(exc).__name__}: {exc}"
+        return FileCheck(str(path), False, error=kind)
+
+
+def _cache_file(root: Path) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zoo" / "datacheck"
+    return base / (hashlib.sha1(str(root).encode()).hexdigest()[:16] + ".json")
+
+
+def check_files(
+    root: Path, paths: list[Path], *, workers: int | None = None, use_cache: bool = True
+) -> dict[str, FileCheck]:
+    """Decode ``paths`` in parallel; results are cached by (size, mtime) per data folder."""
+    cache_path = _cache_file(root)
+    cache: dict[str, Any] = {}
+    if use_cache and cache_path.exists():
+        try:
+            cache = json.loads(cache_path.read_text())
+            if cache.get("version") != CACHE_VERSION:
+                cache = {}
+        except (OSError, json.JSONDecodeError):
+            cache = {}
+    entries = cache.get("files", {})
+    results: dict[str, FileCheck] = {}
+    todo = []
+    for p in paths:
+        st = p.stat()
+        key = str(p)
+        hit = entries.get(key)
+        if hit and hit["size"] == st.st_size and hit["mtime_ns"] == st.st_mtime_ns:
+            results[key] = FileCheck(**hit["check"])
+        else:
+            todo.append(p)
+    if todo:
+        with ThreadPoolExecutor(max_workers=workers or max(2, available_cpus() * 2)) as pool:
+            for fc in pool.map(_check_file, todo):
+                results[fc.path] = fc
+        if use_cache:
+            new = {}
+            for p in paths:
+                st = p.stat()
+                new[str(p)] = {
+                    "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns,
+                    "check": asdict(results[str(p)]),
+                }
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            from zoo.artifact import write_json
+
+            write_json(cache_path, {"version": CACHE_VERSION, "files": new})
+    return results
+
+
+def check_splits(
+    splits: Splits, *, workers: int | None = None, use_cache: bool = True
+) -> CheckReport:
+    report = CheckReport(root=str(splits.root))
+    all_paths = [
+        (split, splits.root / rel, cls)
+        for split, items in splits.files.items()
+        for rel, cls in items
+    ]
+    checks = check_files(
+        splits.root, [p for _, p, _ in all_paths], workers=workers, use_cache=use_cache
+    )
+    report.n_files = len(all_paths)
+    by_hash: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for split, p, cls in all_paths:
+        fc = checks[str(p)]
+        rel = str(p.relative_to(splits.root))
+        if not fc.ok:
+            report.corrupt.append({"path": rel, "error": fc.error or "unreadable"})
+            continue
+        counts[split][cls] += 1
+        if min(fc.width, fc.height) < TINY_SIDE:
+            report.tiny.append({"path": rel, "size": [fc.width, fc.height]})
+        if fc.mode in ODD_MODES:
+            report.odd_modes.append({"path": rel, "mode": fc.mode or "?"})
+        if fc.sha256:
+            by_hash[fc.sha256].add((split, rel))
+    for group in by_hash.values():
+        if len({s for s, _ in group}) > 1:
+            report.duplicates_across_splits.append(sorted(f"{s}:{r}" for s, r in group))
+    report.class_counts = {s: dict(c) for s, c in counts.items()}
+    for split, c in counts.items():
+        if c and min(c.values()) > 0:
+            ratio = max(c.values()) / min(c.values())
+            if ratio >= IMBALANCE_RATIO:
+                report.imbalance[split] = round(ratio, 2)
+    return report
+
+
+def format_report(report: CheckReport, limit: int = 10) -> list[str]:
+    """Human-readable lines, most serious first."""
+    lines = [f"checked {report.n_files} images in {report.root}"]
+
+    def section(title: str, items: list[Any], fmt: Any) -> None:
+        if items:
+            lines.append(f"{title}: {len(items)}")
+            lines.extend("  " + fmt(i) for i in items[:limit])
+            if len(items) > limit:
+                lines.append(f"  … and {len(items) - limit} more (see --json)")
+
+    section(
+        "corrupt or unreadable (quarantined)",
+        report.corrupt,
+        lambda c: f"{c['path']}: {c['error']}",
+    )
+    section("exact duplicates across splits (leak)", report.duplicates_across_splits, " = ".join)
+    section(f"tiny images (< {TINY_SIDE}px)", report.tiny, lambda t: f"{t['path']} {t['size']}")
+    section(
+        "unusual modes (converted to the model's channels)",
+        report.odd_modes,
+        lambda o: f"{o['path']}: {o['mode']}",
+    )
+    for split, ratio in report.imbalance.items():
+        lines.append(f"class imbalance in {split}: largest/smallest class = {ratio}×")
+    for split, c in report.class_counts.items():
+        lines.append(f"{split}: {sum(c.values())} images in {len(c)} classes")
+    return lines

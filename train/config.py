@@ -1,0 +1,85 @@
+"""The trainer's resolved configuration: one dataclass, written to ``config.json`` in the run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Strategy = Literal["linear", "full", "gradual"]
+
+# Keys that may differ between a run and its --resume without changing the result.
+RUNTIME_KEYS = frozenset(
+    {
+        "num_workers",
+        "resume",
+        "dry_run",
+        "extend",
+        "run_dir",
+        "runs_root",
+        "name",
+        "progress",
+        "log_grad_norms",
+        "detect_anomaly",
+    }
+)
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    data: str
+    weights: str | None = None  # None: the entry's own; "none": random init
+    strategy: Strategy | None = None  # default: gradual for pretrained, full for random init
+    epochs: int = 5
+    freeze_epochs: int = 1
+    batch_size: int = 32
+    lr: float | None = None  # head LR; default 1e-3 (AdamW) / 0.1 (SGD)
+    backbone_lr_mult: float = 0.1
+    weight_decay: float = 0.05
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.9
+    schedule: Literal["cosine", "onecycle", "constant"] = "cosine"
+    warmup_epochs: float = 0.5
+    label_smoothing: float = 0.0
+    clip_grad_norm: float | None = None
+    amp: Literal["bf16", "fp16"] | None = None
+    channels_last: bool = False
+    compile: bool = False
+    multi_label: bool = False
+    val_fraction: float = 0.2
+    seed: int = 0
+    device: str = "auto"
+    num_workers: int | None = None
+    augment: bool = True
+    cache_features: bool = False
+    patience: int | None = None
+    monitor: Literal["val/acc", "val/loss"] = "val/acc"
+    save_every_steps: int | None = None
+    top_k_checkpoints: int = 0
+    strict_data: bool = False
+    max_nonfinite: int = 3
+    max_rollbacks: int = 2
+    image_size: int | None = None
+    sync_bn: bool = False
+    detect_anomaly: bool = False
+    log_grad_norms: bool = False
+    dry_run: bool = False
+    progress: bool = True
+    runs_root: str = "runs"
+    name: str | None = None
+    resume: str | None = None
+    extend: int = 0
+    run_dir: str | None = None
+    schedule_segments: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def differences(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in RUNTIME_KEYS and a[k] != b[k]}

@@ -1,0 +1,262 @@
+"""Image folders → splits, a class map applied by name, datasets and loaders.
+
+Two layouts are accepted:
+
+- ``DIR/train/<class>/…`` + ``DIR/val/<class>/…`` (``valid``/``validation`` too; optional
+  ``test``), or
+- a flat ``DIR/<class>/…``, split stratified and seeded into train/val; the split is written
+  to the run as ``split.json`` and reused on resume and eval.
+
+The user's images are never copied or modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Sampler
+
+from zoo.errors import DataError
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+SPLIT_ALIASES = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
+
+
+def natural_key(s: str) -> list[Any]:
+    """``c2`` sorts before ``c10``."""
+    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", s)]
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(
+        (p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS),
+        key=lambda p: natural_key(str(p.relative_to(folder))),
+    )
+
+
+def _class_folders(folder: Path) -> dict[str, list[Path]]:
+    classes = {}
+    for d in sorted(folder.iterdir(), key=lambda p: natural_key(p.name)):
+        if d.is_dir() and not d.name.startswith("."):
+            classes[d.name] = _images_in(d)
+    return classes
+
+
+@dataclass
+class Splits:
+    """Relative file paths (to ``root``) and class names for each split."""
+
+    root: Path
+    classes: list[str]
+    files: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split -> (rel, cls)
+    layout: str = "split"
+    val_fraction: float | None = None
+    seed: int | None = None
+
+    def class_to_idx(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.classes)}
+
+    def samples(self, split: str) -> list[tuple[Path, int]]:
+        idx = self.class_to_idx()
+        return [(self.root / rel, idx[cls]) for rel, cls in self.files.get(split, [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "layout": self.layout,
+            "val_fraction": self.val_fraction,
+            "seed": self.seed,
+            "classes": self.classes,
+            "splits": {k: [list(t) for t in v] for k, v in self.files.items()},
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], root: Path | None = None) -> Splits:
+        return cls(
+            root=Path(root or d["root"]),
+            classes=list(d["classes"]),
+            files={k: [(a, b) for a, b in v] for k, v in d["splits"].items()},
+            layout=d["layout"],
+            val_fraction=d.get("val_fraction"),
+            seed=d.get("seed"),
+        )
+
+    def fingerprint(self) -> str:
+        """A short hash of the file list and labels (not the pixels): the data's identity."""
+        h = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode())
+        return h.hexdigest()[:16]
+
+
+def _find_split_dir(root: Path, split: str) -> Path | None:
+    for alias in SPLIT_ALIASES[split]:
+        if (root / alias).is_dir():
+            return root / alias
+    return None
+
+
+def _check_classes(split_name: str, classes: dict[str, list[Path]], root: Path) -> None:
+    empty = [c for c, files in classes.items() if not files]
+    if empty:
+        raise DataError(
+            f"Class folder(s) with no images in {root}/{split_name}: {', '.join(empty)}. "
+            f"Add images (extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}) or remove the folder."
+        )
+
+
+def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Splits:
+    """Build the splits of an image folder (see module docstring)."""
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise DataError(f"Data folder {root} does not exist (or is not a folder).")
+    train_dir = _find_split_dir(root, "train")
+    if train_dir is not None:
+        val_dir = _find_split_dir(root, "val")
+        if val_dir is None:
+            raise DataError(
+                f"{root} has a train/ folder but no val/ (or valid/, validation/) folder. Add one, "
+                "or use a flat DIR/<class>/ layout to have zoo split it."
+            )
+        per_split = {"train": _class_folders(train_dir), "val": _class_folders(val_dir)}
+        test_dir = _find_split_dir(root, "test")
+        if test_dir is not None:
+            per_split["test"] = _class_folders(test_dir)
+        train_classes = list(per_split["train"])
+        for name, classes in per_split.items():
+            _check_classes(name, classes, root)
+            unknown = [c for c in classes if c not in per_split["train"]]
+            if unknown:
+                raise DataError(
+                    f"Class(es) {', '.join(unknown)} appear in {name}/ but not in train/: the "
+                    "model could never predict them. Add training images or remove them."
+                )
+        _need_two(train_classes, root / "train")
+        found = {
+            name: [(str(p.relative_to(root)), cls) for cls, paths in classes.items() for p in paths]
+            for name, classes in per_split.items()
+        }
+        return Splits(root, train_classes, found, layout="split")
+    classes = _class_folders(root)
+    if not classes:
+        raise DataError(
+            f"{root} has no class folders. Expected DIR/<class>/<image> or "
+            "DIR/train/<class>/… + DIR/val/<class>/…"
+        )
+    _check_classes("", classes, root)
+    _need_two(list(classes), root)
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+    rng = random.Random(seed)
+    files: dict[str, list[tuple[str, str]]] = {"train": [], "val": []}
+    for cls, paths in classes.items():
+        rels = [str(p.relative_to(root)) for p in paths]
+        rng.shuffle(rels)
+        n_val = max(1, round(len(rels) * val_fraction)) if len(rels) > 1 else 0
+        files["val"] += [(r, cls) for r in sorted(rels[:n_val], key=natural_key)]
+        files["train"] += [(r, cls) for r in sorted(rels[n_val:], key=natural_key)]
+    return Splits(root, list(classes), files, layout="flat", val_fraction=val_fraction, seed=seed)
+
+
+def _need_two(classes: list[str], where: Path) -> None:
+    if len(classes) < 2:
+        raise DataError(
+            f"Found {len(classes)} class folder(s) in {where} ({', '.join(classes) or 'none'}): "
+            "classification needs at least 2. Put each class's images in its own folder."
+        )
+
+
+class ImageFolderDataset(Dataset[tuple[torch.Tensor, int, int]]):
+    """(image tensor, label, index). Augmentation randomness is seeded per (seed, epoch,
+    index), so a batch is the same whichever worker loads it and whenever a run resumes.
+    Keys are ``index`` or ``(index, epoch)`` (what :class:`ResumableSampler` yields, so
+    persistent workers see the current epoch)."""
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[Path, int]],
+        transform: Callable[[Image.Image], torch.Tensor],
+        *,
+        seed: int = 0,
+    ) -> None:
+        self.samples = list(samples)
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+        i, epoch = key if isinstance(key, tuple) else (key, self.epoch)
+        path, label = self.samples[i]
+        with Image.open(path) as im:
+            im.load()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
+                x = self.transform(im)
+        return x, label, i
+
+
+class ResumableSampler(Sampler[tuple[int, int]]):
+    """Seeded per-epoch permutation, sharded over ranks like ``DistributedSampler`` (padded to
+    equal length), that can start part-way through an epoch (``set_position``)."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        batch_size: int,
+        drop_last: bool,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.n, self.shuffle, self.seed = n, shuffle, seed
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_position(self, start_batch: int) -> None:
+        self.start_batch = start_batch
+
+    def _rank_indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        per_rank = -(-self.n // self.world_size)
+        order += order[: per_rank * self.world_size - self.n]  # pad so every rank has as many
+        return order[self.rank :: self.world_size]
+
+    def batches_per_epoch(self) -> int:
+        per_rank = -(-self.n // self.world_size)
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        idx = self._rank_indices()
+        if self.drop_last:
+            idx = idx[: self.batches_per_epoch() * self.batch_size]
+        return iter([(i, self.epoch) for i in idx[self.start_batch * self.batch_size :]])
+
+    def __len__(self) -> int:
+        total = len(self._rank_indices())
+        if self.drop_last:
+            total = self.batches_per_epoch() * self.batch_size
+        return max(0, total - self.start_batch * self.batch_size)

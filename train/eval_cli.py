@@ -1,0 +1,67 @@
+"""``zoo eval``: a model (run, folder or registry entry) on an image folder, classes matched
+by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from train.data import ImageFolderDataset, Splits, scan
+from train.evaluate import evaluate_model
+from train.metrics import summarize
+from zoo.device import pick_device
+from zoo.errors import DataError
+from zoo.factory import create_model
+from zoo.metadata import ModelInfo
+from zoo.transforms import eval_transform
+
+
+def _splits_for(model_arg: str, data: str | None) -> Splits:
+    run = Path(model_arg)
+    split_file = run / "split.json"
+    if split_file.exists():
+        import json
+
+        saved = Splits.from_json(json.loads(split_file.read_text()))
+        if data is None or Path(data).resolve() == saved.root:
+            return saved
+    if data is None:
+        raise DataError(f"{model_arg} is not a run folder with a split.json: pass --data DIR.")
+    return scan(data)
+
+
+def run_eval(
+    model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
+) -> dict[str, Any]:
+    dev = pick_device(device)
+    model = create_model(model_arg).to(dev)
+    info: ModelInfo = model.zoo_info  # type: ignore[assignment]
+    splits = _splits_for(model_arg, data)
+    if split not in splits.files:
+        if splits.layout == "flat" and data is not None and split == "val":
+            split = "all"  # a foreign flat folder: evaluate every image
+        else:
+            raise DataError(
+                f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)})."
+            )
+    names = list(info.label_names or [])
+    if not names:
+        raise DataError(f"{model_arg} has no class names to match the folder's classes against.")
+    index = {c: i for i, c in enumerate(names)}
+    items = (
+        [it for k, v in splits.files.items() for it in v] if split == "all" else splits.files[split]
+    )
+    unknown = sorted({cls for _, cls in items if cls not in index})
+    if unknown:
+        raise DataError(
+            f"Classes {', '.join(unknown)} in {splits.root} are not among the model's "
+            f"{len(names)} classes; evaluation matches classes by name."
+        )
+    samples = [(splits.root / rel, index[cls]) for rel, cls in items]
+    ds = ImageFolderDataset(samples, eval_transform(info))
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+    logits, targets = evaluate_model(model, loader, dev)
+    result = summarize(logits, targets, names)
+    return {"model": model_arg, "data": str(splits.root), "split": split, **result}

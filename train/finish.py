@@ -1,0 +1,113 @@
+"""End of a run: best weights → ``model/`` artifact folder, ``report.json`` and plots."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from train.checkpoint import load_checkpoint
+from train.plots import plot_confusion, plot_curves
+from zoo.artifact import save_model_folder, write_json
+from zoo.cards import finetuned_card
+from zoo.weights import sha256_file
+
+if TYPE_CHECKING:
+    from train.trainer import Trainer
+
+
+def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
+    """config.json of the model folder: architecture, classes, preprocessing, lineage, metrics."""
+    entry, parent_folder = t.parent
+    base = entry.info.parent if parent_folder is not None else entry.info.name
+    lineage = [entry.info.parent or entry.info.name]
+    parent_weights = entry.info.weights
+    if parent_folder is not None:
+        from zoo.artifact import read_config
+
+        pc = read_config(parent_folder)
+        lineage = [*pc.get("lineage", [pc["base"]]), pc.get("tag") or parent_folder.name]
+    return {
+        "base": base,
+        "arch": t.info.arch,
+        "tag": f"ft-{t.run.path.name}",
+        "num_classes": len(t.classes),
+        "class_names": t.classes,
+        "multi_label": t.cfg.multi_label,
+        "params": sum(p.numel() for p in t.model.parameters()),
+        "preprocessing": t.info.preprocessing(),
+        "parent_weights": parent_weights.describe() if t.load_report else "random initialisation",
+        "parent_weights_sha256": parent_weights.sha256,
+        "lineage": lineage,
+        "data": {
+            "name": t.splits.root.name,
+            "fingerprint": t.splits.fingerprint(),
+            "num_images": sum(len(v) for v in t.samples.values()),
+            "layout": t.splits.layout,
+        },
+        "metrics": {
+            "val/acc": round(val["acc"], 6),
+            "val/top5": round(val["top5"], 6),
+            "val/loss": round(val["loss"], 6),
+            "val/macro_f1": round(val["macro_f1"], 6),
+        },
+        "train": {
+            "strategy": t.cfg.strategy,
+            "epochs": t.epoch,
+            "optimizer": t.cfg.optimizer,
+            "lr": t.cfg.lr,
+            "batch_size": t.cfg.batch_size,
+            "seed": t.cfg.seed,
+            "world_size": t.world,
+        },
+    }
+
+
+def finish_run(t: Trainer, total_s: float, estimate: dict[str, Any]) -> None:
+    best_path = t.run.path / "checkpoints" / "best.pt"
+    last_val = t.history[-1] if t.history else {}
+    if best_path.exists():
+        t.model.load_state_dict(load_checkpoint(best_path)["model"])
+    val = t.validate()  # per-class metrics of the weights we ship
+    config = model_config(t, val)
+    from dataclasses import replace
+
+    from zoo.metadata import WeightSource
+
+    info = replace(
+        t.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
+    )
+    card = finetuned_card(info, config)
+    model_dir = save_model_folder(t.model, t.run.path / "model", config, str(card))
+    report = {
+        "run": str(t.run.path),
+        "model_dir": str(model_dir),
+        "weights_sha256": sha256_file(model_dir / "model.safetensors"),
+        "final": {
+            k: last_val.get(k)
+            for k in ("val/acc", "val/loss", "val/top5", "train/acc", "train/loss")
+        },
+        "best": {
+            "val/acc": val["acc"],
+            "val/top5": val["top5"],
+            "val/loss": val["loss"],
+            "val/macro_f1": val["macro_f1"],
+            "monitor": t.cfg.monitor,
+        },
+        "per_class": val["per_class"],
+        "confusion_matrix": val["confusion_matrix"],
+        "classes": t.classes,
+        "quarantined": t.check_report.corrupt,
+        "data_check": t.check_report.to_dict(),
+        "nonfinite_skipped": t.nonfinite_skipped,
+        "rollbacks": t.rollbacks,
+        "timing": {
+            "total_s": round(total_s, 2),
+            "estimate": estimate,
+            "epochs": [round(h["epoch_s"], 2) for h in t.history],
+        },
+        "load_report": t.load_report.to_dict() if t.load_report else None,
+    }
+    write_json(t.run.path / "report.json", report)
+    if t.history:
+        plot_curves(t.history, t.run.path / "curves.png")
+    plot_confusion(val["confusion_matrix"], t.classes, t.run.path / "confusion_matrix.png")
+    print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", flush=True)

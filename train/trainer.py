@@ -1,0 +1,671 @@
+"""The trainer: transfer learning on an image folder, with the field guide's habits as
+defaults. Reads top to bottom: set-up (run dir, data, model, optimizer), preflight, the epoch
+loop (train → validate → checkpoint), and the final model folder + report.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from train import data as data_mod
+from train.check import check_splits, format_report
+from train.checkpoint import load_checkpoint, save_checkpoint
+from train.config import TrainConfig
+from train.evaluate import collect_logits, gather_by_index
+from train.features import FeatureDataset, extract_features, head_module
+from train.metrics import summarize
+from train.rng import get_rng_state, seed_everything, set_rng_state
+from train.run_dir import RunDir, create_run_dir
+from train.schedule import build_scheduler
+from train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head, train_mode
+from zoo.artifact import write_json
+from zoo.device import pick_device
+from zoo.errors import CheckpointError, DataError, InputError, TrainingError
+from zoo.factory import create_model_with_report, resolve
+from zoo.metadata import ModelInfo
+from zoo.profile import count_params
+from zoo.system import available_cpus
+from zoo.transforms import eval_transform, train_transform
+
+log = logging.getLogger("zoo.train")
+
+
+def _say(msg: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.is_main = self.rank == 0
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        cfg = self.cfg
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() and cfg.device != "cpu" else "gloo"
+            dist.init_process_group(backend)
+        self.device = pick_device(cfg.device)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        if cfg.amp and self.device.type != "cuda":
+            raise InputError(
+                f"--amp {cfg.amp} needs CUDA; this run is on {self.device}. Drop --amp."
+            )
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes
+        self.resume_state: dict[str, Any] | None = None
+        if cfg.resume:
+            self.run = self._prepare_resume()
+        else:
+            self.run = create_run_dir(cfg, is_main=self.is_main, world=self.world)
+            cfg.run_dir = str(self.run.path)
+        seed_everything(cfg.seed)
+        self._setup_data()
+        self._setup_model()
+        self._setup_loaders()
+        self._setup_optim()
+        if self.is_main:  # the resolved configuration: strategy, LR and schedule filled in
+            write_json(self.run.config_path, self.cfg.to_dict())
+        if self.resume_state is not None:
+            self._restore(self.resume_state)
+
+    def _prepare_resume(self) -> RunDir:
+        cfg = self.cfg
+        run = RunDir(Path(cfg.resume or ""))
+        if not run.config_path.exists():
+            raise CheckpointError(f"{run.path} is not a zoo run folder (no config.json).")
+        saved = TrainConfig.from_dict(run.read_json("config.json"))
+        # Only what the user typed is compared; everything else comes from the run itself.
+        requested = {k: v for k, v in cfg.to_dict().items() if k in self._explicit}
+        diff = {
+            k: (saved.to_dict()[k], v)
+            for k, v in requested.items()
+            if k not in ("resume", "extend", "num_workers", "progress", "dry_run")
+            and saved.to_dict().get(k) != v
+        }
+        if diff:
+            lines = ", ".join(f"{k}: run has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
+            raise CheckpointError(
+                f"--resume refuses a changed configuration ({lines}). Resume with the same "
+                "settings, use --extend N to add epochs, or start a new run."
+            )
+        extend, workers = cfg.extend, cfg.num_workers
+        self.cfg = saved
+        self.cfg.resume, self.cfg.num_workers, self.cfg.progress = (
+            str(run.path),
+            workers,
+            cfg.progress,
+        )
+        state = load_checkpoint(run.path / "checkpoints" / "last.pt")
+        if extend:
+            self.cfg.schedule_segments.append(
+                {
+                    "from_step": int(state["global_step"]),
+                    "epochs": extend,
+                    "kind": "cosine",
+                    "peak_scale": 0.1,
+                }
+            )
+            self.cfg.epochs += extend
+            if self.is_main:
+                write_json(run.config_path, self.cfg.to_dict())
+            _say(
+                f"extending the run by {extend} epoch(s) to {self.cfg.epochs}; the new schedule is "
+                "recorded in config.json"
+            )
+        elif state["epoch"] >= self.cfg.epochs and state.get("step_in_epoch", 0) == 0:
+            raise CheckpointError(
+                f"Run {run.path} already finished its {self.cfg.epochs} epochs. "
+                "Use --extend N to train longer."
+            )
+        self.resume_state = state
+        return run
+
+    _explicit: frozenset[str] = frozenset()
+
+    def _setup_data(self) -> None:
+        cfg, run = self.cfg, self.run
+        split_file = run.path / "split.json"
+        if split_file.exists():
+            self.splits = data_mod.Splits.from_json(run.read_json("split.json"))
+        else:
+            self.splits = data_mod.scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+            if self.is_main:
+                write_json(split_file, self.splits.to_json())
+                write_json(run.path / "classes.json", self.splits.classes)
+        self.classes = self.splits.classes
+        report = check_splits(self.splits)
+        self.check_report = report
+        for line in format_report(report):
+            _say(f"data: {line}")
+        if report.corrupt and cfg.strict_data:
+            raise DataError(
+                f"{len(report.corrupt)} unreadable image(s) with --strict-data, e.g. "
+                f"{report.corrupt[0]['path']} ({report.corrupt[0]['error']}). Fix or remove them, "
+                "or drop --strict-data to have them quarantined."
+            )
+        bad = set(report.quarantined)
+        self.samples = {
+            split: [
+                (p, y)
+                for p, y in self.splits.samples(split)
+                if str(p.relative_to(self.splits.root)) not in bad
+            ]
+            for split in self.splits.files
+        }
+        for split in ("train", "val"):
+            if not self.samples.get(split):
+                raise DataError(f"The {split} split has no readable images.")
+
+    def _setup_model(self) -> None:
+        cfg = self.cfg
+        model, info, report = create_model_with_report(
+            cfg.model, num_classes=len(self.classes), weights=cfg.weights, label_names=self.classes
+        )
+        pretrained = report is not None
+        if cfg.strategy is None:
+            cfg.strategy = "gradual" if pretrained else "full"
+        if not pretrained and cfg.strategy != "full":
+            raise InputError(
+                f"--strategy {cfg.strategy} freezes a backbone, but {cfg.model} has random weights "
+                "(--weights none or no pretrained weights): random-init models train fully. "
+                "Use --strategy full."
+            )
+        if cfg.cache_features and cfg.strategy != "linear":
+            raise InputError(
+                "--cache-features needs --strategy linear (a backbone that never changes)."
+            )
+        if cfg.image_size:
+            info = replace(info, input_size=(info.input_size[0], cfg.image_size, cfg.image_size))
+        self.info: ModelInfo = info
+        self.parent = resolve(cfg.model)
+        self.load_report = report
+        if cfg.sync_bn and self.world > 1:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model.to(self.device)
+        if cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.groups: ParamGroups | None = (
+            split_head(self.model, info.classifier)
+            if cfg.strategy != "full" or info.classifier
+            else None
+        )
+        if cfg.strategy == "linear":
+            assert self.groups is not None
+            set_backbone_frozen(self.groups, True)
+        self.has_bn = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()
+        )
+        self.forward_model: nn.Module = self.model
+        if self.world > 1:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=cfg.strategy == "gradual",
+            )
+        if cfg.compile:
+            self.forward_model = torch.compile(self.forward_model)  # type: ignore[assignment]
+
+    def _loader(self, dataset: Any, sampler: Any, batch_size: int, workers: int) -> DataLoader[Any]:
+        cuda = self.device.type == "cuda"
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            pin_memory=cuda,
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers > 0 else None,
+            generator=torch.Generator().manual_seed(self.cfg.seed),
+        )
+
+    def _setup_loaders(self) -> None:
+        cfg = self.cfg
+        self.workers = (
+            cfg.num_workers if cfg.num_workers is not None else min(4, max(0, available_cpus() - 1))
+        )
+        train_tf = train_transform(self.info, augment=cfg.augment and not cfg.cache_features)
+        eval_tf = eval_transform(self.info)
+        self.train_set: Any = data_mod.ImageFolderDataset(
+            self.samples["train"], train_tf, seed=cfg.seed
+        )
+        self.val_set: Any = data_mod.ImageFolderDataset(self.samples["val"], eval_tf, seed=cfg.seed)
+        if cfg.cache_features:
+            self._build_feature_cache(eval_tf)
+        bs = cfg.batch_size
+        drop_last = self.has_bn and len(self.train_set) >= bs * self.world
+        self.train_sampler = data_mod.ResumableSampler(
+            len(self.train_set),
+            shuffle=True,
+            seed=cfg.seed,
+            batch_size=bs,
+            drop_last=drop_last,
+            rank=self.rank,
+            world_size=self.world,
+        )
+        workers = 0 if cfg.cache_features else self.workers
+        self.train_loader = self._loader(self.train_set, self.train_sampler, bs, workers)
+        val_idx = list(
+            range(self.rank, len(self.val_set), self.world)
+        )  # disjoint shards, no padding
+        self.val_loader = self._loader(self.val_set, val_idx, bs * 2, workers)
+        self.steps_per_epoch = self.train_sampler.batches_per_epoch()
+        if self.steps_per_epoch == 0:
+            raise DataError(
+                f"Not one batch of {bs} from {len(self.train_set)} training images: lower --batch-size."
+            )
+        _say(
+            f"data: {len(self.train_set)} train / {len(self.val_set)} val images, {len(self.classes)} "
+            f"classes, batch {bs} per process × {self.world} = {bs * self.world} global, "
+            f"{self.steps_per_epoch} steps/epoch, num_workers={workers} (auto picks "
+            f"min(4, cpus-1); raise it while the data-wait share stays high)"
+        )
+
+    def _build_feature_cache(self, eval_tf: Any) -> None:
+        assert self.info.classifier
+        t0 = time.perf_counter()
+        cache = {}
+        for split, ds in (("train", self.train_set), ("val", self.val_set)):
+            batches = self._loader(ds, list(range(len(ds))), self.cfg.batch_size * 2, self.workers)
+            cache[split] = FeatureDataset(
+                *extract_features(self.model, self.info.classifier, batches, self.device)
+            )
+        self.train_set, self.val_set = cache["train"], cache["val"]
+        self.head = head_module(self.model, self.info.classifier)
+        _say(
+            f"features: cached {len(self.train_set)} + {len(self.val_set)} pooled backbone outputs "
+            f"({tuple(self.train_set.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
+        )
+
+    def _setup_optim(self) -> None:
+        cfg = self.cfg
+        lr = cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adamw" else 0.1)
+        cfg.lr = lr
+        if self.groups is None or (cfg.strategy == "full" and self.load_report is None):
+            groups = [
+                {
+                    "params": list(self.model.parameters()),
+                    "lr": lr,
+                    "name": "all",
+                    "weight_decay": cfg.weight_decay,
+                }
+            ]
+        else:
+            groups = param_groups(
+                self.groups, cfg.strategy or "full", lr, cfg.backbone_lr_mult, cfg.weight_decay
+            )
+        if cfg.optimizer == "adamw":
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr)
+        else:
+            self.optimizer = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True)
+        self.lr_scale = 1.0
+        self.scheduler = build_scheduler(
+            self.optimizer, cfg, self.steps_per_epoch, lambda: self.lr_scale
+        )
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        self.epoch, self.global_step, self.step_in_epoch = 0, 0, 0
+        self.best: float | None = None
+        self.epochs_since_best = 0
+        self.nonfinite_skipped = 0
+        self.rollbacks = 0
+        self.consecutive_nonfinite = 0
+        self.epoch_stats = {"loss": 0.0, "correct": 0, "n": 0}
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "step_in_epoch": self.step_in_epoch,
+            "best": self.best,
+            "epochs_since_best": self.epochs_since_best,
+            "lr_scale": self.lr_scale,
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "rollbacks": self.rollbacks,
+            "epoch_stats": dict(self.epoch_stats),
+            "history": self.history,
+            "rng": get_rng_state(),
+        }
+
+    def _restore(self, s: dict[str, Any]) -> None:
+        self.model.load_state_dict(s["model"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scheduler.load_state_dict(s["scheduler"])
+        self.scaler.load_state_dict(s["scaler"])
+        self.epoch, self.global_step, self.step_in_epoch = (
+            s["epoch"],
+            s["global_step"],
+            s["step_in_epoch"],
+        )
+        self.best, self.epochs_since_best = s["best"], s["epochs_since_best"]
+        self.lr_scale, self.nonfinite_skipped, self.rollbacks = (
+            s["lr_scale"],
+            s["nonfinite_skipped"],
+            s["rollbacks"],
+        )
+        self.epoch_stats, self.history = dict(s["epoch_stats"]), list(s["history"])
+        set_rng_state(s["rng"])
+        _say(
+            f"resumed {self.run.path} at epoch {self.epoch}, step {self.step_in_epoch}/"
+            f"{self.steps_per_epoch} (global step {self.global_step})"
+        )
+
+    def save(self, name: str = "last") -> None:
+        if self.is_main:  # only rank 0 writes; no collective inside save code
+            save_checkpoint(self.state(), self.run.path / "checkpoints" / f"{name}.pt")
+
+    # ------------------------------------------------------------------ preflight
+    def preflight(self) -> dict[str, Any]:
+        """One dummy batch for shapes, parameter counts and an epoch-time estimate from a few
+        timed steps, run on copies so the real run's state and RNG are untouched."""
+        self._set_phase(self.epoch)
+        total, trainable = count_params(self.model), count_params(self.model, trainable_only=True)
+        x, _, _ = next(
+            iter(
+                self._loader(
+                    self.train_set,
+                    [(i, 0) for i in range(min(len(self.train_set), self.cfg.batch_size))],
+                    self.cfg.batch_size,
+                    0,
+                )
+            )
+        )
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            model = copy.deepcopy(self.head if self.cfg.cache_features else self.model)
+            opt = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad] or [nn.Parameter(torch.zeros(1))]
+            )
+            x = x.to(self.device)
+            out = model(x)
+            if out.shape != (x.shape[0], len(self.classes)):
+                raise TrainingError(
+                    f"Model output {tuple(out.shape)} ≠ (batch, {len(self.classes)} classes)."
+                )
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                model(x).float().logsumexp(1).mean().backward()
+                opt.step()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+        step = sorted(times)[len(times) // 2]
+        est = step * self.steps_per_epoch
+        _say(
+            f"model: {self.info.name} → {len(self.classes)} classes, {total:,} parameters "
+            f"({trainable:,} trainable now), output {tuple(out.shape)}; strategy {self.cfg.strategy}"
+        )
+        if self.load_report:
+            _say(f"weights: {self.load_report.summary()}")
+        _say(
+            f"estimate: {step * 1000:.0f} ms/step (compute only) → ~{est:.0f}s per epoch, "
+            f"{est * self.cfg.epochs / 60:.1f} min for {self.cfg.epochs} epochs"
+        )
+        return {"params": total, "trainable": trainable, "step_s": step, "epoch_estimate_s": est}
+
+    # ------------------------------------------------------------------ loop
+    def _set_phase(self, epoch: int) -> bool:
+        """Frozen backbone for linear and the first ``freeze_epochs`` of gradual."""
+        frozen = self.cfg.strategy == "linear" or (
+            self.cfg.strategy == "gradual" and epoch < self.cfg.freeze_epochs
+        )
+        if self.groups is not None and self.cfg.strategy != "full":
+            set_backbone_frozen(self.groups, frozen)
+        return frozen
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.head if self.cfg.cache_features else self.forward_model
+        if self.cfg.amp:
+            dtype = torch.bfloat16 if self.cfg.amp == "bf16" else torch.float16
+            with torch.autocast(self.device.type, dtype=dtype):
+                return module(x)
+        return module(x)
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        finite = torch.isfinite(loss.detach()).float()
+        if self.world > 1:  # every rank must take the same decision, or DDP deadlocks
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite.item() > 0)
+
+    def _handle_nonfinite(self, idx: torch.Tensor) -> None:
+        self.nonfinite_skipped += 1
+        self.consecutive_nonfinite += 1
+        if self.consecutive_nonfinite < self.cfg.max_nonfinite:
+            return
+        files = (
+            [str(self.samples["train"][int(i)][0]) for i in idx[:5]]
+            if not self.cfg.cache_features
+            else []
+        )
+        where = f"epoch {self.epoch}, step {self.step_in_epoch} (global {self.global_step})"
+        ckpt = self.run.path / "checkpoints" / "last.pt"
+        if self.rollbacks >= self.cfg.max_rollbacks or not ckpt.exists():
+            raise TrainingError(
+                f"Loss is not finite at {where} after {self.rollbacks} rollback(s) with halved LR. "
+                f"Files in the offending batch: {', '.join(files) or 'n/a'}. Try: --lr {(self.cfg.lr or 1e-3) / 10:g} "
+                "(10× lower), check the labels and that inputs hold no NaN, --clip-grad-norm 1.0, "
+                "or --detect-anomaly to find the op that produced it."
+            )
+        if self.world > 1:
+            dist.barrier()
+        state = load_checkpoint(ckpt)
+        rollbacks = self.rollbacks + 1
+        self._restore(state)
+        self.rollbacks = rollbacks
+        self.lr_scale *= 0.5
+        self.consecutive_nonfinite = 0
+        _say(
+            f"warning: {self.cfg.max_nonfinite} non-finite losses in a row at {where}: rolled back to "
+            f"the last checkpoint with LR × {self.lr_scale:g}"
+        )
+        raise _Rollback
+
+    def train_epoch(self, progress: Any) -> dict[str, float]:
+        cfg = self.cfg
+        frozen = self._set_phase(self.epoch)
+        if cfg.cache_features:
+            self.head.train()
+        else:
+            train_mode(self.model, self.groups, frozen)
+        self.train_sampler.set_epoch(self.epoch)
+        self.train_sampler.set_position(self.step_in_epoch)
+        if hasattr(self.train_set, "set_epoch"):
+            self.train_set.set_epoch(self.epoch)
+        self.consecutive_nonfinite = 0
+        wait = compute = 0.0
+        seen = 0
+        t_epoch = time.perf_counter()
+        t_ready = time.perf_counter()
+        for x, y, idx in self.train_loader:
+            t_got = time.perf_counter()
+            wait += t_got - t_ready
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            if cfg.channels_last and x.ndim == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            self.optimizer.zero_grad(set_to_none=True)
+            logits = self._forward(x)
+            loss = self.loss_fn(logits.float(), y)
+            if not self._all_finite(loss):
+                self._handle_nonfinite(idx)
+            else:
+                self.consecutive_nonfinite = 0
+                self.scaler.scale(loss).backward()
+                if cfg.clip_grad_norm:
+                    self.scaler.unscale_(self.optimizer)
+                    nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
+                if cfg.log_grad_norms and self.is_main and self.global_step % 50 == 0:
+                    self.run.log_grad_norms(self.model, self.global_step)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.epoch_stats["loss"] += loss.item() * len(y)  # .item(): no graph kept alive
+                self.epoch_stats["correct"] += int((logits.argmax(1) == y).sum())
+                self.epoch_stats["n"] += len(y)
+            self.scheduler.step()
+            self.global_step += 1
+            self.step_in_epoch += 1
+            seen += len(y)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            t_ready = time.perf_counter()
+            compute += t_ready - t_got
+            if cfg.save_every_steps and self.global_step % cfg.save_every_steps == 0:
+                self.save()
+            if progress is not None:
+                n = max(1, self.epoch_stats["n"])
+                progress.update(
+                    self.task,
+                    advance=1,
+                    info=f"loss {self.epoch_stats['loss'] / n:.4f} acc {self.epoch_stats['correct'] / n:.3f} "
+                    f"{seen * self.world / max(1e-9, t_ready - t_epoch):.0f} img/s data-wait "
+                    f"{wait / max(1e-9, wait + compute):.0%}",
+                )
+        n = max(1, self.epoch_stats["n"])
+        share = wait / max(1e-9, wait + compute)
+        return {
+            "train/loss": self.epoch_stats["loss"] / n,
+            "train/acc": self.epoch_stats["correct"] / n,
+            "data_wait": share,
+            "img_per_s": seen * self.world / max(1e-9, time.perf_counter() - t_epoch),
+            "epoch_s": time.perf_counter() - t_epoch,
+        }
+
+    def validate(self) -> dict[str, Any]:
+        module = self.head if self.cfg.cache_features else self.model
+        was = module.training
+        module.eval()
+        try:
+            logits, targets = gather_by_index(
+                *collect_logits(
+                    self._forward,
+                    self.val_loader,
+                    self.device,
+                    channels_last=self.cfg.channels_last,
+                )
+            )
+        finally:
+            module.train(was)
+        return summarize(logits, targets, self.classes)
+
+    def fit(self) -> Path:
+        from train.finish import finish_run
+        from train.progress import make_progress
+
+        cfg = self.cfg
+        self.setup()
+        estimate = self.preflight()
+        if cfg.dry_run:
+            _say("dry run: stopping before training")
+            return self.run.path
+        t_start = time.perf_counter()
+        stop = False
+        with make_progress(enabled=self.is_main and cfg.progress) as progress:
+            while self.epoch < cfg.epochs and not stop:
+                self.task = (
+                    progress.add_task(
+                        f"epoch {self.epoch + 1}/{cfg.epochs}",
+                        total=self.steps_per_epoch,
+                        completed=self.step_in_epoch,
+                        info="",
+                    )
+                    if progress
+                    else None
+                )
+                try:
+                    train_metrics = self.train_epoch(progress)
+                except _Rollback:
+                    if progress is not None and self.task is not None:
+                        progress.remove_task(self.task)
+                    continue
+                val = self.validate()
+                row = {
+                    "epoch": self.epoch + 1,
+                    "step": self.global_step,
+                    **train_metrics,
+                    "val/loss": val["loss"],
+                    "val/acc": val["acc"],
+                    "val/top5": val["top5"],
+                    "val/macro_f1": val["macro_f1"],
+                    "lr": self.optimizer.param_groups[-1]["lr"],
+                    "nonfinite_skipped": self.nonfinite_skipped,
+                }
+                self.history.append(row)
+                metric = val["acc"] if cfg.monitor == "val/acc" else -val["loss"]
+                improved = self.best is None or metric > self.best
+                if improved:
+                    self.best, self.epochs_since_best = metric, 0
+                else:
+                    self.epochs_since_best += 1
+                self.epoch += 1
+                self.step_in_epoch = 0
+                self.epoch_stats = {"loss": 0.0, "correct": 0, "n": 0}
+                self.save("last")
+                if improved:
+                    self.save("best")
+                if self.is_main:
+                    self.run.log_epoch(row, val, keep_top_k=cfg.top_k_checkpoints, state=self.state)
+                _say(
+                    f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
+                    f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
+                    f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
+                    + (" (best)" if improved else "")
+                )
+                if row["data_wait"] > 0.3 and self.epoch == 1 and not cfg.cache_features:
+                    _say(
+                        f"hint: {row['data_wait']:.0%} of the time went to waiting for data: the loader is "
+                        f"the bottleneck. Raise --num-workers (now {self.workers}) or lower the image size."
+                    )
+                if cfg.patience is not None and self.epochs_since_best >= cfg.patience:
+                    _say(
+                        f"early stopping: no improvement of {cfg.monitor} for {cfg.patience} epoch(s)"
+                    )
+                    stop = True
+        if self.is_main:
+            finish_run(self, time.perf_counter() - t_start, estimate)
+        if self.world > 1:
+            dist.barrier()
+        return self.run.path
+
+
+class _Rollback(Exception):
+    """Internal: the epoch restarts from the restored checkpoint."""
+
+
+def fit(cfg: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path:
+    trainer = Trainer(cfg)
+    trainer._explicit = explicit
+    ctx = torch.autograd.detect_anomaly() if cfg.detect_anomaly else nullcontext()
+    try:
+        with ctx:
+            return trainer.fit()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["Trainer", "fit"]
