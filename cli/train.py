@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from click.core import ParameterSource
 
 from cli.common import JsonOpt, err, out, print_json
 
@@ -138,7 +137,8 @@ def finetune_cmd(
     explicit = frozenset(
         _FIELD.get(k, k)
         for k in params
-        if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE
+        # typer vendors its own click: compare the enum by name, not identity
+        if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     )
     values = {_FIELD.get(k, k): (v.value if isinstance(v, Enum) else v) for k, v in params.items()}
     values["model"] = values.get("model") or ""

@@ -47,3 +47,17 @@ def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from zoo.samples import write_digits_folder
 
     return write_digits_folder(tmp_path_factory.mktemp("digits") / "digits")
+
+
+@pytest.fixture(scope="session")
+def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 real digits per class (300 images): enough for quick training tests."""
+    from zoo.samples import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("digits") / "small", per_class=30)
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))

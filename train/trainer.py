@@ -77,7 +77,7 @@ class Trainer:
         else:
             self.run = create_run_dir(cfg, is_main=self.is_main, world=self.world)
             cfg.run_dir = str(self.run.path)
-        seed_everything(cfg.seed)
+        seed_everything(self.cfg.seed)
         self._setup_data()
         self._setup_model()
         self._setup_loaders()
@@ -576,8 +576,8 @@ class Trainer:
         from train.finish import finish_run
         from train.progress import make_progress
 
-        cfg = self.cfg
         self.setup()
+        cfg = self.cfg  # after setup: --resume replaces it with the run's own
         estimate = self.preflight()
         if cfg.dry_run:
             _say("dry run: stopping before training")

@@ -1,0 +1,219 @@
+"""``zoo finetune`` end to end on real data, through the real command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_zoo
+from tests.test_data import _corrupt_set, _img
+from zoo.artifact import REQUIRED_FILES
+
+
+@pytest.mark.slow
+def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    r = run_zoo(
+        "finetune",
+        "simple_cnn",
+        "--data",
+        str(digits_dir),
+        "--epochs",
+        "8",
+        "--runs",
+        str(tmp_path),
+        "--name",
+        "digits",
+        "--num-workers",
+        "1",
+    )
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "digits"
+    report = json.loads((run / "report.json").read_text())
+    assert report["best"]["val/acc"] >= 0.95, report["best"]
+    for f in (
+        "config.json",
+        "split.json",
+        "classes.json",
+        "metrics.csv",
+        "metrics.jsonl",
+        "report.json",
+        "curves.png",
+        "confusion_matrix.png",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+    ):
+        assert (run / f).exists(), f
+    assert any((run / "tensorboard").iterdir())
+    assert {p.name for p in (run / "model").iterdir()} == REQUIRED_FILES
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["strategy"] == "full" and cfg["lr"] == 1e-3  # random init trains fully
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 8
+    assert len(report["per_class"]) == 10 and len(report["confusion_matrix"]) == 10
+    assert "estimate" in r.stderr and "620,362 parameters" in r.stderr
+    # zoo eval on the run reproduces the shipped model's accuracy
+    e = run_zoo("eval", str(run), "--json")
+    assert e.returncode == 0, e.stderr
+    assert json.loads(e.stdout)["acc"] == pytest.approx(report["best"]["val/acc"])
+    # the checkpoint holds only tensors and plain data
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "rng",
+        "epoch",
+        "global_step",
+    } <= state.keys()
+
+
+def test_corrupt_files_are_quarantined_and_run_completes(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(small_digits, data)
+    _corrupt_set(data / "digit_3")
+    r = run_zoo(
+        "finetune",
+        "mlp",
+        "--data",
+        str(data),
+        "--epochs",
+        "1",
+        "--runs",
+        str(tmp_path),
+        "--name",
+        "q",
+        "--num-workers",
+        "0",
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "q" / "report.json").read_text())
+    names = sorted(Path(q["path"]).name for q in report["quarantined"])
+    assert names == ["empty.jpg", "notes.jpg", "truncated.jpg"]
+    strict = run_zoo(
+        "finetune",
+        "mlp",
+        "--data",
+        str(data),
+        "--epochs",
+        "1",
+        "--runs",
+        str(tmp_path),
+        "--strict-data",
+    )
+    assert strict.returncode == 1 and "unreadable image" in strict.stderr
+
+
+def test_check_command(tmp_path: Path) -> None:
+    _corrupt_set(tmp_path / "d")
+    _img(tmp_path / "d" / "b" / "fine.png")
+    r = run_zoo("check", str(tmp_path / "d"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["corrupt"]) == 3
+    assert run_zoo("check", str(tmp_path / "d"), "--strict").returncode == 1
+
+
+@pytest.mark.parametrize("case", ["missing", "one_class", "empty_class", "val_only"])
+def test_bad_data_exits_1_with_clear_message(case: str, tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    expected = {
+        "missing": "does not exist",
+        "one_class": "at least 2",
+        "empty_class": "no images",
+        "val_only": "not in train",
+    }[case]
+    if case == "one_class":
+        _img(d / "only" / "a.png")
+    elif case == "empty_class":
+        _img(d / "a" / "1.png")
+        _img(d / "b" / "1.png")
+        (d / "c_empty").mkdir()
+    elif case == "val_only":
+        for s, c in [("train", "a"), ("train", "b"), ("val", "a"), ("val", "ghost")]:
+            _img(d / s / c / "1.png")
+    r = run_zoo("finetune", "mlp", "--data", str(d), "--runs", str(tmp_path / "runs"))
+    assert r.returncode == 1, r.stderr
+    assert expected in r.stderr and "Traceback" not in r.stderr
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert run_zoo("finetune", "mlp").returncode == 2  # no --data
+    assert (
+        run_zoo("finetune", "mlp", "--data", str(tmp_path), "--strategy", "bogus").returncode == 2
+    )
+    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--extend", "2")
+    assert r.returncode == 2
+
+
+def test_random_init_refuses_frozen_strategy(small_digits: Path, tmp_path: Path) -> None:
+    r = run_zoo(
+        "finetune",
+        "mobilenet_v2",
+        "--weights",
+        "none",
+        "--strategy",
+        "linear",
+        "--data",
+        str(small_digits),
+        "--runs",
+        str(tmp_path),
+        "--dry-run",
+    )
+    assert r.returncode == 1 and "train fully" in r.stderr
+
+
+def test_dry_run_reports_shapes_params_and_estimate(
+    small_digits: Path, tmp_path: Path, mobilenet_weights: Path
+) -> None:
+    r = run_zoo(
+        "finetune",
+        "mobilenet_v2",
+        "--data",
+        str(small_digits),
+        "--runs",
+        str(tmp_path),
+        "--dry-run",
+        "--image-size",
+        "64",
+        "--name",
+        "dry",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "2,236,682 parameters (12,810 trainable now)" in r.stderr  # gradual: frozen first
+    assert "ms/step" in r.stderr and "dry run" in r.stderr
+    assert not (tmp_path / "dry" / "checkpoints" / "last.pt").exists()
+
+
+def test_nonfinite_loss_rolls_back_then_stops_with_advice(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    r = run_zoo(
+        "finetune",
+        "mlp",
+        "--data",
+        str(small_digits),
+        "--epochs",
+        "3",
+        "--runs",
+        str(tmp_path),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e12",
+        "--save-every-steps",
+        "2",
+        "--num-workers",
+        "0",
+        "--no-progress",
+    )
+    assert r.returncode == 1
+    assert "rolled back to the last checkpoint" in r.stderr
+    assert "Loss is not finite at epoch" in r.stderr and "Files in the offending batch" in r.stderr
+    assert "--detect-anomaly" in r.stderr and "10× lower" in r.stderr
