@@ -13,8 +13,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable 
 OutOpt = Annotated[str | None, typer.Option("-o", "--output", help="Where to write the result.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# Wide enough for tables when piped to a file or another program.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
 
 
 def print_json(obj: Any) -> None:

@@ -53,7 +53,7 @@ def test_val_only_class_is_an_error(tmp_path: Path) -> None:
         _img(tmp_path / "train" / cls / "x.png")
     _img(tmp_path / "val" / "a" / "x.png")
     _img(tmp_path / "val" / "zebra" / "x.png")
-    with pytest.raises(DataError, match="zebra.*not in train"):
+    with pytest.raises(DataError, match=r"zebra.*not in train"):
         scan(tmp_path)
 
 

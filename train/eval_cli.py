@@ -13,8 +13,7 @@ from train.evaluate import evaluate_model
 from train.metrics import summarize
 from zoo.device import pick_device
 from zoo.errors import DataError
-from zoo.factory import create_model
-from zoo.metadata import ModelInfo
+from zoo.factory import create_model, info_of
 from zoo.transforms import eval_transform
 
 
@@ -37,7 +36,7 @@ def run_eval(
 ) -> dict[str, Any]:
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
-    info: ModelInfo = model.zoo_info  # type: ignore[assignment]
+    info = info_of(model)
     splits = _splits_for(model_arg, data)
     if split not in splits.files:
         if splits.layout == "flat" and data is not None and split == "val":

@@ -134,3 +134,11 @@ def create_model(
     model.zoo_info = info  # type: ignore[assignment]
     model.zoo_load_report = report  # type: ignore[assignment]
     return model.eval()
+
+
+def info_of(model: nn.Module) -> ModelInfo:
+    """The effective :class:`ModelInfo` that :func:`create_model` attached to ``model``."""
+    info = getattr(model, "zoo_info", None)
+    if not isinstance(info, ModelInfo):
+        raise InputError("This model was not built by zoo.create_model (it has no zoo_info).")
+    return info

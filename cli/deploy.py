@@ -1,0 +1,301 @@
+"""``zoo export``, ``zoo predict``, ``zoo compare-jit``, ``zoo quantize``, ``zoo bench``."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import JsonOpt, err, out, print_json
+from zoo.errors import InputError
+
+
+def _default_output(model: str, fmt: str) -> Path:
+    from zoo.artifact import is_model_folder
+
+    p = Path(model)
+    folder = p if is_model_folder(p) else p / "model" if is_model_folder(p / "model") else None
+    ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": ""}[fmt]
+    if folder is not None and fmt == "onnx":
+        return folder / "model.onnx"  # part of the artifact contract
+    stem = (folder.parent.name if folder is not None else model).replace(":", "_").replace("/", "_")
+    return Path(f"{stem}{ext}" if fmt != "triton" else "model_repository")
+
+
+def export_cmd(
+    model: Annotated[str, typer.Argument(help="registry name, run folder or model folder")],
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="onnx | torchscript | pt2 | triton")
+    ] = "onnx",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="output file (triton: repository folder)")
+    ] = None,
+    dynamic_batch: Annotated[
+        bool, typer.Option("--dynamic-batch", help="dynamic batch axis, proven at 3 sizes")
+    ] = False,
+    dynamic_size: Annotated[
+        bool, typer.Option("--dynamic-size", help="dynamic H/W, proven at 2 resolutions")
+    ] = False,
+    opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the tested one)")] = None,
+    exporter: Annotated[str, typer.Option(help="dynamo | legacy | auto")] = "auto",
+    jit: Annotated[str, typer.Option(help="torchscript: trace | script")] = "trace",
+    data: Annotated[
+        str | None, typer.Option("--data", help="real images for the prediction check")
+    ] = None,
+    allow_mismatch: Annotated[
+        bool, typer.Option(help="write the file even when parity fails")
+    ] = False,
+    max_batch: Annotated[int, typer.Option(help="triton: max_batch_size")] = 32,
+    as_json: JsonOpt = False,
+) -> None:
+    """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
+    from deploy.export import DEFAULT_OPSET, FORMATS, export_onnx, export_torch
+
+    if fmt not in FORMATS:
+        close = difflib.get_close_matches(fmt, FORMATS, n=1)
+        raise InputError(
+            f"Unknown format {fmt!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" Formats: {', '.join(FORMATS)}."
+        )
+    if jit not in ("trace", "script"):
+        raise InputError(f"--jit {jit!r}: use trace or script.")
+    path = output or _default_output(model, fmt)
+    if fmt == "onnx":
+        result = export_onnx(
+            model,
+            path,
+            dynamic_batch=dynamic_batch,
+            dynamic_size=dynamic_size,
+            opset=opset or DEFAULT_OPSET,
+            exporter=exporter,
+            data=data,
+            allow_mismatch=allow_mismatch,
+        )
+    elif fmt == "triton":
+        from deploy.triton import export_triton
+
+        result = export_triton(
+            model, path, max_batch=max_batch, opset=opset or DEFAULT_OPSET, data=data
+        )
+    else:
+        result = export_torch(model, path, fmt=fmt, jit=jit)
+    d = result.to_dict()
+    if as_json:
+        print_json(d)
+    else:
+        out.print(f"wrote {d['path']} ({d['size_mb']} MB, {d['format']}, exporter {d['exporter']})")
+        p = d["parity"]
+        if "tensors" in p:
+            t = p["tensors"]
+            out.print(
+                f"parity tensors: max abs {t['max_abs']:.2e}, max rel {t['max_rel']:.2e}, cosine "
+                f"{t['cosine']:.7f} → {'pass' if t['passed'] else 'FAIL'}"
+            )
+        if p.get("predictions"):
+            q = p["predictions"]
+            out.print(
+                f"parity predictions: top-1 agreement {q['agreement']:.1%} on {q['n_images']} real images"
+            )
+        for dyn in p.get("dynamic", []):
+            out.print(
+                f"parity dynamic: batch {dyn['batch']}, {dyn['size']}px → max abs {dyn['max_abs']:.2e} "
+                f"{'pass' if dyn['passed'] else 'FAIL'}"
+            )
+    if d["parity"] and not d["parity"].get("passed", True):
+        err.print("warning: parity FAILED (written because of --allow-mismatch)")
+
+
+def predict_cmd(
+    model: Annotated[
+        str, typer.Argument(help="an exported .onnx file, registry name, run or model folder")
+    ],
+    images: Annotated[list[Path], typer.Argument(help="image files")],
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = 5,
+    device: str = "cpu",
+    as_json: JsonOpt = False,
+) -> None:
+    """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata."""
+    from deploy.predict import predict
+
+    results = predict(model, [str(p) for p in images], k=top_k, device=device)
+    if as_json:
+        print_json(results)
+        return
+    for r in results:
+        out.print(f"{r['image']}:")
+        for p in r["top"]:
+            out.print(f"  {p['score']:.4f}  {p['label']}")
+
+
+def compare_jit_cmd(
+    model: Annotated[str, typer.Argument(help="registry name, run or model folder")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare torch.jit.trace, torch.jit.script and torch.export against eager."""
+    from deploy.jit_compare import compare_jit
+    from zoo.factory import create_model, info_of
+
+    net = create_model(model)
+    size = info_of(net).input_size
+    shapes: list[tuple[int, ...]] = [(b, *size) for b in (2, 1, 3)]
+    if len(size) == 3 and size[1] >= 64:  # and another resolution
+        shapes.append((2, size[0], size[1] + 32, size[2] + 32))
+    report = compare_jit(net, shapes)
+    if as_json:
+        print_json(report)
+        return
+    for p in report["paths"]:
+        status = "pass" if p["passed"] else ("not built" if not p["built"] else "FAIL")
+        out.print(f"{p['path']:<7} {status}" + (f" ({p['error']})" if p["error"] else ""))
+        for c_ in p["checks"]:
+            out.print(
+                f"   shape {c_['shape']}: max abs {c_['max_abs']:.2e} {'pass' if c_['passed'] else 'FAIL'}"
+            )
+        for w_ in p["warnings"]:
+            out.print(f"   warning: {w_}")
+    err.print(report["note"])
+
+
+def quantize_cmd(
+    model: Annotated[Path, typer.Argument(help="an exported fp32 .onnx file")],
+    mode: Annotated[str, typer.Option(help="dynamic | static")] = "static",
+    calib: Annotated[
+        str | None, typer.Option(help="static: folder of real calibration images")
+    ] = None,
+    method: Annotated[str, typer.Option(help="static: minmax | entropy | percentile")] = "minmax",
+    per_channel: bool = False,
+    data: Annotated[
+        str | None, typer.Option("--data", help="real images (class folders give accuracy)")
+    ] = None,
+    max_accuracy_drop: Annotated[
+        float | None, typer.Option(help="fail above this drop, e.g. 0.01")
+    ] = None,
+    threads: int | None = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32."""
+    from deploy.quantize import quantize
+
+    dest = output or model.with_name(model.stem + f".int8-{mode}.onnx")
+    report = quantize(
+        model,
+        dest,
+        mode=mode,
+        calib=calib,
+        method=method,
+        per_channel=per_channel,
+        eval_data=data,
+        max_accuracy_drop=max_accuracy_drop,
+        threads=threads,
+    )
+    for line in report["advice_before"]:
+        err.print(f"advice: {line}")
+    if as_json:
+        print_json(report)
+    else:
+        out.print(f"wrote {report['path']}")
+        out.print(
+            f"size {report['size_mb']['fp32']} → {report['size_mb']['int8']} MB (×{report['size_ratio']})"
+        )
+        lat = report["latency_ms"]
+        out.print(
+            f"latency p50 {lat['fp32_p50']:.2f} → {lat['int8_p50']:.2f} ms (×{report['latency_ratio']}, "
+            f"batch {lat['batch']}, {lat['threads']} threads)"
+        )
+        out.print(
+            f"top-1 agreement with fp32: {report['top1_agreement']:.1%} on {report['n_images']} images"
+        )
+        if "accuracy" in report:
+            out.print(
+                f"accuracy {report['accuracy']['fp32']:.4f} → {report['accuracy']['int8']:.4f}"
+            )
+        cov = report["coverage"]
+        out.print(f"coverage: {cov['quantized']}/{cov['heavy_ops']} Conv/Gemm/MatMul nodes in int8")
+    if report.get("advice_after"):
+        err.print(f"advice: {report['advice_after']}")
+
+
+def bench_cmd(
+    model: Annotated[str, typer.Argument(help="registry name, run or model folder")],
+    backends: Annotated[
+        str, typer.Option(help="comma-separated: eager,compile,torchscript,ort_fp32,ort_int8")
+    ] = "eager,torchscript,ort_fp32,ort_int8",
+    devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda")] = "cpu",
+    batch_sizes: Annotated[str, typer.Option(help="comma-separated")] = "1",
+    threads: int | None = None,
+    calib: Annotated[str | None, typer.Option(help="calibration images for ort_int8")] = None,
+    seconds: Annotated[float, typer.Option(help="minimum timed seconds per row")] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Latency table across backends and devices (warm-up, p50/p90/p99, cold start)."""
+    from deploy.bench import run_bench
+
+    try:
+        sizes = [int(b) for b in batch_sizes.split(",")]
+    except ValueError as exc:
+        raise InputError(f"--batch-sizes must be integers, got {batch_sizes!r}") from exc
+    report = run_bench(
+        model,
+        backends=backends.split(","),
+        devices=devices.split(","),
+        batch_sizes=sizes,
+        threads=threads,
+        calib=calib,
+        min_seconds=seconds,
+    )
+    if as_json:
+        print_json(report)
+        return
+    from rich.table import Table
+
+    t = Table(
+        "format",
+        "device",
+        "batch",
+        "status",
+        "size MB",
+        "p50 ms",
+        "p99 ms",
+        "img/s",
+        "vs eager",
+        "cold ms",
+    )
+    reasons: list[str] = []
+    for r in report["rows"]:
+        status = r["status"]
+        if "reason" in r:
+            if r["reason"] not in reasons:
+                reasons.append(r["reason"])
+            status += f" [{reasons.index(r['reason']) + 1}]"
+        t.add_row(
+            r["backend"],
+            r["device"],
+            str(r["batch"]),
+            status,
+            str(r.get("size_mb", "")),
+            str(r.get("p50_ms", "")),
+            str(r.get("p99_ms", "")),
+            str(r.get("img_per_s", "")),
+            str(r.get("speedup_vs_eager", "")),
+            str(r.get("cold_start_ms", "")),
+        )
+    out.print(t)
+    for i, reason in enumerate(reasons, 1):
+        out.print(f"[{i}] {reason}", markup=False)
+    fp = report["fingerprint"]
+    out.print(
+        f"torch {fp['torch']}, onnxruntime {fp['onnxruntime']}, {fp['threads']} threads, "
+        f"{fp['cpus_available']} CPUs, {fp['processor']}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)
+    app.command("predict")(predict_cmd)
+    app.command("compare-jit")(compare_jit_cmd)
+    app.command("quantize")(quantize_cmd)
+    app.command("bench")(bench_cmd)

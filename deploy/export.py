@@ -1,0 +1,305 @@
+"""``zoo export``: ONNX (default), TorchScript or torch.export (pt2), always in eval mode under
+no-grad, checked, linted, parity-proven, and written atomically (nothing is left behind on
+failure)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from deploy.lint import lint_graph
+from deploy.parity import ParityReport, check_parity, real_images
+from zoo.errors import ExportError, InputError, ParityError
+from zoo.factory import create_model, info_of, resolve
+from zoo.metadata import ModelInfo
+
+DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
+MIN_OPSET, MAX_OPSET = 13, 23
+FORMATS = ("onnx", "torchscript", "pt2", "triton")
+EXPORT_BATCH = 2
+
+
+@dataclass
+class ExportResult:
+    path: str
+    format: str
+    model: str
+    opset: int | None = None
+    exporter: str | None = None
+    dynamic_batch: bool = False
+    dynamic_size: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    lint: list[str] = field(default_factory=list)
+    parity: dict[str, Any] = field(default_factory=dict)
+    size_mb: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@contextmanager
+def atomic_output(out: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``out``; it replaces ``out`` only if the block succeeds."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        Path(tmp + ".data").unlink(missing_ok=True)
+
+
+def load_for_export(name: str) -> tuple[nn.Module, ModelInfo, str | None]:
+    """The model in eval mode, its metadata and the sha256 of its source weights."""
+    model = create_model(name)
+    info = info_of(model)
+    sha = info.weights.sha256
+    if sha is None and info.weights.kind != "none":
+        from zoo.weights import fetch_weights, sha256_file
+
+        try:
+            sha = sha256_file(fetch_weights(info.weights))
+        except Exception:  # informational only; the load itself was verified
+            sha = None
+    return model.eval(), info, sha
+
+
+def _dummy(info: ModelInfo, batch: int) -> torch.Tensor:
+    return torch.randn(batch, *info.input_size, generator=torch.Generator().manual_seed(0))
+
+
+def _onnx_once(
+    model: nn.Module,
+    x: torch.Tensor,
+    path: Path,
+    *,
+    exporter: str,
+    opset: int,
+    dynamic_batch: bool,
+    dynamic_size: bool,
+) -> list[str]:
+    axes: dict[int, str] = {}
+    if dynamic_batch:
+        axes[0] = "batch"
+    if dynamic_size:
+        axes.update({2: "height", 3: "width"})
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+        warnings.simplefilter("always")
+        if exporter == "dynamo":
+            dims = {k: torch.export.Dim(v, min=1 if k == 0 else 16) for k, v in axes.items()}
+            torch.onnx.export(
+                model,
+                (x,),
+                str(path),
+                dynamo=True,
+                external_data=False,
+                input_names=["input"],
+                output_names=["logits"],
+                opset_version=opset,
+                dynamic_shapes=({**dims},) if dims else None,
+                optimize=True,
+                verbose=False,
+            )
+        else:
+            dyn = {"input": axes, "logits": {0: "batch"} if dynamic_batch else {}} if axes else None
+            torch.onnx.export(
+                model,
+                (x,),
+                str(path),
+                dynamo=False,
+                input_names=["input"],
+                output_names=["logits"],
+                opset_version=opset,
+                dynamic_axes=dyn,
+                do_constant_folding=True,
+            )
+        caught = [
+            str(m.message).splitlines()[0][:200]
+            for m in w
+            if "legacy TorchScript-based ONNX export" not in str(m.message)
+        ]
+    return caught
+
+
+def _ort_runner(sess: Any) -> Any:
+    return lambda a: sess.run(None, {"input": a})[0]
+
+
+def export_onnx(
+    name: str,
+    out: Path,
+    *,
+    dynamic_batch: bool = False,
+    dynamic_size: bool = False,
+    opset: int = DEFAULT_OPSET,
+    exporter: str = "auto",
+    data: str | None = None,
+    allow_mismatch: bool = False,
+    model: nn.Module | None = None,
+) -> ExportResult:
+    import onnx
+    import onnxruntime as ort
+
+    from deploy.onnx_meta import set_metadata
+
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise InputError(
+            f"--opset {opset} is outside the supported range {MIN_OPSET}–{MAX_OPSET} "
+            f"(default {DEFAULT_OPSET})."
+        )
+    if exporter not in ("auto", "dynamo", "legacy"):
+        raise InputError(f"--exporter {exporter!r}: use dynamo, legacy or auto.")
+    src_model, info, weights_sha = load_for_export(name)
+    model = model if model is not None else src_model
+    model.eval()  # always export the inference graph
+    images = real_images(data)
+    result = ExportResult(
+        path=str(out),
+        format="onnx",
+        model=name,
+        opset=opset,
+        dynamic_batch=dynamic_batch,
+        dynamic_size=dynamic_size,
+    )
+    order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
+    x = _dummy(info, EXPORT_BATCH)
+    with atomic_output(out) as tmp:
+        chosen: tuple[str, list[str], ParityReport] | None = None
+        for exp in order:
+            attempt: dict[str, Any] = {"exporter": exp}
+            result.attempts.append(attempt)
+            try:
+                attempt["warnings"] = _onnx_once(
+                    model,
+                    x,
+                    tmp,
+                    exporter=exp,
+                    opset=opset,
+                    dynamic_batch=dynamic_batch,
+                    dynamic_size=dynamic_size,
+                )
+                onnx.checker.check_model(str(tmp), full_check=True)
+                graph = onnx.load(str(tmp))
+                lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=EXPORT_BATCH)
+                sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+                parity = check_parity(
+                    model,
+                    info,
+                    _ort_runner(sess),
+                    export_batch=EXPORT_BATCH,
+                    dynamic_batch=dynamic_batch,
+                    dynamic_size=dynamic_size,
+                    images=images,
+                )
+            except Exception as exc:  # exporter/check failures: record, maybe fall back
+                attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
+                continue
+            attempt.update({"lint": lint, "parity_passed": parity.passed})
+            chosen = (exp, lint, parity)
+            if not lint and parity.passed:
+                break
+        if chosen is None:
+            errors = "; ".join(f"{a['exporter']}: {a.get('error')}" for a in result.attempts)
+            raise ExportError(f"ONNX export of {name} failed ({errors}).")
+        exp, lint, parity = chosen
+        if "error" in result.attempts[-1]:  # a later failed attempt overwrote the file
+            _onnx_once(
+                model,
+                x,
+                tmp,
+                exporter=exp,
+                opset=opset,
+                dynamic_batch=dynamic_batch,
+                dynamic_size=dynamic_size,
+            )  # the chosen exporter's graph goes to disk
+        result.exporter, result.lint, result.parity = exp, lint, parity.to_dict()
+        if lint:
+            raise ExportError(f"Graph lint failed for {name}: " + "; ".join(lint))
+        if not parity.passed and not allow_mismatch:
+            raise ParityError(
+                f"Exported {name} does not match PyTorch: "
+                + "; ".join(parity.failures())
+                + ". Nothing was written; --allow-mismatch writes it anyway."
+            )
+        graph = onnx.load(str(tmp))
+        set_metadata(graph, export_metadata(info, name, result, weights_sha))
+        onnx.save(graph, str(tmp))
+    result.size_mb = round(out.stat().st_size / 2**20, 2)
+    return result
+
+
+def export_metadata(
+    info: ModelInfo, name: str, result: ExportResult, weights_sha: str | None
+) -> dict[str, Any]:
+    import onnx
+
+    _, folder = resolve(name)
+    return {
+        "registry_id": info.name if folder is None else str(folder),
+        "arch": info.arch,
+        "tag": info.tag,
+        "parent": info.parent,
+        "class_names": list(info.label_names or []),
+        "num_classes": info.num_classes,
+        "preprocessing": info.preprocessing(),
+        "opset": result.opset,
+        "exporter": result.exporter,
+        "dynamic_batch": result.dynamic_batch,
+        "dynamic_size": result.dynamic_size,
+        "torch_version": torch.__version__,
+        "onnx_version": onnx.__version__,
+        "source_weights_sha256": weights_sha,
+        "parity": {
+            "passed": result.parity.get("passed"),
+            "max_abs": result.parity.get("tensors", {}).get("max_abs"),
+            "cosine": result.parity.get("tensors", {}).get("cosine"),
+            "top1_agreement": result.parity.get("predictions", {}).get("agreement"),
+            "dynamic_checked": [[d["batch"], d["size"]] for d in result.parity.get("dynamic", [])],
+        },
+    }
+
+
+def export_torch(name: str, out: Path, *, fmt: str, jit: str = "trace") -> ExportResult:
+    """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check."""
+    from deploy.parity import compare
+
+    model, info, _ = load_for_export(name)
+    x = _dummy(info, EXPORT_BATCH)
+    result = ExportResult(
+        path=str(out),
+        format=fmt,
+        model=name,
+        exporter=jit if fmt == "torchscript" else "torch.export",
+    )
+    with atomic_output(out) as tmp, torch.no_grad():
+        if fmt == "torchscript":
+            built = torch.jit.trace(model, x) if jit == "trace" else torch.jit.script(model)
+            torch.jit.save(built, str(tmp))
+            loaded: Any = torch.jit.load(str(tmp))
+        else:
+            ep = torch.export.export(model, (x,))
+            torch.export.save(ep, str(tmp))
+            loaded = torch.export.load(str(tmp)).module()
+        d = compare(model(x).numpy(), loaded(x).numpy())
+        result.parity = {"tensors": d.__dict__, "passed": d.passed}
+        if not d.passed:
+            raise ParityError(
+                f"{fmt} export of {name} differs from eager: max abs {d.max_abs:.3g}."
+            )
+    result.size_mb = round(out.stat().st_size / 2**20, 2)
+    return result
+
+
+__all__ = ["DEFAULT_OPSET", "FORMATS", "ExportResult", "export_onnx", "export_torch"]

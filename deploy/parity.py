@@ -1,0 +1,176 @@
+"""Parity of an exported model with PyTorch, at three levels:
+
+1. tensors: max abs / max rel difference and cosine on the same inputs, within tolerances;
+2. predictions: top-1 agreement on real images, each side with its own preprocessing
+   (torchvision for PyTorch, numpy/PIL for ONNX Runtime);
+3. dynamic proven: outputs checked at batch sizes 1, 2 and an odd size different from the
+   export batch, and at two other resolutions when H/W are dynamic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from deploy.preprocess import open_image, preprocess
+from zoo.metadata import ModelInfo
+from zoo.transforms import eval_transform
+
+ATOL, RTOL, MIN_COSINE, MIN_AGREEMENT = 1e-4, 1e-3, 0.99999, 1.0
+
+RunFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class TensorDiff:
+    shape: list[int]
+    max_abs: float
+    max_rel: float
+    cosine: float
+    passed: bool
+
+
+def compare(ref: np.ndarray, out: np.ndarray, atol: float = ATOL, rtol: float = RTOL) -> TensorDiff:
+    ref64, out64 = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    if ref.shape != out.shape:
+        return TensorDiff(list(out.shape), float("inf"), float("inf"), 0.0, False)
+    diff = np.abs(ref64 - out64)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(np.abs(ref64), 1e-6)).max()) if diff.size else 0.0
+    denom = np.linalg.norm(ref64) * np.linalg.norm(out64)
+    cosine = float(ref64 @ out64 / denom) if denom else 1.0
+    ok = bool(np.all(diff <= atol + rtol * np.abs(ref64))) and cosine >= MIN_COSINE
+    return TensorDiff(list(ref.shape), max_abs, max_rel, cosine, ok)
+
+
+@dataclass
+class ParityReport:
+    tolerances: dict[str, float] = field(
+        default_factory=lambda: {"atol": ATOL, "rtol": RTOL, "min_cosine": MIN_COSINE}
+    )
+    tensors: dict[str, Any] = field(default_factory=dict)
+    predictions: dict[str, Any] = field(default_factory=dict)
+    dynamic: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return (
+            bool(self.tensors.get("passed"))
+            and bool(self.predictions.get("passed", True))
+            and all(d["passed"] for d in self.dynamic)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+    def failures(self) -> list[str]:
+        out = []
+        if not self.tensors.get("passed"):
+            t = self.tensors
+            out.append(
+                f"tensors differ: max abs {t.get('max_abs'):.3g}, max rel {t.get('max_rel'):.3g}, "
+                f"cosine {t.get('cosine'):.6f}"
+            )
+        if not self.predictions.get("passed", True):
+            p = self.predictions
+            out.append(f"top-1 agreement {p['agreement']:.1%} on {p['n_images']} real images")
+        out += [
+            f"dynamic check failed at batch {d['batch']}, size {d['size']}: max abs {d['max_abs']:.3g}"
+            for d in self.dynamic
+            if not d["passed"]
+        ]
+        return out
+
+
+def run_padded(run: RunFn, x: np.ndarray, batch: int) -> np.ndarray:
+    """Run ``x`` in chunks of exactly ``batch`` (padding the last), for static-batch graphs."""
+    outs = []
+    for i in range(0, len(x), batch):
+        chunk = x[i : i + batch]
+        n = len(chunk)
+        if n < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
+        outs.append(run(chunk)[:n])
+    return np.concatenate(outs)
+
+
+def real_images(data: str | Path | None, limit: int = 64) -> list[Path]:
+    """Images for the prediction check: ``--data DIR`` (up to ``limit``) or the bundled samples."""
+    if data is None:
+        from zoo.samples import sample_image_paths
+
+        return sample_image_paths()
+    from train.data import IMAGE_EXTENSIONS
+
+    files = sorted(p for p in Path(data).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    step = max(1, len(files) // limit)
+    return files[::step][:limit]
+
+
+def check_parity(
+    model: torch.nn.Module,
+    info: ModelInfo,
+    run: RunFn,
+    *,
+    export_batch: int,
+    dynamic_batch: bool,
+    dynamic_size: bool,
+    images: list[Path],
+) -> ParityReport:
+    report = ParityReport()
+    torch_tf = eval_transform(info)
+    pre = info.preprocessing()
+    pil = [open_image(p) for p in images]
+
+    def eager(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(x)).float().numpy()
+
+    # 1. tensors: real images, repeated to the export batch, plus seeded noise
+    base = np.stack([preprocess(im, pre) for im in pil])
+    x = np.concatenate(
+        [base, np.random.default_rng(0).standard_normal(base.shape[1:], np.float32)[None]]
+    )
+    x = np.resize(x, (export_batch, *x.shape[1:])).astype(np.float32)
+    report.tensors = asdict(compare(eager(x), run(x)))
+    # 2. predictions: each side with its own preprocessing
+    torch_x = torch.stack([torch_tf(im) for im in pil])
+    with torch.inference_mode():
+        ref_top1 = model(torch_x).argmax(1).numpy()
+    ort_top1 = run_padded(run, base, export_batch).argmax(1)
+    agreement = float((ref_top1 == ort_top1).mean())
+    report.predictions = {
+        "n_images": len(pil),
+        "agreement": agreement,
+        "passed": agreement >= MIN_AGREEMENT,
+        "preprocessing_max_abs": float(np.abs(torch_x.numpy() - base).max()),
+    }
+    # 3. dynamic proven
+    c, h = info.input_size[0], info.input_size[1]
+    shapes = []
+    if dynamic_batch:
+        shapes += [(b, h) for b in (1, 2, 5 if export_batch != 5 else 7)]
+    if dynamic_size:
+        shapes += [(export_batch if not dynamic_batch else 3, s) for s in (h - 32, h + 32)]
+    rng = np.random.default_rng(1)
+    for b, s in shapes:
+        xi = rng.standard_normal((b, c, s, s), np.float32)
+        try:
+            d = compare(eager(xi), run(xi))
+            report.dynamic.append({"batch": b, "size": s, **asdict(d)})
+        except Exception as exc:  # onnxruntime rejects a shape the graph baked in
+            report.dynamic.append(
+                {
+                    "batch": b,
+                    "size": s,
+                    "max_abs": float("inf"),
+                    "passed": False,
+                    "error": str(exc).splitlines()[0][:300],
+                }
+            )
+    return report

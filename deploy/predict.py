@@ -1,0 +1,53 @@
+"""``zoo predict``: top-k labels from an ONNX file (metadata only, no model code) or from a
+registry entry / run through PyTorch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deploy.preprocess import open_image, softmax
+
+
+def predict(
+    model: str, images: list[str], *, k: int = 5, device: str = "cpu"
+) -> list[dict[str, Any]]:
+    if model.endswith(".onnx"):
+        from deploy.runtime import OnnxClassifier
+
+        clf = OnnxClassifier(model, device=device)
+        preds = clf.classify([open_image(p) for p in images], k=k)
+        return [
+            {"image": img, "top": [p.__dict__ for p in ps]}
+            for img, ps in zip(images, preds, strict=True)
+        ]
+    from zoo.device import pick_device
+    from zoo.factory import create_model, info_of
+    from zoo.transforms import eval_transform
+
+    dev = pick_device(device)
+    net = create_model(model).to(dev)
+    info = info_of(net)
+    tf = eval_transform(info)
+    x = torch.stack([tf(open_image(p)) for p in images]).to(dev)
+    with torch.inference_mode():
+        probs = softmax(net(x).float().cpu().numpy().astype("float64"))
+    labels = list(info.label_names or [])
+    out = []
+    for img, row in zip(images, probs, strict=True):
+        top = row.argsort()[::-1][:k]
+        out.append(
+            {
+                "image": img,
+                "top": [
+                    {
+                        "label": labels[i] if i < len(labels) else str(i),
+                        "index": int(i),
+                        "score": float(row[i]),
+                    }
+                    for i in top
+                ],
+            }
+        )
+    return out

@@ -1,0 +1,101 @@
+"""onnxruntime sessions with explicit threads and an asserted provider, plus top-k
+classification from the metadata embedded in the file."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploy.onnx_meta import read_metadata
+from deploy.preprocess import open_image, preprocess, softmax
+from zoo.errors import BackendUnavailableError, InputError
+from zoo.system import available_cpus
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def make_session(path: str | Path, *, device: str = "cpu", threads: int | None = None) -> Any:
+    """An ``InferenceSession`` on ``device``; raises if the provider is missing or the session
+    silently fell back to another one (never a CPU number labelled CUDA)."""
+    import onnxruntime as ort
+
+    provider = PROVIDERS.get(device.split(":")[0])
+    if provider is None:
+        raise InputError(f"Unknown device {device!r}: use cpu or cuda.")
+    available = ort.get_available_providers()
+    if provider not in available:
+        raise BackendUnavailableError(
+            f"{provider} is not available in this onnxruntime ({', '.join(available)}). "
+            "For CUDA install onnxruntime-gpu matching your CUDA version."
+        )
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or available_cpus()
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    try:
+        sess = ort.InferenceSession(str(path), sess_options=opts, providers=[provider])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise InputError(f"onnxruntime cannot load {path}: {exc}") from exc
+    if sess.get_providers()[0] != provider:
+        raise BackendUnavailableError(
+            f"Asked for {provider} but the session runs on {sess.get_providers()[0]}."
+        )
+    return sess
+
+
+@dataclass
+class Prediction:
+    label: str
+    index: int
+    score: float
+
+
+class OnnxClassifier:
+    """An exported zoo model: preprocessing and class names come from its metadata."""
+
+    def __init__(
+        self, path: str | Path, *, device: str = "cpu", threads: int | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.meta = read_metadata(self.path)
+        if not self.meta.get("preprocessing"):
+            raise InputError(f"{self.path} carries no zoo metadata: export it with `zoo export`.")
+        t0 = time.perf_counter()
+        self.session = make_session(self.path, device=device, threads=threads)
+        self.load_s = time.perf_counter() - t0
+        self.input = self.session.get_inputs()[0]
+        self.output_name = self.session.get_outputs()[0].name
+        self.classes: list[str] = list(self.meta.get("class_names") or [])
+        self.pre = self.meta["preprocessing"]
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run([self.output_name], {self.input.name: batch})[0]
+
+    def preprocess_images(self, images: list[Any]) -> np.ndarray:
+        return np.stack(
+            [
+                preprocess(
+                    im if not isinstance(im, str | Path | bytes) else open_image(im), self.pre
+                )
+                for im in images
+            ]
+        )
+
+    def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
+        probs = softmax(self.run(self.preprocess_images(images)).astype(np.float64))
+        out = []
+        for row in probs:
+            top = np.argsort(-row)[:k]
+            out.append(
+                [
+                    Prediction(
+                        self.classes[i] if i < len(self.classes) else str(i), int(i), float(row[i])
+                    )
+                    for i in top
+                ]
+            )
+        return out
