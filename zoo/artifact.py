@@ -61,7 +61,12 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
             f"{folder} is not a zoo model folder: missing {', '.join(missing)}. A model folder "
             f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE})."
         )
-    extra = sorted(p.name for p in folder.iterdir() if p.name not in ALLOWED_FILES)
+    # Hidden names are in-flight temporary files of an atomic write; they never ship.
+    extra = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name not in ALLOWED_FILES and not p.name.startswith(".")
+    )
     if extra:
         raise ArtifactError(
             f"{folder} holds files outside the model-folder contract: {', '.join(extra)}. "
