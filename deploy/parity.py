@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from deploy.preprocess import open_image, preprocess
+from deploy.runtime import run_padded
 from zoo.metadata import ModelInfo
 from zoo.transforms import eval_transform
 
@@ -85,18 +86,6 @@ class ParityReport:
             if not d["passed"]
         ]
         return out
-
-
-def run_padded(run: RunFn, x: np.ndarray, batch: int) -> np.ndarray:
-    """Run ``x`` in chunks of exactly ``batch`` (padding the last), for static-batch graphs."""
-    outs = []
-    for i in range(0, len(x), batch):
-        chunk = x[i : i + batch]
-        n = len(chunk)
-        if n < batch:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
-        outs.append(run(chunk)[:n])
-    return np.concatenate(outs)
 
 
 def real_images(data: str | Path | None, limit: int = 64) -> list[Path]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from zoo.errors import InputError
+from zoo.errors import InputError, PayloadTooLargeError
 
 _FILTERS = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -25,13 +25,15 @@ def open_image(src: str | Path | bytes, *, max_pixels: int = MAX_PIXELS) -> Imag
     try:
         im = Image.open(BytesIO(src) if isinstance(src, bytes) else src)
         if im.width * im.height > max_pixels:
-            raise InputError(
+            raise PayloadTooLargeError(
                 f"Image is {im.width}×{im.height} pixels, over the limit of {max_pixels:,}."
             )
         im.load()
         return im
     except InputError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise PayloadTooLargeError(f"Image rejected as a decompression bomb: {exc}") from exc
     except FileNotFoundError as exc:
         raise InputError(f"Image file {src!s} does not exist.") from exc
     except Exception as exc:  # PIL raises many types for undecodable data

@@ -203,7 +203,7 @@ def _measure(
 ) -> dict[str, Any]:
     s32, s8 = make_session(fp32, threads=threads), make_session(q, threads=threads)
     name = s32.get_inputs()[0].name
-    from deploy.parity import run_padded
+    from deploy.runtime import run_padded
 
     batch = 1 if meta.get("dynamic_batch") else 2
     y32 = run_padded(lambda a: s32.run(None, {name: a})[0], x, batch)

@@ -4,6 +4,7 @@ classification from the metadata embedded in the file."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,19 @@ from deploy.onnx_meta import read_metadata
 from deploy.preprocess import open_image, preprocess, softmax
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
+
+
+def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
+    """Run ``x`` in chunks of exactly ``batch`` (padding the last), for static-batch graphs."""
+    outs = []
+    for i in range(0, len(x), batch):
+        chunk = x[i : i + batch]
+        n = len(chunk)
+        if n < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
+        outs.append(run(chunk)[:n])
+    return np.concatenate(outs)
+
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 

@@ -3,6 +3,7 @@ MobileNetV2 ImageNet weights come from torch hub's cache (scripts/fetch_test_wei
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +62,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+@pytest.fixture(scope="session")
+def mobilenet_onnx(tmp_path_factory, mobilenet_weights) -> Path:
+    out = tmp_path_factory.mktemp("onnx") / "mobilenet_v2.onnx"
+    r = run_zoo("export", "mobilenet_v2", "--dynamic-batch", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["parity"]["passed"] and report["exporter"] in ("dynamo", "legacy")
+    assert [d["batch"] for d in report["parity"]["dynamic"]] == [1, 2, 5]
+    assert report["parity"]["predictions"]["agreement"] == 1.0
+    return out

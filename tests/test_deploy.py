@@ -24,18 +24,6 @@ from zoo.samples import sample_image_paths
 from zoo.transforms import eval_transform
 
 
-@pytest.fixture(scope="module")
-def mobilenet_onnx(tmp_path_factory, mobilenet_weights) -> Path:
-    out = tmp_path_factory.mktemp("onnx") / "mobilenet_v2.onnx"
-    r = run_zoo("export", "mobilenet_v2", "--dynamic-batch", "-o", str(out), "--json")
-    assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
-    assert report["parity"]["passed"] and report["exporter"] in ("dynamo", "legacy")
-    assert [d["batch"] for d in report["parity"]["dynamic"]] == [1, 2, 5]
-    assert report["parity"]["predictions"]["agreement"] == 1.0
-    return out
-
-
 def test_export_embeds_metadata_and_passes_checker(mobilenet_onnx: Path) -> None:
     model = onnx.load(str(mobilenet_onnx))
     onnx.checker.check_model(model, full_check=True)

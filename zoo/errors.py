@@ -93,3 +93,11 @@ class BackendUnavailableError(ZooError, RuntimeError):
 
 class InputError(ZooError, ValueError):
     """A file given by the user is missing, unreadable or of the wrong kind."""
+
+
+class ServerBusyError(ZooError, RuntimeError):
+    """The server's request queue is full; the client should retry later."""
+
+
+class PayloadTooLargeError(InputError):
+    """An upload or a decoded image is over the configured limit."""

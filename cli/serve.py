@@ -1,0 +1,63 @@
+"""``zoo serve``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def serve_cmd(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help=".onnx file, run/model folder, or registry entry (exported on the fly)"
+        ),
+    ],
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    name: Annotated[
+        str | None, typer.Option(help="model name in the URL (default: arch.tag)")
+    ] = None,
+    max_batch: Annotated[int, typer.Option(min=1, help="samples per ONNX Runtime call")] = 16,
+    max_delay_ms: Annotated[
+        float, typer.Option(min=0, help="wait this long for fuller batches (0: never wait)")
+    ] = 0.0,
+    max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = 256,
+    timeout_ms: Annotated[
+        float, typer.Option(min=1, help="504 after waiting this long")
+    ] = 10_000.0,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="ORT intra-op threads (default: available CPUs)")
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    max_body_mb: Annotated[
+        float, typer.Option(min=0.001, help="413 above this request size")
+    ] = 32.0,
+    max_image_pixels: Annotated[
+        int, typer.Option(min=1, help="413 above this many decoded pixels")
+    ] = 40_000_000,
+) -> None:
+    """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching."""
+    from deploy.serve.run import serve
+
+    serve(
+        model,
+        {
+            "host": host,
+            "port": port,
+            "name": name,
+            "max_batch": max_batch,
+            "max_delay_ms": max_delay_ms,
+            "max_queue": max_queue,
+            "timeout_ms": timeout_ms,
+            "threads": threads,
+            "device": device,
+            "max_body_mb": max_body_mb,
+            "max_image_pixels": max_image_pixels,
+        },
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)

@@ -1,0 +1,136 @@
+"""Dynamic batching: requests are gathered into one ONNX Runtime call of at most
+``max_batch`` samples. By default no delay is added (the largest batch available *now*, like
+Triton); ``max_delay_ms`` opts into waiting for more. Inference runs in a worker thread, so
+the event loop (and the health probes) stay responsive under full load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deploy.serve.metrics import ServerMetrics
+from zoo.errors import ServerBusyError
+
+
+@dataclass
+class _Job:
+    x: np.ndarray
+    future: asyncio.Future[np.ndarray]
+    enqueued: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        *,
+        max_batch: int,
+        max_delay_ms: float,
+        max_queue: int,
+        metrics: ServerMetrics,
+    ) -> None:
+        self.run, self.max_batch, self.max_delay = run, max_batch, max_delay_ms / 1000
+        self.max_queue, self.metrics = max_queue, metrics
+        self.queue: deque[_Job] = deque()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.in_flight = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop the loop and the worker thread."""
+        while self.queue or self.in_flight:
+            await asyncio.sleep(0.01)
+        if self._task:
+            self._task.cancel()
+        self.executor.shutdown(wait=True)
+
+    async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
+        if len(self.queue) >= self.max_queue:
+            raise ServerBusyError(f"queue full ({self.max_queue} requests waiting)")
+        job = _Job(x, asyncio.get_running_loop().create_future())
+        self.queue.append(job)
+        self.metrics.queue_depth.set(len(self.queue))
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
+        except TimeoutError:
+            job.cancelled = True  # skipped if still queued; its result is dropped otherwise
+            raise
+
+    def _take_batch(self) -> list[_Job]:
+        """FIFO jobs with the first job's sample shape, up to max_batch samples."""
+        first = self.queue.popleft()
+        jobs, n, shape = [first], len(first.x), first.x.shape[1:]
+        rest: deque[_Job] = deque()
+        while self.queue and n < self.max_batch:
+            job = self.queue.popleft()
+            if job.cancelled:
+                continue
+            if job.x.shape[1:] == shape and n + len(job.x) <= self.max_batch:
+                jobs.append(job)
+                n += len(job.x)
+            else:
+                rest.append(job)
+        self.queue.extendleft(reversed(rest))
+        return jobs
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self.max_delay > 0:  # opt-in: wait for a fuller batch, bounded by the delay
+                deadline = self.queue[0].enqueued + self.max_delay
+                while (
+                    sum(len(j.x) for j in self.queue) < self.max_batch
+                    and time.perf_counter() < deadline
+                ):
+                    await asyncio.sleep(min(0.001, max(0.0, deadline - time.perf_counter())))
+            while self.queue and self.queue[0].cancelled:
+                self.queue.popleft()
+            if not self.queue:
+                continue
+            jobs = self._take_batch()
+            self.metrics.queue_depth.set(len(self.queue))
+            now = time.perf_counter()
+            for j in jobs:
+                self.metrics.queue_seconds.observe(now - j.enqueued)
+            self.in_flight += 1
+            try:
+                await self._run_jobs(loop, jobs)
+            finally:
+                self.in_flight -= 1
+
+    async def _run_jobs(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
+        x = np.concatenate([j.x for j in jobs]) if len(jobs) > 1 else jobs[0].x
+        t0 = time.perf_counter()
+        try:
+            y = await loop.run_in_executor(self.executor, self.run, x)
+        except Exception as exc:  # one bad request must not poison the others: retry alone
+            if len(jobs) > 1:
+                for j in jobs:
+                    await self._run_jobs(loop, [j])
+                return
+            if not jobs[0].future.done():
+                jobs[0].future.set_exception(exc)
+            return
+        self.metrics.compute_seconds.observe(time.perf_counter() - t0)
+        self.metrics.batch_size.observe(len(x))
+        start = 0
+        for j in jobs:
+            if not j.future.done():
+                j.future.set_result(y[start : start + len(j.x)])
+            start += len(j.x)

@@ -1,0 +1,88 @@
+"""``zoo serve MODEL``: resolve what to serve (an .onnx file, a run/model folder, or a registry
+entry exported on the fly) and run it under uvicorn with graceful shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from deploy.serve.config import ServeConfig
+from zoo.errors import InputError
+
+
+def resolve_onnx(model: str, workdir: Path) -> Path:
+    p = Path(model)
+    if p.suffix == ".onnx":
+        if not p.is_file():
+            raise InputError(f"ONNX file {p} does not exist.")
+        return p
+    for candidate in (p / "model.onnx", p / "model" / "model.onnx"):
+        if candidate.is_file():
+            return candidate
+    from deploy.export import export_onnx
+
+    out = workdir / "model.onnx"
+    logging.getLogger("zoo.serve").warning(
+        "exporting %s to ONNX (dynamic batch) before serving", model
+    )
+    export_onnx(model, out, dynamic_batch=True)
+    return out
+
+
+def default_name(onnx_path: Path) -> str:
+    from deploy.onnx_meta import read_metadata
+
+    meta = read_metadata(onnx_path)
+    if meta.get("arch") and meta.get("tag"):
+        return f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
+    return onnx_path.stem
+
+
+def _graceful_server_class() -> type:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """SIGTERM/SIGINT: stop accepting, finish in-flight requests (bounded by
+        timeout_graceful_shutdown), then return normally, so the process exits 0. (uvicorn's own
+        handler re-raises the signal after shutting down, which ends the process with -15.)"""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {
+                s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)
+            }
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return GracefulServer
+
+
+def serve(model: str, cfg_kwargs: dict[str, object]) -> None:
+    import uvicorn
+
+    from deploy.serve.app import create_app
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = resolve_onnx(model, Path(tmp))
+        name = cfg_kwargs.pop("name", None) or default_name(path)
+        cfg = ServeConfig(model_path=str(path), name=str(name), **cfg_kwargs)  # type: ignore[arg-type]
+        app = create_app(cfg)
+        config = uvicorn.Config(
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level="warning",
+            timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
+            access_log=False,
+        )
+        _graceful_server_class()(config).run()

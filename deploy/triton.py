@@ -1,0 +1,100 @@
+"""``zoo export --format triton``: a Triton model repository for scale-out.
+
+``REPO/<name>/config.pbtxt`` (onnxruntime_onnx, max_batch_size, dynamic_batching,
+instance_group, dims without the batch dim, labels on the output), ``REPO/<name>/1/model.onnx``
+and ``REPO/<name>/labels.txt``. The config is built and validated with Triton's own protobuf
+schema (``model_config_pb2`` from the ``tritonclient`` package). The same KServe v2 client
+that talks to ``zoo serve`` talks to Triton.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from deploy.export import ExportResult, export_onnx
+from zoo.errors import ExportError, InputError
+
+
+def _schema() -> Any:
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as exc:
+        raise InputError(
+            "Writing a Triton repository needs Triton's schema: pip install 'tritonclient[http]'"
+        ) from exc
+    return model_config_pb2
+
+
+def build_config(
+    name: str,
+    *,
+    input_dims: list[int],
+    num_classes: int,
+    max_batch: int,
+    instances: int = 1,
+    kind: str = "KIND_CPU",
+) -> str:
+    from google.protobuf import text_format
+
+    pb = _schema()
+    cfg = pb.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=max_batch)
+    cfg.input.add(name="input", data_type=pb.TYPE_FP32, dims=input_dims)
+    cfg.output.add(
+        name="logits", data_type=pb.TYPE_FP32, dims=[num_classes], label_filename="labels.txt"
+    )
+    cfg.dynamic_batching.SetInParent()  # Triton's default: no added queue delay
+    cfg.instance_group.add(count=instances, kind=getattr(pb.ModelInstanceGroup, kind))
+    return str(text_format.MessageToString(cfg))
+
+
+def validate_config(text: str) -> Any:
+    """Parse ``config.pbtxt`` text with Triton's schema; raises on any unknown field or type."""
+    from google.protobuf import text_format
+
+    pb = _schema()
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ExportError(f"config.pbtxt does not match Triton's schema: {exc}") from exc
+
+
+def export_triton(
+    model: str,
+    repo: Path,
+    *,
+    max_batch: int = 32,
+    opset: int = 18,
+    data: str | None = None,
+    name: str | None = None,
+) -> ExportResult:
+    from deploy.onnx_meta import read_metadata
+
+    repo.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=repo) as tmp:
+        onnx_path = Path(tmp) / "model.onnx"
+        result = export_onnx(model, onnx_path, dynamic_batch=True, opset=opset, data=data)
+        meta = read_metadata(onnx_path)
+        name = name or f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
+        stage = Path(tmp) / name
+        (stage / "1").mkdir(parents=True)
+        shutil.move(str(onnx_path), stage / "1" / "model.onnx")
+        text = build_config(
+            name,
+            input_dims=list(meta["preprocessing"]["input_size"]),
+            num_classes=meta["num_classes"],
+            max_batch=max_batch,
+        )
+        validate_config(text)
+        (stage / "config.pbtxt").write_text(text)
+        labels = meta["class_names"] or [str(i) for i in range(meta["num_classes"])]
+        (stage / "labels.txt").write_text("\n".join(labels) + "\n")
+        target = repo / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.move(str(stage), target)
+    result.path, result.format = str(repo / name), "triton"
+    result.size_mb = round((repo / name / "1" / "model.onnx").stat().st_size / 2**20, 2)
+    return result
