@@ -13,10 +13,9 @@ from zoo.errors import InputError
 
 
 def _default_output(model: str, fmt: str) -> Path:
-    from zoo.artifact import is_model_folder
+    from zoo.artifact import model_folder_of
 
-    p = Path(model)
-    folder = p if is_model_folder(p) else p / "model" if is_model_folder(p / "model") else None
+    folder = model_folder_of(model)
     ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": ""}[fmt]
     if folder is not None and fmt == "onnx":
         return folder / "model.onnx"  # part of the artifact contract

@@ -30,10 +30,36 @@ def _row(info: ModelInfo) -> dict[str, Any]:
 
 def list_cmd(
     pattern: Annotated[str | None, typer.Argument(help="fnmatch pattern, e.g. 'resnet*'")] = None,
+    base: Annotated[
+        str | None, typer.Option(help="only models descended from this entry (lineage)")
+    ] = None,
+    runs: Annotated[str, typer.Option(help="where to look for local runs")] = "runs",
+    local: Annotated[bool, typer.Option(help="include local runs and pulled Hub models")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """List registered models."""
+    """List registered models, local runs and pulled models (fine-tuned variants with their parent)."""
+    import fnmatch
+
+    from zoo.local_models import discover
+
     rows = [_row(model_info(n)) for n in list_models(pattern)]
+    if local:
+        for name, info in discover(runs):
+            if (
+                pattern is None
+                or fnmatch.fnmatch(name, pattern)
+                or fnmatch.fnmatch(info.arch, pattern)
+            ):
+                rows.append({**_row(info), "name": name, "lineage": list(info.lineage)})
+    if base is not None:
+        from zoo.registry import canonical_name
+
+        root = canonical_name(base)
+        rows = [
+            r
+            for r in rows
+            if r["name"] == root or root in r.get("lineage", []) or r["parent"] == root
+        ]
     if as_json:
         print_json(rows)
         return
@@ -63,6 +89,7 @@ def info_cmd(
 
     info = resolve(name)[0].info
     d = info.to_dict()
+    d["lineage"] = [*info.lineage] if info.lineage else [info.name]
     if as_json:
         print_json(d)
         return
@@ -70,6 +97,8 @@ def info_cmd(
     for k, v in d.items():
         if k == "weights":
             v = v["description"]
+        if k == "lineage":
+            v = " → ".join(v)
         out.print(f"[bold]{k}[/bold]: {v}")
     if labels:
         out.print(f"[bold]labels[/bold]: {len(labels)} ({', '.join(labels[:5])}, …)")

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from zoo.artifact import WEIGHTS_FILE, info_from_config, is_model_folder, read_config
+from zoo.artifact import WEIGHTS_FILE, info_from_config, model_folder_of, read_config
 from zoo.errors import InputError
 from zoo.loading import LoadReport, load_strict
 from zoo.metadata import ModelInfo, WeightSource
@@ -32,14 +32,10 @@ def resolve(name: str) -> tuple[Entry, Path | None]:
         name = str(folder)
     path = Path(name)
     if os.sep in name or name.startswith(".") or path.is_dir():
-        if not is_model_folder(path):
-            if path.is_dir() and is_model_folder(path / "model"):  # a training run directory
-                path = path / "model"
-            elif not path.exists():
-                raise InputError(f"Model folder {name!r} does not exist.")
-            else:
-                read_config(path)  # raises with the precise contract violation
-        config = read_config(path)
+        if not path.exists():
+            raise InputError(f"Model folder {name!r} does not exist.")
+        path = model_folder_of(path) or path  # a training run names its model/
+        config = read_config(path)  # raises with the precise contract violation
         base = get_entry(config["base"])
         return Entry(info_from_config(path, config, base.info), base.builder), path
     return get_entry(name), None

@@ -77,8 +77,13 @@ def load_strict(
         problems.append(f"not in the model: {', '.join(report.unexpected[:8])}")
     if problems:
         hint = ""
-        if any(_in_head(k, head) for k in shape_errors + report.missing):
-            hint = " The classifier head differs: pass num_classes to re-initialise it."
+        head_w = f"{head}.weight"
+        if head_w in state_dict and head_w in own and state_dict[head_w].shape != own[head_w].shape:
+            hint = (
+                f" The classifier head has {state_dict[head_w].shape[0]} outputs in the weights but the "
+                f"model expects {own[head_w].shape[0]} classes: pass num_classes to re-initialise it, "
+                "or fix the class list that goes with these weights."
+            )
         raise StateDictMismatchError(
             f"Weights from {source} do not fit the model ({'; '.join(problems)}).{hint}"
         )

@@ -80,6 +80,7 @@ class ModelInfo:
     classifier: str | None = None
     has_batchnorm: bool = False
     parent: str | None = None
+    lineage: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

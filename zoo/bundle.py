@@ -1,0 +1,121 @@
+"""Model folders from anything: a registry entry, a training run, or a legacy ``.pth``."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.artifact import ALLOWED_FILES, model_folder_of, read_config, save_model_folder
+from zoo.cards import finetuned_card
+from zoo.errors import InputError, UnsafeWeightsError
+from zoo.factory import create_model, info_of
+from zoo.loading import load_strict
+from zoo.registry import get_entry
+from zoo.weights import read_state_dict, sha256_file
+
+
+def _config_for(
+    info: Any, *, base: str, lineage: list[str], extra: dict[str, Any]
+) -> dict[str, Any]:
+    n = info.num_classes
+    return {
+        "base": base,
+        "arch": info.arch,
+        "tag": info.tag,
+        "num_classes": n,
+        "class_names": list(info.label_names) if info.label_names else [str(i) for i in range(n)],
+        "multi_label": False,
+        "params": info.params,
+        "preprocessing": info.preprocessing(),
+        "parent_weights": info.weights.describe(),
+        "parent_weights_sha256": info.weights.sha256,
+        "lineage": lineage,
+        "metrics": dict(info.metrics),
+        **extra,
+    }
+
+
+def bundle(name: str, out: str | Path) -> Path:
+    """Write the artifact folder of a registry entry or a run/model folder to ``out``."""
+    folder = model_folder_of(name)
+    out = Path(out)
+    if folder is not None:
+        read_config(folder)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+        for f in folder.iterdir():
+            if f.name in ALLOWED_FILES:
+                shutil.copy2(f, tmp / f.name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        return out
+    model = create_model(name)
+    info = info_of(model)
+    config = _config_for(info, base=info.name, lineage=[], extra={"tag": info.tag})
+    return save_model_folder(model, out, config, str(finetuned_card(info, config)))
+
+
+def convert(
+    pth: str | Path,
+    arch: str,
+    out: str | Path,
+    *,
+    trust: bool = False,
+    num_classes: int | None = None,
+) -> Path:
+    """A legacy pickle checkpoint → artifact folder. Without ``trust`` only ``weights_only``
+    loading is attempted; the source file's sha256 is recorded as provenance."""
+    pth = Path(pth)
+    if not pth.is_file():
+        raise InputError(f"Checkpoint {pth} does not exist.")
+    if trust:
+        obj = torch.load(pth, map_location="cpu", weights_only=False)  # the user vouched for it
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+                obj = obj[key]
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        if not isinstance(obj, dict):
+            raise UnsafeWeightsError(f"{pth} holds a {type(obj).__name__}, not a state_dict.")
+        state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    else:
+        state = read_state_dict(pth)
+    state = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state.items()}
+    entry = get_entry(arch)
+    head = entry.info.classifier
+    if num_classes is None and head and f"{head}.weight" in state:
+        num_classes = int(state[f"{head}.weight"].shape[0])
+    info_n = num_classes or entry.info.num_classes
+    model = entry.builder(num_classes=info_n)
+    report = load_strict(model, state, head=head, source=str(pth), adapt_head=False)
+    from dataclasses import replace
+
+    from zoo.metadata import WeightSource
+
+    info = replace(
+        entry.info,
+        num_classes=info_n,
+        tag=f"converted-{pth.stem}",
+        label_names=entry.info.label_names if info_n == entry.info.num_classes else None,
+        weights=WeightSource(kind="local", path=str(pth)),
+        parent=entry.info.name,
+    )
+    config = _config_for(
+        info,
+        base=entry.info.name,
+        lineage=[entry.info.name],
+        extra={
+            "provenance": {
+                "source": str(pth.resolve()),
+                "source_sha256": sha256_file(pth),
+                "loaded_tensors": len(report.loaded),
+                "trusted_pickle": trust,
+            }
+        },
+    )
+    return save_model_folder(model, out, config, str(finetuned_card(info, config)))

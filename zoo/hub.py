@@ -1,0 +1,189 @@
+"""Pull and push zoo model folders through the Hugging Face Hub (``huggingface_hub``).
+
+- ``hf:ORG/REPO[@REVISION]`` pulls a model folder into the standard HF cache. A pinned commit
+  already in the cache is used without touching the network; with ``HF_HUB_OFFLINE=1`` and
+  nothing cached, the error names the repo and revision and says how to fetch it.
+- ``hf-hub:ORG/NAME`` (timm's spelling) resolves to the matching ``timm:`` entry.
+- Only safetensors are pulled; every weights file's sha256 goes into a local lock the first
+  time it is seen and is verified on every later load (and against ``config.json``).
+- Push uploads exactly the artifact files in one commit, after the contract and the card
+  are validated locally; pickle files are never uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from zoo.artifact import ALLOWED_FILES, CARD_FILE, WEIGHTS_FILE, model_folder_of, read_config
+from zoo.errors import (
+    ArtifactError,
+    InputError,
+    UnsafeWeightsError,
+    WeightsIntegrityError,
+    WeightsNotFoundError,
+)
+
+_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+PICKLE_SUFFIXES = (".bin", ".pth", ".pt", ".pkl", ".ckpt")
+
+
+def parse_hf(name: str) -> tuple[str, str | None]:
+    """``hf:ORG/REPO@REV`` → (``ORG/REPO``, ``REV`` or None)."""
+    spec = name.removeprefix("hf:")
+    repo, _, rev = spec.partition("@")
+    if not _REPO.match(repo):
+        raise InputError(
+            f"Hub repo id must be in the form 'namespace/repo_name': {repo!r} (from {name!r})"
+        )
+    return repo, rev or None
+
+
+def lock_path() -> Path:
+    home = Path(os.environ.get("ZOO_HOME", Path.home() / ".cache" / "zoo"))
+    return home / "weights.lock.json"
+
+
+def _read_lock() -> dict[str, str]:
+    p = lock_path()
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def verify_locked(key: str, path: Path) -> str:
+    """sha256 of ``path``; recorded under ``key`` the first time, compared on every later call."""
+    from zoo.artifact import write_json
+    from zoo.weights import sha256_file
+
+    actual = sha256_file(path)
+    lock = _read_lock()
+    expected = lock.get(key)
+    if expected is None:
+        lock[key] = actual
+        lock_path().parent.mkdir(parents=True, exist_ok=True)
+        write_json(lock_path(), lock)
+    elif expected != actual:
+        raise WeightsIntegrityError(str(path), expected, actual)
+    return actual
+
+
+def pull(name: str) -> Path | None:
+    """Local folder of ``hf:ORG/REPO[@REV]`` (verified), or None for a timm ``hf-hub:`` name."""
+    if name.startswith("hf-hub:"):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, rev = parse_hf(name)
+    shown = f"hf:{repo}@{rev or 'main'}"
+    patterns = sorted(ALLOWED_FILES)  # never download pickle files
+    folder: str | None = None
+    if rev and _COMMIT.match(rev):  # a pinned commit in the cache never touches the network
+        try:
+            folder = snapshot_download(
+                repo, revision=rev, allow_patterns=patterns, local_files_only=True
+            )
+        except LocalEntryNotFoundError:
+            folder = None
+    if folder is None:
+        try:
+            folder = snapshot_download(repo, revision=rev, allow_patterns=patterns)
+        except LocalEntryNotFoundError as exc:
+            raise WeightsNotFoundError(
+                f"{shown} is not in the Hugging Face cache and the Hub cannot be reached "
+                f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Fetch it once with network "
+                f"access: `zoo pull {shown}` (unset HF_HUB_OFFLINE)."
+            ) from exc
+        except RevisionNotFoundError as exc:
+            raise WeightsNotFoundError(f"Revision {rev!r} does not exist in hf:{repo}.") from exc
+        except RepositoryNotFoundError as exc:
+            raise WeightsNotFoundError(
+                f"Hub repo {repo!r} does not exist or needs a token (`hf auth login`)."
+            ) from exc
+    path = Path(folder)
+    if not (path / WEIGHTS_FILE).is_file():
+        pickles = [
+            p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES
+        ] or _remote_pickles(repo, rev)
+        if pickles:
+            raise UnsafeWeightsError(
+                f"{shown} only has pickle weights ({', '.join(pickles)}); zoo loads safetensors only. "
+                "Download the file yourself and convert it: `zoo convert FILE --arch ARCH`."
+            )
+        raise ArtifactError(
+            f"{shown} has no {WEIGHTS_FILE}: it is not a zoo model folder. If it holds pickle "
+            "weights, download them yourself and convert: `zoo convert FILE --arch ARCH`."
+        )
+    config = read_config(path)
+    commit = path.name
+    actual = verify_locked(f"{repo}@{commit}/{WEIGHTS_FILE}", path / WEIGHTS_FILE)
+    if actual != config["weights_sha256"]:
+        raise WeightsIntegrityError(str(path / WEIGHTS_FILE), config["weights_sha256"], actual)
+    return path
+
+
+def _remote_pickles(repo: str, rev: str | None) -> list[str]:
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return []
+    try:
+        from huggingface_hub import HfApi
+
+        return [
+            f for f in HfApi().list_repo_files(repo, revision=rev) if f.endswith(PICKLE_SUFFIXES)
+        ]
+    except Exception:  # listing is only for a better message
+        return []
+
+
+def push(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    create_pr: bool = False,
+    api: Any = None,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """Upload a model folder in one commit. Returns what was sent (operations, card, commit)."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from zoo.cards import validate_card_locally
+
+    if not _REPO.match(repo_id):
+        raise InputError(f"Repo id must be in the form 'namespace/repo_name': {repo_id!r}")
+    src = model_folder_of(folder) or Path(folder)  # a run folder pushes its model/
+    read_config(src)  # the contract: exact file set, schema, class count
+    bad = [p.name for p in src.iterdir() if p.suffix in PICKLE_SUFFIXES]
+    if bad:
+        raise UnsafeWeightsError(f"Refusing to push pickle files: {', '.join(bad)}")
+    card_text = (src / CARD_FILE).read_text()
+    validate_card_locally(card_text)
+    files = sorted(p.name for p in src.iterdir() if p.name in ALLOWED_FILES)
+    api = api or HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    if revision and revision != "main" and not create_pr:
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    operations = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(src / f)) for f in files]
+    info = api.create_commit(
+        repo_id,
+        operations=operations,
+        commit_message=f"Upload {src.name} with zoo",
+        revision=revision,
+        create_pr=create_pr,
+    )
+    return {
+        "repo_id": repo_id,
+        "files": files,
+        "revision": revision,
+        "create_pr": create_pr,
+        "commit_url": getattr(info, "commit_url", None),
+        "pr_url": getattr(info, "pr_url", None),
+    }
