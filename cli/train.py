@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -151,7 +152,8 @@ def finetune_cmd(
     from train.trainer import fit
 
     run = fit(cfg, explicit=explicit)
-    out.print(str(run))
+    if os.environ.get("RANK", "0") == "0":
+        out.print(str(run))
 
 
 def eval_cmd(

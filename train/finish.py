@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
-from train.checkpoint import load_checkpoint
 from train.plots import plot_confusion, plot_curves
 from zoo.artifact import save_model_folder, write_json
 from zoo.cards import finetuned_card
@@ -61,12 +61,9 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def finish_run(t: Trainer, total_s: float, estimate: dict[str, Any]) -> None:
-    best_path = t.run.path / "checkpoints" / "best.pt"
+def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[str, Any]) -> None:
+    """Rank 0 only: write what the run produced (``val``: the shipped weights' metrics)."""
     last_val = t.history[-1] if t.history else {}
-    if best_path.exists():
-        t.model.load_state_dict(load_checkpoint(best_path)["model"])
-    val = t.validate()  # per-class metrics of the weights we ship
     config = model_config(t, val)
     from dataclasses import replace
 
@@ -110,4 +107,4 @@ def finish_run(t: Trainer, total_s: float, estimate: dict[str, Any]) -> None:
     if t.history:
         plot_curves(t.history, t.run.path / "curves.png")
     plot_confusion(val["confusion_matrix"], t.classes, t.run.path / "confusion_matrix.png")
-    print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", flush=True)
+    print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", file=sys.stderr, flush=True)

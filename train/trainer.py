@@ -131,7 +131,8 @@ class Trainer:
                 f"extending the run by {extend} epoch(s) to {self.cfg.epochs}; the new schedule is "
                 "recorded in config.json"
             )
-        elif state["epoch"] >= self.cfg.epochs and state.get("step_in_epoch", 0) == 0:
+        elif state["epoch"] >= self.cfg.epochs and (run.path / "model").exists():
+            # (epochs done but no model/: the run died while finishing; resuming finishes it)
             raise CheckpointError(
                 f"Run {run.path} already finished its {self.cfg.epochs} epochs. "
                 "Use --extend N to train longer."
@@ -278,6 +279,12 @@ class Trainer:
             f"{self.steps_per_epoch} steps/epoch, num_workers={workers} (auto picks "
             f"min(4, cpus-1); raise it while the data-wait share stays high)"
         )
+        if self.world > 1:
+            _say(
+                f"distributed: {self.world} processes ({dist.get_backend()}); the LR is not rescaled "
+                f"automatically: with the per-process batch fixed, the linear scaling rule suggests "
+                f"--lr × {self.world}"
+            )
 
     def _build_feature_cache(self, eval_tf: Any) -> None:
         assert self.info.classifier
@@ -349,6 +356,8 @@ class Trainer:
             "epoch_stats": dict(self.epoch_stats),
             "history": self.history,
             "rng": get_rng_state(),
+            "world_size": self.world,
+            "global_batch": self.cfg.batch_size * self.world,
         }
 
     def _restore(self, s: dict[str, Any]) -> None:
@@ -369,6 +378,20 @@ class Trainer:
         )
         self.epoch_stats, self.history = dict(s["epoch_stats"]), list(s["history"])
         set_rng_state(s["rng"])
+        saved_world = int(s.get("world_size", 1))
+        if saved_world != self.world and self.step_in_epoch:
+            # Same samples seen so far, counted in this run's global batches.
+            seen = self.step_in_epoch * int(
+                s.get("global_batch", self.cfg.batch_size * saved_world)
+            )
+            self.step_in_epoch = min(
+                self.steps_per_epoch, round(seen / (self.cfg.batch_size * self.world))
+            )
+            _say(
+                f"warning: this run was saved with {saved_world} process(es) and resumes with "
+                f"{self.world}: the rest of epoch {self.epoch} is reshuffled across ranks, so the result is "
+                "not bitwise equal to an uninterrupted run"
+            )
         _say(
             f"resumed {self.run.path} at epoch {self.epoch}, step {self.step_in_epoch}/"
             f"{self.steps_per_epoch} (global step {self.global_step})"
@@ -438,8 +461,13 @@ class Trainer:
             set_backbone_frozen(self.groups, frozen)
         return frozen
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        module = self.head if self.cfg.cache_features else self.forward_model
+    def _forward(self, x: torch.Tensor, *, wrapped: bool = True) -> torch.Tensor:
+        """Training goes through the DDP/compiled wrapper; evaluation uses the plain module
+        (a DDP forward is a collective, and ranks may hold different numbers of val batches)."""
+        if self.cfg.cache_features:
+            module = self.head
+        else:
+            module = self.forward_model if wrapped else self.model
         if self.cfg.amp:
             dtype = torch.bfloat16 if self.cfg.amp == "bf16" else torch.float16
             with torch.autocast(self.device.type, dtype=dtype):
@@ -545,11 +573,17 @@ class Trainer:
                     f"{seen * self.world / max(1e-9, t_ready - t_epoch):.0f} img/s data-wait "
                     f"{wait / max(1e-9, wait + compute):.0%}",
                 )
-        n = max(1, self.epoch_stats["n"])
+        totals = torch.tensor(
+            [self.epoch_stats["loss"], self.epoch_stats["correct"], self.epoch_stats["n"]],
+            dtype=torch.float64,
+        )
+        if self.world > 1:  # log the whole global batch, not rank 0's shard
+            dist.all_reduce(totals)
+        n = max(1.0, float(totals[2]))
         share = wait / max(1e-9, wait + compute)
         return {
-            "train/loss": self.epoch_stats["loss"] / n,
-            "train/acc": self.epoch_stats["correct"] / n,
+            "train/loss": float(totals[0]) / n,
+            "train/acc": float(totals[1]) / n,
             "data_wait": share,
             "img_per_s": seen * self.world / max(1e-9, time.perf_counter() - t_epoch),
             "epoch_s": time.perf_counter() - t_epoch,
@@ -562,7 +596,7 @@ class Trainer:
         try:
             logits, targets = gather_by_index(
                 *collect_logits(
-                    self._forward,
+                    lambda x: self._forward(x, wrapped=False),
                     self.val_loader,
                     self.device,
                     channels_last=self.cfg.channels_last,
@@ -645,8 +679,15 @@ class Trainer:
                         f"early stopping: no improvement of {cfg.monitor} for {cfg.patience} epoch(s)"
                     )
                     stop = True
+        total_s = time.perf_counter() - t_start
+        if self.world > 1:
+            dist.barrier()  # rank 0 has written best.pt
+        best = self.run.path / "checkpoints" / "best.pt"
+        if best.exists():
+            self.model.load_state_dict(load_checkpoint(best)["model"])
+        val = self.validate()  # per-class metrics of the weights we ship (collective under DDP)
         if self.is_main:
-            finish_run(self, time.perf_counter() - t_start, estimate)
+            finish_run(self, val, total_s, estimate)
         if self.world > 1:
             dist.barrier()
         return self.run.path
