@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import sys
 import time
@@ -474,10 +475,13 @@ class Trainer:
                 return module(x)
         return module(x)
 
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        finite = torch.isfinite(loss.detach()).float()
-        if self.world > 1:  # every rank must take the same decision, or DDP deadlocks
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    def _all_finite(self, loss: float) -> bool:
+        if self.world == 1:
+            return math.isfinite(loss)
+        finite = torch.tensor(
+            [1.0 if math.isfinite(loss) else 0.0], device=self.device
+        )  # NCCL: on GPU
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank takes the same decision
         return bool(finite.item() > 0)
 
     def _handle_nonfinite(self, idx: torch.Tensor) -> None:
@@ -539,11 +543,17 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             logits = self._forward(x)
             loss = self.loss_fn(logits.float(), y)
-            if not self._all_finite(loss):
+            self.scaler.scale(loss).backward()
+            # One host sync per step, after backward is queued: loss, correct count, finiteness.
+            loss_v, correct = torch.stack(
+                [loss.detach(), (logits.argmax(1) == y).sum().float()]
+            ).tolist()
+            if not self._all_finite(
+                loss_v
+            ):  # skip the step: NaN/inf gradients never reach the weights
                 self._handle_nonfinite(idx)
             else:
                 self.consecutive_nonfinite = 0
-                self.scaler.scale(loss).backward()
                 if cfg.clip_grad_norm:
                     self.scaler.unscale_(self.optimizer)
                     nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
@@ -551,15 +561,13 @@ class Trainer:
                     self.run.log_grad_norms(self.model, self.global_step)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                self.epoch_stats["loss"] += loss.item() * len(y)  # .item(): no graph kept alive
-                self.epoch_stats["correct"] += int((logits.argmax(1) == y).sum())
+                self.epoch_stats["loss"] += loss_v * len(y)  # a float: no graph kept alive
+                self.epoch_stats["correct"] += int(correct)
                 self.epoch_stats["n"] += len(y)
             self.scheduler.step()
             self.global_step += 1
             self.step_in_epoch += 1
             seen += len(y)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
             t_ready = time.perf_counter()
             compute += t_ready - t_got
             if cfg.save_every_steps and self.global_step % cfg.save_every_steps == 0:
@@ -576,6 +584,7 @@ class Trainer:
         totals = torch.tensor(
             [self.epoch_stats["loss"], self.epoch_stats["correct"], self.epoch_stats["n"]],
             dtype=torch.float64,
+            device=self.device,
         )
         if self.world > 1:  # log the whole global batch, not rank 0's shard
             dist.all_reduce(totals)
