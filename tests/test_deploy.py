@@ -251,3 +251,15 @@ def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
         if not torch.cuda.is_available():
             assert rows[(b, "cuda")]["status"] == "❌" and "CUDA" in rows[(b, "cuda")]["reason"]
     assert rep["fingerprint"]["threads"] >= 1 and rows[("eager", "cpu")]["speedup_vs_eager"] == 1.0
+
+
+def test_cuda_provider_missing_is_an_error_not_a_fallback(mobilenet_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    from deploy.runtime import make_session
+    from zoo.errors import BackendUnavailableError
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    with pytest.raises(BackendUnavailableError, match="CUDAExecutionProvider is not available"):
+        make_session(mobilenet_onnx, device="cuda")

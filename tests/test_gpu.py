@@ -1,0 +1,140 @@
+"""CUDA paths of the trainer and of deploy. Skipped, with the reason, where there is no GPU;
+run on a lent GPU machine with `pytest -m gpu` (see docs/benchmarks.md for the figures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import zoo
+from tests.conftest import run_zoo
+from zoo.samples import sample_image_paths
+from zoo.transforms import eval_transform
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
+]
+
+
+def _real_batch() -> torch.Tensor:
+    tf = eval_transform(zoo.model_info("mobilenet_v2"))
+    return torch.stack([tf(Image.open(p)) for p in sample_image_paths()])
+
+
+def test_cuda_paths_match_cpu_eager(mobilenet_weights: Path) -> None:
+    cpu = zoo.create_model("mobilenet_v2")
+    x = _real_batch()
+    with torch.no_grad():
+        ref = cpu(x)
+        gpu = zoo.create_model("mobilenet_v2").cuda()
+        paths = {
+            "eager": gpu,
+            "channels_last": zoo.create_model("mobilenet_v2")
+            .cuda()
+            .to(memory_format=torch.channels_last),
+            "torchscript": torch.jit.trace(gpu, x.cuda()),
+            "compile": torch.compile(zoo.create_model("mobilenet_v2").cuda()),
+        }
+        for name, fn in paths.items():
+            out = fn(x.cuda()).float().cpu()
+            # TF32 convolutions: ~1e-3 relative; top-1 must agree exactly
+            torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2, msg=name)
+            assert torch.equal(out.argmax(1), ref.argmax(1)), name
+
+
+def test_finetune_bf16_channels_last_compile_on_cuda(
+    small_digits: Path, tmp_path: Path, mobilenet_weights: Path
+) -> None:
+    r = run_zoo(
+        "finetune",
+        "mobilenet_v2",
+        "--data",
+        str(small_digits),
+        "--strategy",
+        "full",
+        "--epochs",
+        "2",
+        "--image-size",
+        "64",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--compile",
+        "--device",
+        "cuda",
+        "--runs",
+        str(tmp_path),
+        "--name",
+        "gpu",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(row["train/loss"]) for row in rows) and rows[-1]["img_per_s"] > 0
+    assert 0.0 <= rows[-1]["data_wait"] <= 1.0
+
+
+def test_fp16_uses_the_grad_scaler(small_digits: Path, tmp_path: Path) -> None:
+    r = run_zoo(
+        "finetune",
+        "simple_cnn",
+        "--data",
+        str(small_digits),
+        "--epochs",
+        "1",
+        "--amp",
+        "fp16",
+        "--device",
+        "cuda",
+        "--runs",
+        str(tmp_path),
+        "--name",
+        "fp16",
+        "--no-progress",
+    )
+    assert r.returncode == 0, r.stderr
+    state = torch.load(tmp_path / "fp16" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["scaler"] and state["scaler"]["scale"] > 0
+
+
+def test_cuda_bench_rows_never_fall_back_silently() -> None:
+    import onnxruntime as ort
+
+    r = run_zoo(
+        "bench",
+        "simple_cnn",
+        "--devices",
+        "cuda",
+        "--backends",
+        "eager,compile,torchscript,ort_fp32",
+        "--batch-sizes",
+        "1,64",
+        "--seconds",
+        "0.2",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {(x["backend"], x["batch"]): x for x in json.loads(r.stdout)["rows"]}
+    for b in ("eager", "compile", "torchscript"):
+        assert rows[(b, 1)]["status"] == "✅" and rows[(b, 64)]["p50_ms"] > 0
+    ort_row = rows[("ort_fp32", 1)]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert ort_row["status"] == "✅"
+    else:
+        assert ort_row["status"] == "❌" and "CUDAExecutionProvider" in ort_row["reason"]
+
+
+def test_ort_cuda_session_is_asserted(mobilenet_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    from deploy.runtime import make_session
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime here has no CUDA provider (covered by test_deploy's error test)")
+    assert make_session(mobilenet_onnx, device="cuda").get_providers()[0] == "CUDAExecutionProvider"
