@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import JsonOpt, err, out, print_json
+from cli.common import JsonOpt, WeightsOpt, err, out, print_json
 from zoo.errors import InputError
 
 
@@ -47,6 +47,7 @@ def export_cmd(
         bool, typer.Option(help="write the file even when parity fails")
     ] = False,
     max_batch: Annotated[int, typer.Option(help="triton: max_batch_size")] = 32,
+    weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
@@ -72,15 +73,21 @@ def export_cmd(
             exporter=exporter,
             data=data,
             allow_mismatch=allow_mismatch,
+            weights=weights,
         )
     elif fmt == "triton":
         from deploy.triton import export_triton
 
         result = export_triton(
-            model, path, max_batch=max_batch, opset=opset or DEFAULT_OPSET, data=data
+            model,
+            path,
+            max_batch=max_batch,
+            opset=opset or DEFAULT_OPSET,
+            data=data,
+            weights=weights,
         )
     else:
-        result = export_torch(model, path, fmt=fmt, jit=jit)
+        result = export_torch(model, path, fmt=fmt, jit=jit, weights=weights)
     d = result.to_dict()
     if as_json:
         print_json(d)
@@ -165,7 +172,9 @@ def quantize_cmd(
         str | None, typer.Option(help="static: folder of real calibration images")
     ] = None,
     method: Annotated[str, typer.Option(help="static: minmax | entropy | percentile")] = "minmax",
-    per_channel: bool = False,
+    per_channel: Annotated[
+        bool, typer.Option(help="per-channel weight scales (better for conv nets)")
+    ] = True,
     data: Annotated[
         str | None, typer.Option("--data", help="real images (class folders give accuracy)")
     ] = None,
@@ -228,6 +237,7 @@ def bench_cmd(
     threads: int | None = None,
     calib: Annotated[str | None, typer.Option(help="calibration images for ort_int8")] = None,
     seconds: Annotated[float, typer.Option(help="minimum timed seconds per row")] = 1.0,
+    weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Latency table across backends and devices (warm-up, p50/p90/p99, cold start)."""
@@ -245,6 +255,7 @@ def bench_cmd(
         threads=threads,
         calib=calib,
         min_seconds=seconds,
+        weights=weights,
     )
     if as_json:
         print_json(report)

@@ -43,10 +43,13 @@ def fingerprint(threads: int) -> dict[str, Any]:
 class _Builder:
     """Builds each backend once per device (cold start timed), shared across batch sizes."""
 
-    def __init__(self, name: str, workdir: Path, threads: int, calib: str | None) -> None:
+    def __init__(
+        self, name: str, workdir: Path, threads: int, calib: str | None, weights: str | None = None
+    ) -> None:
         from zoo.factory import create_model, info_of
 
-        self.model = create_model(name).eval()
+        self.weights = weights
+        self.model = create_model(name, weights=weights).eval()
         self.info = info_of(self.model)
         self.name, self.workdir, self.threads, self.calib = name, workdir, threads, calib
         self._onnx: dict[str, Path] = {}
@@ -57,7 +60,7 @@ class _Builder:
 
             fp32 = self.workdir / "fp32.onnx"
             if "fp32" not in self._onnx:
-                export_onnx(self.name, fp32, dynamic_batch=True)
+                export_onnx(self.name, fp32, dynamic_batch=True, weights=self.weights)
                 self._onnx["fp32"] = fp32
             if kind == "int8":
                 from deploy.quantize import quantize
@@ -113,6 +116,7 @@ def run_bench(
     threads: int | None = None,
     calib: str | None = None,
     min_seconds: float = 1.0,
+    weights: str | None = None,
 ) -> dict[str, Any]:
     from zoo.system import available_cpus
 
@@ -125,7 +129,7 @@ def run_bench(
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        builder = _Builder(name, Path(tmp), threads, calib)
+        builder = _Builder(name, Path(tmp), threads, calib, weights)
         c, h, w = builder.info.input_size
         for dev_name in devices:
             if dev_name.startswith("cuda") and not torch.cuda.is_available():

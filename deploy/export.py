@@ -60,9 +60,11 @@ def atomic_output(out: Path) -> Iterator[Path]:
         Path(tmp + ".data").unlink(missing_ok=True)
 
 
-def load_for_export(name: str) -> tuple[nn.Module, ModelInfo, str | None]:
+def load_for_export(
+    name: str, weights: str | None = None
+) -> tuple[nn.Module, ModelInfo, str | None]:
     """The model in eval mode, its metadata and the sha256 of its source weights."""
-    model = create_model(name)
+    model = create_model(name, weights=weights)
     info = info_of(model)
     sha = info.weights.sha256
     if sha is None and info.weights.kind != "none":
@@ -148,6 +150,7 @@ def export_onnx(
     data: str | None = None,
     allow_mismatch: bool = False,
     model: nn.Module | None = None,
+    weights: str | None = None,
 ) -> ExportResult:
     import onnx
     import onnxruntime as ort
@@ -161,7 +164,7 @@ def export_onnx(
         )
     if exporter not in ("auto", "dynamo", "legacy"):
         raise InputError(f"--exporter {exporter!r}: use dynamo, legacy or auto.")
-    src_model, info, weights_sha = load_for_export(name)
+    src_model, info, weights_sha = load_for_export(name, weights)
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
     images = real_images(data)
@@ -271,11 +274,13 @@ def export_metadata(
     }
 
 
-def export_torch(name: str, out: Path, *, fmt: str, jit: str = "trace") -> ExportResult:
+def export_torch(
+    name: str, out: Path, *, fmt: str, jit: str = "trace", weights: str | None = None
+) -> ExportResult:
     """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check."""
     from deploy.parity import compare
 
-    model, info, _ = load_for_export(name)
+    model, info, _ = load_for_export(name, weights)
     x = _dummy(info, EXPORT_BATCH)
     result = ExportResult(
         path=str(out),

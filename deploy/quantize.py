@@ -78,7 +78,7 @@ def quantize(
     mode: str,
     calib: str | None = None,
     method: str = "minmax",
-    per_channel: bool = False,
+    per_channel: bool = True,
     eval_data: str | None = None,
     max_accuracy_drop: float | None = None,
     threads: int | None = None,

@@ -69,13 +69,16 @@ def export_triton(
     opset: int = 18,
     data: str | None = None,
     name: str | None = None,
+    weights: str | None = None,
 ) -> ExportResult:
     from deploy.onnx_meta import read_metadata
 
     repo.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo) as tmp:
         onnx_path = Path(tmp) / "model.onnx"
-        result = export_onnx(model, onnx_path, dynamic_batch=True, opset=opset, data=data)
+        result = export_onnx(
+            model, onnx_path, dynamic_batch=True, opset=opset, data=data, weights=weights
+        )
         meta = read_metadata(onnx_path)
         name = name or f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
         stage = Path(tmp) / name

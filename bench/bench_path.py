@@ -1,0 +1,8 @@
+"""Importing this puts the repository root on sys.path (benchmarks run as plain scripts)."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -1,0 +1,222 @@
+"""Closed-loop load on a real `zoo serve` (ResNet-18, CPU, loopback), binary KServe v2 requests
+of one image each. For every concurrency: a warm-up window is discarded, then windows repeat
+until two in a row agree within 10% (at most 4). Reports RPS, p50/p90/p99 and error %.
+
+1. batching on (--max-batch 32) vs --max-batch 1 at c=32 — goal ≥ 2× RPS;
+2. server RPS vs the raw in-process ORT ceiling at its best batch size — goal ≥ 0.7;
+3. a soak at c=64 (60 s): no unexpected 5xx, server memory stable, /v2/health/live fast.
+
+    python bench/serve_load.py [--soak 60]
+
+The load generator shares the machine's cores with the server, as it would on one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from bench_path import ROOT  # noqa: F401
+
+from deploy.bench_harness import _percentile
+from deploy.export import export_onnx
+from deploy.runtime import make_session
+from zoo.system import available_cpus
+
+NAME = "resnet18.tv_in1k"
+
+
+def _body(seed: int) -> tuple[bytes, dict[str, str]]:
+    x = np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [1, 3, 224, 224],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
+
+
+def ceiling(model: Path, threads: int) -> dict[str, float]:
+    sess = make_session(model, threads=threads)
+    out = {}
+    for bs in (1, 4, 8, 16, 32):
+        x = np.random.default_rng(0).standard_normal((bs, 3, 224, 224)).astype(np.float32)
+        sess.run(None, {"input": x})
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < 3.0:
+            sess.run(None, {"input": x})
+            n += bs
+        out[str(bs)] = round(n / (time.perf_counter() - t0), 2)
+    return out
+
+
+class Server:
+    def __init__(self, model: Path, *args: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        zoo = str(Path(sys.executable).parent / "zoo")
+        self.proc = subprocess.Popen(
+            [zoo, "serve", str(model), "--port", str(self.port), "--name", NAME, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become ready")
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+async def window(
+    url: str, conc: int, seconds: float, bodies: list[tuple[bytes, dict[str, str]]]
+) -> dict[str, float]:
+    lat: list[float] = []
+    codes: dict[int, int] = {}
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
+        async def worker(i: int) -> None:
+            body, headers = bodies[i % len(bodies)]
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                r = await client.post(
+                    f"{url}/v2/models/{NAME}/infer", content=body, headers=headers
+                )
+                lat.append((time.perf_counter() - t0) * 1000)
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(conc)))
+        elapsed = time.perf_counter() - t0
+    ok = codes.get(200, 0)
+    total = sum(codes.values())
+    return {
+        "rps": round(ok / elapsed, 2),
+        "p50_ms": round(_percentile(lat, 0.5), 1),
+        "p90_ms": round(_percentile(lat, 0.9), 1),
+        "p99_ms": round(_percentile(lat, 0.99), 1),
+        "error_pct": round(100 * (total - ok) / max(1, total), 2),
+        "n": total,
+        "codes": {str(k): v for k, v in codes.items()},
+    }
+
+
+async def stable(
+    url: str, conc: int, bodies: list[tuple[bytes, dict[str, str]]], win: float
+) -> dict[str, object]:
+    await window(url, conc, win / 2, bodies)  # warm-up, discarded
+    runs = [await window(url, conc, win, bodies)]
+    for _ in range(3):
+        runs.append(await window(url, conc, win, bodies))
+        a, b = runs[-2]["rps"], runs[-1]["rps"]
+        if abs(a - b) / max(a, b, 1e-9) < 0.10:
+            break
+    return {
+        "concurrency": conc,
+        **runs[-1],
+        "windows": len(runs),
+        "rps_windows": [r["rps"] for r in runs],
+    }
+
+
+async def soak(
+    server: Server, seconds: float, bodies: list[tuple[bytes, dict[str, str]]]
+) -> dict[str, object]:
+    health: list[float] = []
+    rss = [server.rss_mb()]
+    stop = time.perf_counter() + seconds
+
+    async def probe() -> None:
+        async with httpx.AsyncClient(timeout=10) as c:
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                r = await c.get(f"{server.url}/v2/health/live")
+                assert r.status_code == 200
+                health.append((time.perf_counter() - t0) * 1000)
+                rss.append(server.rss_mb())
+                await asyncio.sleep(0.5)
+
+    load, _ = await asyncio.gather(window(server.url, 64, seconds, bodies), probe())
+    return {
+        "seconds": seconds,
+        **load,
+        "rss_mb_start": round(rss[0]),
+        "rss_mb_mid": round(rss[len(rss) // 2]),
+        "rss_mb_end": round(rss[-1]),
+        "health_p50_ms": round(_percentile(health, 0.5), 1),
+        "health_p99_ms": round(_percentile(health, 0.99), 1),
+        "health_probes": len(health),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--soak", type=float, default=60.0)
+    p.add_argument("--window", type=float, default=4.0)
+    p.add_argument("--concurrency", default="1,4,16,32,64")
+    args = p.parse_args()
+    threads = available_cpus()
+    bodies = [_body(i) for i in range(8)]
+    result: dict[str, object] = {"threads": threads, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "r18.onnx"
+        export_onnx("resnet18", model, dynamic_batch=True, weights="none")
+        result["ort_ceiling_samples_per_s"] = ceiling(model, threads)
+        best = max(result["ort_ceiling_samples_per_s"].values())  # type: ignore[union-attr]
+        on = Server(model, "--max-batch", "32")
+        result["batching_on"] = [
+            asyncio.run(stable(on.url, int(c), bodies, args.window))
+            for c in args.concurrency.split(",")
+        ]
+        result["soak_c64"] = asyncio.run(soak(on, args.soak, bodies))
+        result["batching_on_exit_code"] = on.stop()
+        off = Server(model, "--max-batch", "1")
+        result["batching_off_c32"] = asyncio.run(stable(off.url, 32, bodies, args.window))
+        off.stop()
+    on32 = next(r for r in result["batching_on"] if r["concurrency"] == 32)  # type: ignore[union-attr,index]
+    peak = max(r["rps"] for r in result["batching_on"])  # type: ignore[union-attr,index]
+    result["ratios"] = {
+        "batching_on_vs_off_c32": round(on32["rps"] / result["batching_off_c32"]["rps"], 2),  # type: ignore[index]
+        "server_peak_vs_ort_ceiling": round(peak / best, 2),
+        "goals": "on/off >= 2; server/ceiling >= 0.7; soak: no 5xx, stable memory, fast health",
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
