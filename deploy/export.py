@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -179,20 +180,21 @@ def export_onnx(
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
     x = _dummy(info, EXPORT_BATCH)
     with atomic_output(out) as tmp:
+        write = partial(
+            _onnx_once,
+            model,
+            x,
+            tmp,
+            opset=opset,
+            dynamic_batch=dynamic_batch,
+            dynamic_size=dynamic_size,
+        )
         chosen: tuple[str, list[str], ParityReport] | None = None
         for exp in order:
             attempt: dict[str, Any] = {"exporter": exp}
             result.attempts.append(attempt)
             try:
-                attempt["warnings"] = _onnx_once(
-                    model,
-                    x,
-                    tmp,
-                    exporter=exp,
-                    opset=opset,
-                    dynamic_batch=dynamic_batch,
-                    dynamic_size=dynamic_size,
-                )
+                attempt["warnings"] = write(exporter=exp)
                 onnx.checker.check_model(str(tmp), full_check=True)
                 graph = onnx.load(str(tmp))
                 lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=EXPORT_BATCH)
@@ -218,15 +220,7 @@ def export_onnx(
             raise ExportError(f"ONNX export of {name} failed ({errors}).")
         exp, lint, parity = chosen
         if "error" in result.attempts[-1]:  # a later failed attempt overwrote the file
-            _onnx_once(
-                model,
-                x,
-                tmp,
-                exporter=exp,
-                opset=opset,
-                dynamic_batch=dynamic_batch,
-                dynamic_size=dynamic_size,
-            )  # the chosen exporter's graph goes to disk
+            write(exporter=exp)
         result.exporter, result.lint, result.parity = exp, lint, parity.to_dict()
         if lint:
             raise ExportError(f"Graph lint failed for {name}: " + "; ".join(lint))

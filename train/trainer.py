@@ -50,8 +50,10 @@ def _say(msg: str) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, *, explicit: frozenset[str] = frozenset()) -> None:
+        """``explicit``: the options the user typed; ``--resume`` compares exactly these."""
         self.cfg = cfg
+        self.explicit = explicit
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.is_main = self.rank == 0
@@ -95,7 +97,7 @@ class Trainer:
             raise CheckpointError(f"{run.path} is not a zoo run folder (no config.json).")
         saved = TrainConfig.from_dict(run.read_json("config.json"))
         # Only what the user typed is compared; everything else comes from the run itself.
-        requested = {k: v for k, v in cfg.to_dict().items() if k in self._explicit}
+        requested = {k: v for k, v in cfg.to_dict().items() if k in self.explicit}
         diff = {
             k: (saved.to_dict()[k], v)
             for k, v in requested.items()
@@ -140,8 +142,6 @@ class Trainer:
             )
         self.resume_state = state
         return run
-
-    _explicit: frozenset[str] = frozenset()
 
     def _setup_data(self) -> None:
         cfg, run = self.cfg, self.run
@@ -707,8 +707,7 @@ class _Rollback(Exception):
 
 
 def fit(cfg: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path:
-    trainer = Trainer(cfg)
-    trainer._explicit = explicit
+    trainer = Trainer(cfg, explicit=explicit)
     ctx = torch.autograd.detect_anomaly() if cfg.detect_anomaly else nullcontext()
     try:
         with ctx:

@@ -24,7 +24,6 @@ from zoo.errors import (
     InputError,
     UnsafeWeightsError,
     WeightsIntegrityError,
-    WeightsNotFoundError,
 )
 
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -75,11 +74,9 @@ def pull(name: str) -> Path | None:
     if name.startswith("hf-hub:"):
         return None
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from zoo.weights import hub_errors
 
     repo, rev = parse_hf(name)
     shown = f"hf:{repo}@{rev or 'main'}"
@@ -93,20 +90,8 @@ def pull(name: str) -> Path | None:
         except LocalEntryNotFoundError:
             folder = None
     if folder is None:
-        try:
+        with hub_errors(repo, rev, "the model folder"):
             folder = snapshot_download(repo, revision=rev, allow_patterns=patterns)
-        except LocalEntryNotFoundError as exc:
-            raise WeightsNotFoundError(
-                f"{shown} is not in the Hugging Face cache and the Hub cannot be reached "
-                f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Fetch it once with network "
-                f"access: `zoo pull {shown}` (unset HF_HUB_OFFLINE)."
-            ) from exc
-        except RevisionNotFoundError as exc:
-            raise WeightsNotFoundError(f"Revision {rev!r} does not exist in hf:{repo}.") from exc
-        except RepositoryNotFoundError as exc:
-            raise WeightsNotFoundError(
-                f"Hub repo {repo!r} does not exist or needs a token (`hf auth login`)."
-            ) from exc
     path = Path(folder)
     if not (path / WEIGHTS_FILE).is_file():
         pickles = [

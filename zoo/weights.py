@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -68,9 +70,9 @@ def _fetch_torchvision(source: WeightSource) -> Path:
     return path
 
 
-def hub_download(repo_id: str, filename: str, revision: str | None) -> Path:
-    """``hf_hub_download`` with errors that name the repo, revision and next step."""
-    from huggingface_hub import hf_hub_download
+@contextmanager
+def hub_errors(repo_id: str, revision: str | None, what: str) -> Iterator[None]:
+    """huggingface_hub's download errors → one error that names the repo, revision and fix."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         LocalEntryNotFoundError,
@@ -78,23 +80,32 @@ def hub_download(repo_id: str, filename: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
-    rev = revision or "main"
+    shown = f"hf:{repo_id}@{revision or 'main'}"
     try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision))
+        yield
     except LocalEntryNotFoundError as exc:
         raise WeightsNotFoundError(
-            f"{filename} of hf:{repo_id}@{rev} is not in the Hugging Face cache and the Hub "
-            f"cannot be reached (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). "
-            f"Fetch it once with network access: `zoo pull hf:{repo_id}@{rev}`."
+            f"{what} of {shown} is not in the Hugging Face cache and the Hub cannot be reached "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Fetch it once with network "
+            f"access: `zoo pull {shown}` (unset HF_HUB_OFFLINE)."
         ) from exc
     except RevisionNotFoundError as exc:
-        raise WeightsNotFoundError(f"Revision {rev!r} does not exist in hf:{repo_id}.") from exc
+        raise WeightsNotFoundError(
+            f"Revision {revision!r} does not exist in hf:{repo_id}."
+        ) from exc
     except RepositoryNotFoundError as exc:
         raise WeightsNotFoundError(
             f"Hub repo {repo_id!r} does not exist or needs a token (`hf auth login`)."
         ) from exc
     except EntryNotFoundError as exc:
-        raise WeightsNotFoundError(f"hf:{repo_id}@{rev} has no file {filename!r}.") from exc
+        raise WeightsNotFoundError(f"{shown} has no {what}.") from exc
+
+
+def hub_download(repo_id: str, filename: str, revision: str | None) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    with hub_errors(repo_id, revision, filename):
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
 
 
 def _fetch_hub(source: WeightSource) -> Path:

@@ -25,7 +25,7 @@ def imagenet_categories() -> tuple[str, ...]:
     return tuple(torchvision.models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
 
 
-def _tv_weights(arch: str, filename: str, sha256: str | None = None) -> WeightSource:
+def _tv_weights(filename: str, sha256: str | None = None) -> WeightSource:
     return WeightSource(
         kind="torchvision",
         url=f"https://download.pytorch.org/models/{filename}",
@@ -60,7 +60,7 @@ def _tv_info(
         paper=paper,
         source=_TV_RECIPE,
         description=f"{arch} trained on ImageNet-1k by torchvision (IMAGENET1K_V1).",
-        weights=_tv_weights(arch, filename, sha256),
+        weights=_tv_weights(filename, sha256),
         metrics=(("imagenet-1k/top1", top1), ("imagenet-1k/top5", top5)),
         metrics_source="torchvision Weights.meta (IMAGENET1K_V1)",
         classifier=classifier,
