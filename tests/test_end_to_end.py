@@ -56,3 +56,26 @@ def test_finetune_export_predict(small_digits: Path, tmp_path: Path, mobilenet_w
     assert a == b, "ONNX alone and PyTorch predict the same labels"
     truth = [f"digit_{d}" for d in range(10)]
     assert sum(x == y for x, y in zip(a, truth, strict=True)) >= 6, a
+    # … and served: the fine-tuned ONNX answers the image endpoint and a KServe v2 client
+    import numpy as np
+    import tritonclient.http as th
+
+    from tests.test_serve import server
+
+    with server(onnx_path, "--max-batch", "4") as (url, _):
+        import httpx
+
+        meta = httpx.get(f"{url}/v2/models/mobilenet_v2.ft-ft").json()
+        assert meta["parameters"]["classes"] == [f"digit_{i}" for i in range(10)]
+        r = httpx.post(
+            f"{url}/v2/models/mobilenet_v2.ft-ft/predict",
+            content=images[3].read_bytes(),
+            headers={"content-type": "image/png"},
+        )
+        assert r.status_code == 200 and r.json()["predictions"][0]["label"] == a[3]
+        x = np.zeros((2, 3, 64, 64), np.float32)
+        inp = th.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        client = th.InferenceServerClient(url.removeprefix("http://"))
+        out = client.infer("mobilenet_v2.ft-ft", [inp]).as_numpy("logits")
+        assert out.shape == (2, 10)
