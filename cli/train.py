@@ -74,6 +74,10 @@ def finetune_cmd(
     schedule: ScheduleName = ScheduleName.cosine,
     warmup_epochs: float = 0.5,
     label_smoothing: float = 0.0,
+    multi_label: Annotated[
+        bool,
+        typer.Option(help="DIR/labels.csv (path,labels) → BCEWithLogits, per-class thresholds"),
+    ] = False,
     clip_grad_norm: Annotated[float | None, typer.Option(help="e.g. 1.0")] = None,
     amp_dtype: Annotated[
         AmpName | None, typer.Option("--amp", help="mixed precision on CUDA")

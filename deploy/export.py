@@ -250,6 +250,8 @@ def export_metadata(
         "parent": info.parent,
         "class_names": list(info.label_names or []),
         "num_classes": info.num_classes,
+        "multi_label": info.multi_label,
+        "thresholds": list(info.thresholds) if info.thresholds else None,
         "preprocessing": info.preprocessing(),
         "opset": result.opset,
         "exporter": result.exporter,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from deploy.preprocess import open_image, softmax
+from deploy.preprocess import open_image, scores
 
 
 def predict(
@@ -32,7 +32,7 @@ def predict(
     tf = eval_transform(info)
     x = torch.stack([tf(open_image(p)) for p in images]).to(dev)
     with torch.inference_mode():
-        probs = softmax(net(x).float().cpu().numpy().astype("float64"))
+        probs = scores(net(x).float().cpu().numpy(), info.multi_label)
     labels = list(info.label_names or [])
     out = []
     for img, row in zip(images, probs, strict=True):

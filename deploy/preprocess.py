@@ -75,3 +75,9 @@ def preprocess(im: Image.Image, pre: dict[str, Any]) -> np.ndarray:
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def scores(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
+    """Class scores from raw logits: softmax, or an independent sigmoid per class (multi-label)."""
+    x = logits.astype(np.float64)
+    return 1.0 / (1.0 + np.exp(-x)) if multi_label else softmax(x)

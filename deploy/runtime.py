@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deploy.onnx_meta import read_metadata
-from deploy.preprocess import open_image, preprocess, softmax
+from deploy.preprocess import open_image, preprocess, scores
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
 
@@ -85,6 +85,7 @@ class OnnxClassifier:
         self.output_name = self.session.get_outputs()[0].name
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.pre = self.meta["preprocessing"]
+        self.multi_label = bool(self.meta.get("multi_label", False))
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run([self.output_name], {self.input.name: batch})[0]
@@ -100,7 +101,7 @@ class OnnxClassifier:
         )
 
     def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
-        probs = softmax(self.run(self.preprocess_images(images)).astype(np.float64))
+        probs = scores(self.run(self.preprocess_images(images)), self.multi_label)
         out = []
         for row in probs:
             top = np.argsort(-row)[:k]

@@ -16,7 +16,7 @@ from typing import Any
 
 from PIL import Image
 
-from train.data import Splits
+from train.data import MULTI_SEP, Splits
 from zoo.system import available_cpus
 
 TINY_SIDE = 16
@@ -165,7 +165,8 @@ def check_splits(
         if not fc.ok:
             report.corrupt.append({"path": rel, "error": fc.error or "unreadable"})
             continue
-        counts[split][cls] += 1
+        for label in cls.split(MULTI_SEP):  # multi-label rows count once per label
+            counts[split][label] += 1
         if min(fc.width, fc.height) < TINY_SIDE:
             report.tiny.append({"path": rel, "size": [fc.width, fc.height]})
         if fc.mode in ODD_MODES:

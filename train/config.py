@@ -53,7 +53,8 @@ class TrainConfig:
     augment: bool = True
     cache_features: bool = False
     patience: int | None = None
-    monitor: Literal["val/acc", "val/loss"] = "val/acc"
+    # best checkpoint / early stopping; default: val/acc, or val/macro_f1 with --multi-label
+    monitor: Literal["val/acc", "val/loss", "val/macro_f1"] | None = None
     save_every_steps: int | None = None
     top_k_checkpoints: int = 0
     strict_data: bool = False

@@ -27,6 +27,8 @@ from torch.utils.data import Dataset, Sampler
 
 from zoo.errors import DataError
 
+MULTI_SEP = ";"
+LABELS_CSV = "labels.csv"
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 SPLIT_ALIASES = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
 
@@ -65,8 +67,16 @@ class Splits:
     def class_to_idx(self) -> dict[str, int]:
         return {c: i for i, c in enumerate(self.classes)}
 
-    def samples(self, split: str) -> list[tuple[Path, int]]:
+    def samples(self, split: str) -> list[tuple[Path, Any]]:
+        """(path, class index) — or, multi-label, (path, multi-hot float tensor)."""
         idx = self.class_to_idx()
+        if self.layout == "multilabel":
+            out = []
+            for rel, labels in self.files.get(split, []):
+                target = torch.zeros(len(self.classes))
+                target[[idx[c] for c in labels.split(MULTI_SEP)]] = 1.0
+                out.append((self.root / rel, target))
+            return out
         return [(self.root / rel, idx[cls]) for rel, cls in self.files.get(split, [])]
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +175,51 @@ def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Split
     return Splits(root, list(classes), files, layout="flat", val_fraction=val_fraction, seed=seed)
 
 
+def scan_multilabel(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Splits:
+    """Multi-label data: ``DIR/labels.csv`` with a ``path,labels`` header, paths relative to DIR,
+    labels separated by ``;`` or spaces. Split seeded, stratified by each image's first label."""
+    import csv
+
+    root = Path(root).expanduser().resolve()
+    table = root / LABELS_CSV
+    if not table.is_file():
+        raise DataError(
+            f"--multi-label needs {table}: one row per image, header 'path,labels', labels "
+            "separated by ';' (e.g. 'img/001.jpg,cat;outdoor')."
+        )
+    rows: list[tuple[str, list[str]]] = []
+    with open(table, newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or not {"path", "labels"} <= set(reader.fieldnames):
+            raise DataError(f"{table} needs the header 'path,labels' (got {reader.fieldnames}).")
+        for n, row in enumerate(reader, start=2):
+            labels = [x for x in re.split(r"[;\s]+", row["labels"] or "") if x]
+            if not labels:
+                raise DataError(f"{table} line {n}: {row['path']!r} has no labels.")
+            if not (root / row["path"]).is_file():
+                raise DataError(
+                    f"{table} line {n}: image {row['path']!r} does not exist under {root}."
+                )
+            rows.append((row["path"], sorted(set(labels), key=natural_key)))
+    classes = sorted({c for _, labels in rows for c in labels}, key=natural_key)
+    _need_two(classes, table)
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+    rng = random.Random(seed)
+    by_first: dict[str, list[tuple[str, list[str]]]] = {}
+    for rel, labels in rows:
+        by_first.setdefault(labels[0], []).append((rel, labels))
+    files: dict[str, list[tuple[str, str]]] = {"train": [], "val": []}
+    for group in by_first.values():
+        rng.shuffle(group)
+        n_val = max(1, round(len(group) * val_fraction)) if len(group) > 1 else 0
+        files["val"] += [(r, MULTI_SEP.join(ls)) for r, ls in group[:n_val]]
+        files["train"] += [(r, MULTI_SEP.join(ls)) for r, ls in group[n_val:]]
+    for split in files:
+        files[split].sort(key=lambda t: natural_key(t[0]))
+    return Splits(root, classes, files, layout="multilabel", val_fraction=val_fraction, seed=seed)
+
+
 def _need_two(classes: list[str], where: Path) -> None:
     if len(classes) < 2:
         raise DataError(
@@ -173,7 +228,7 @@ def _need_two(classes: list[str], where: Path) -> None:
         )
 
 
-class ImageFolderDataset(Dataset[tuple[torch.Tensor, int, int]]):
+class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
     """(image tensor, label, index). Augmentation randomness is seeded per (seed, epoch,
     index), so a batch is the same whichever worker loads it and whenever a run resumes.
     Keys are ``index`` or ``(index, epoch)`` (what :class:`ResumableSampler` yields, so
@@ -181,7 +236,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, int, int]]):
 
     def __init__(
         self,
-        samples: Sequence[tuple[Path, int]],
+        samples: Sequence[tuple[Path, Any]],
         transform: Callable[[Image.Image], torch.Tensor],
         *,
         seed: int = 0,
@@ -197,7 +252,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, int, int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, Any, int]:
         i, epoch = key if isinstance(key, tuple) else (key, self.epoch)
         path, label = self.samples[i]
         with Image.open(path) as im:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
-from train.data import ImageFolderDataset, Splits, scan
+from train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from train.evaluate import evaluate_model
-from train.metrics import summarize
+from train.metrics import summarize, summarize_multilabel
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
@@ -52,15 +53,25 @@ def run_eval(
     items = (
         [it for k, v in splits.files.items() for it in v] if split == "all" else splits.files[split]
     )
-    unknown = sorted({cls for _, cls in items if cls not in index})
+    unknown = sorted({c for _, cls in items for c in cls.split(MULTI_SEP) if c not in index})
     if unknown:
         raise DataError(
             f"Classes {', '.join(unknown)} in {splits.root} are not among the model's "
             f"{len(names)} classes; evaluation matches classes by name."
         )
-    samples = [(splits.root / rel, index[cls]) for rel, cls in items]
+    if info.multi_label:
+        hot = torch.eye(len(names))
+        samples: list[tuple[Path, Any]] = [
+            (splits.root / rel, hot[[index[c] for c in cls.split(MULTI_SEP)]].sum(0))
+            for rel, cls in items
+        ]
+    else:
+        samples = [(splits.root / rel, index[cls]) for rel, cls in items]
     ds = ImageFolderDataset(samples, eval_transform(info))
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
     logits, targets = evaluate_model(model, loader, dev)
-    result = summarize(logits, targets, names)
+    if info.multi_label:  # thresholds re-tuned on this split, as in training
+        result = summarize_multilabel(logits, targets, names)
+    else:
+        result = summarize(logits, targets, names)
     return {"model": model_arg, "data": str(splits.root), "split": split, **result}

@@ -37,7 +37,7 @@ def extract_features(
     return torch.cat(captured), torch.cat(targets), torch.cat(indices)
 
 
-class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int, int]]):
+class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, Any, int]]):
     """Cached features in the (input, label, index) shape of :class:`ImageFolderDataset`."""
 
     def __init__(self, feats: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor) -> None:
@@ -47,6 +47,7 @@ class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int, int]]):
     def __len__(self) -> int:
         return len(self.targets)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, Any, int]:
         i = key[0] if isinstance(key, tuple) else key
-        return self.feats[i], int(self.targets[i]), i
+        target = self.targets[i]
+        return self.feats[i], (target if target.ndim else int(target)), i

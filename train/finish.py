@@ -32,6 +32,7 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
         "num_classes": len(t.classes),
         "class_names": t.classes,
         "multi_label": t.cfg.multi_label,
+        "thresholds": val.get("thresholds"),
         "params": sum(p.numel() for p in t.model.parameters()),
         "preprocessing": t.info.preprocessing(),
         "parent_weights": parent_weights.describe() if t.load_report else "random initialisation",
@@ -45,7 +46,7 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
         },
         "metrics": {
             "val/acc": round(val["acc"], 6),
-            "val/top5": round(val["top5"], 6),
+            **({"val/top5": round(val["top5"], 6)} if "top5" in val else {}),
             "val/loss": round(val["loss"], 6),
             "val/macro_f1": round(val["macro_f1"], 6),
         },
@@ -84,13 +85,14 @@ def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[s
         },
         "best": {
             "val/acc": val["acc"],
-            "val/top5": val["top5"],
+            "val/top5": val.get("top5"),
             "val/loss": val["loss"],
             "val/macro_f1": val["macro_f1"],
             "monitor": t.cfg.monitor,
         },
         "per_class": val["per_class"],
-        "confusion_matrix": val["confusion_matrix"],
+        "confusion_matrix": val.get("confusion_matrix"),
+        "thresholds": val.get("thresholds"),
         "classes": t.classes,
         "quarantined": t.check_report.corrupt,
         "data_check": t.check_report.to_dict(),
@@ -106,5 +108,6 @@ def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[s
     write_json(t.run.path / "report.json", report)
     if t.history:
         plot_curves(t.history, t.run.path / "curves.png")
-    plot_confusion(val["confusion_matrix"], t.classes, t.run.path / "confusion_matrix.png")
+    if "confusion_matrix" in val:  # single-label only
+        plot_confusion(val["confusion_matrix"], t.classes, t.run.path / "confusion_matrix.png")
     print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", file=sys.stderr, flush=True)

@@ -76,7 +76,7 @@ def summarize_multilabel(
                 "support": int(target[:, i].sum()),
             }
         )
-    pred = probs >= torch.tensor(thresholds)
+    pred = probs >= torch.tensor(thresholds, dtype=probs.dtype)
     exact = float((pred == (target > 0.5)).all(1).float().mean()) if len(target) else 0.0
     return {
         "acc": exact,

@@ -27,7 +27,7 @@ from train.checkpoint import load_checkpoint, save_checkpoint
 from train.config import TrainConfig
 from train.evaluate import collect_logits, gather_by_index
 from train.features import FeatureDataset, extract_features, head_module
-from train.metrics import summarize
+from train.metrics import summarize, summarize_multilabel
 from train.rng import get_rng_state, seed_everything, set_rng_state
 from train.run_dir import RunDir, create_run_dir
 from train.schedule import build_scheduler
@@ -149,7 +149,8 @@ class Trainer:
         if split_file.exists():
             self.splits = data_mod.Splits.from_json(run.read_json("split.json"))
         else:
-            self.splits = data_mod.scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+            scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
+            self.splits = scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
             if self.is_main:
                 write_json(split_file, self.splits.to_json())
                 write_json(run.path / "classes.json", self.splits.classes)
@@ -191,6 +192,8 @@ class Trainer:
                 "(--weights none or no pretrained weights): random-init models train fully. "
                 "Use --strategy full."
             )
+        if cfg.monitor is None:
+            cfg.monitor = "val/macro_f1" if cfg.multi_label else "val/acc"
         if cfg.cache_features and cfg.strategy != "linear":
             raise InputError(
                 "--cache-features needs --strategy linear (a backbone that never changes)."
@@ -329,7 +332,12 @@ class Trainer:
             self.optimizer, cfg, self.steps_per_epoch, lambda: self.lr_scale
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16")
-        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        # Raw logits in both cases: softmax/sigmoid live inside the loss, never in the head.
+        self.loss_fn: nn.Module = (
+            nn.BCEWithLogitsLoss()
+            if cfg.multi_label
+            else nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        )
         self.epoch, self.global_step, self.step_in_epoch = 0, 0, 0
         self.best: float | None = None
         self.epochs_since_best = 0
@@ -545,9 +553,8 @@ class Trainer:
             loss = self.loss_fn(logits.float(), y)
             self.scaler.scale(loss).backward()
             # One host sync per step, after backward is queued: loss, correct count, finiteness.
-            loss_v, correct = torch.stack(
-                [loss.detach(), (logits.argmax(1) == y).sum().float()]
-            ).tolist()
+            hits = ((logits > 0) == (y > 0.5)).all(1) if cfg.multi_label else logits.argmax(1) == y
+            loss_v, correct = torch.stack([loss.detach(), hits.sum().float()]).tolist()
             if not self._all_finite(
                 loss_v
             ):  # skip the step: NaN/inf gradients never reach the weights
@@ -613,6 +620,8 @@ class Trainer:
             )
         finally:
             module.train(was)
+        if self.cfg.multi_label:  # exact-match accuracy, per-class thresholds tuned on val
+            return summarize_multilabel(logits, targets, self.classes)
         return summarize(logits, targets, self.classes)
 
     def fit(self) -> Path:
@@ -652,13 +661,17 @@ class Trainer:
                     **train_metrics,
                     "val/loss": val["loss"],
                     "val/acc": val["acc"],
-                    "val/top5": val["top5"],
+                    "val/top5": val.get("top5"),
                     "val/macro_f1": val["macro_f1"],
                     "lr": self.optimizer.param_groups[-1]["lr"],
                     "nonfinite_skipped": self.nonfinite_skipped,
                 }
                 self.history.append(row)
-                metric = val["acc"] if cfg.monitor == "val/acc" else -val["loss"]
+                metric = (
+                    -val["loss"]
+                    if cfg.monitor == "val/loss"
+                    else val[(cfg.monitor or "val/acc").split("/")[1]]
+                )
                 improved = self.best is None or metric > self.best
                 if improved:
                     self.best, self.epochs_since_best = metric, 0

@@ -130,6 +130,8 @@ def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> M
             *config.get("lineage", [config["base"]]),
             config.get("tag") or f"ft-{folder.name}",
         ),
+        multi_label=bool(config.get("multi_label", False)),
+        thresholds=tuple(config["thresholds"]) if config.get("thresholds") else None,
         description=f"{base.arch} fine-tuned by zoo from {config['base']}.",
     )
 

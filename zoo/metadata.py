@@ -81,6 +81,8 @@ class ModelInfo:
     has_batchnorm: bool = False
     parent: str | None = None
     lineage: tuple[str, ...] = ()
+    multi_label: bool = False
+    thresholds: tuple[float, ...] | None = None  # multi-label: per-class sigmoid thresholds
 
     @property
     def name(self) -> str:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from deploy.preprocess import open_image, preprocess, softmax
+from deploy.preprocess import open_image, preprocess, scores
 from deploy.runtime import OnnxClassifier
 from deploy.serve.batcher import DynamicBatcher
 from deploy.serve.config import ServeConfig
@@ -280,7 +280,7 @@ class ModelServer:
                 )
             image = await asyncio.to_thread(open_image, data, max_pixels=self.cfg.max_image_pixels)
             x = (await asyncio.to_thread(preprocess, image, self.clf.pre))[None]
-            probs = softmax((await self._infer_array(x)).astype(np.float64))[0]
+            probs = scores(await self._infer_array(x), self.clf.multi_label)[0]
             top = np.argsort(-probs)[: max(1, k)]
             labels = self.clf.classes
             return JSONResponse(
