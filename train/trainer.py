@@ -33,7 +33,7 @@ from train.run_dir import RunDir, create_run_dir
 from train.schedule import build_scheduler
 from train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head, train_mode
 from zoo.artifact import write_json
-from zoo.device import pick_device
+from zoo.device import move_to, pick_device
 from zoo.errors import CheckpointError, DataError, InputError, TrainingError
 from zoo.factory import create_model_with_report, resolve
 from zoo.metadata import ModelInfo
@@ -544,8 +544,7 @@ class Trainer:
         for x, y, idx in self.train_loader:
             t_got = time.perf_counter()
             wait += t_got - t_ready
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
+            x, y = move_to((x, y), self.device, non_blocking=True)
             if cfg.channels_last and x.ndim == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             self.optimizer.zero_grad(set_to_none=True)

@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_file
 from torch import nn
 
@@ -174,8 +173,3 @@ def save_model_folder(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def state_dict_equal(a: nn.Module, b: nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
