@@ -80,7 +80,3 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-    def differences(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
-        a, b = self.to_dict(), other.to_dict()
-        return {k: (a[k], b[k]) for k in a if k not in RUNTIME_KEYS and a[k] != b[k]}

@@ -28,13 +28,14 @@ from train.config import TrainConfig
 from train.evaluate import collect_logits, gather_by_index
 from train.features import FeatureDataset, extract_features, head_module
 from train.metrics import summarize, summarize_multilabel
+from train.resume import prepare_resume
 from train.rng import get_rng_state, seed_everything, set_rng_state
-from train.run_dir import RunDir, create_run_dir
+from train.run_dir import create_run_dir
 from train.schedule import build_scheduler
 from train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head, train_mode
 from zoo.artifact import write_json
 from zoo.device import move_to, pick_device
-from zoo.errors import CheckpointError, DataError, InputError, TrainingError
+from zoo.errors import DataError, InputError, TrainingError
 from zoo.factory import create_model_with_report, resolve
 from zoo.metadata import ModelInfo
 from zoo.profile import count_params
@@ -76,7 +77,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = True  # fixed input shapes
         self.resume_state: dict[str, Any] | None = None
         if cfg.resume:
-            self.run = self._prepare_resume()
+            self.cfg, self.run, self.resume_state = prepare_resume(cfg, self.explicit)
         else:
             self.run = create_run_dir(cfg, is_main=self.is_main, world=self.world)
             cfg.run_dir = str(self.run.path)
@@ -85,63 +86,12 @@ class Trainer:
         self._setup_model()
         self._setup_loaders()
         self._setup_optim()
+        if self.world > 1:
+            dist.barrier()  # every rank has read the run's config before rank 0 rewrites it
         if self.is_main:  # the resolved configuration: strategy, LR and schedule filled in
             write_json(self.run.config_path, self.cfg.to_dict())
         if self.resume_state is not None:
             self._restore(self.resume_state)
-
-    def _prepare_resume(self) -> RunDir:
-        cfg = self.cfg
-        run = RunDir(Path(cfg.resume or ""))
-        if not run.config_path.exists():
-            raise CheckpointError(f"{run.path} is not a zoo run folder (no config.json).")
-        saved = TrainConfig.from_dict(run.read_json("config.json"))
-        # Only what the user typed is compared; everything else comes from the run itself.
-        requested = {k: v for k, v in cfg.to_dict().items() if k in self.explicit}
-        diff = {
-            k: (saved.to_dict()[k], v)
-            for k, v in requested.items()
-            if k not in ("resume", "extend", "num_workers", "progress", "dry_run")
-            and saved.to_dict().get(k) != v
-        }
-        if diff:
-            lines = ", ".join(f"{k}: run has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
-            raise CheckpointError(
-                f"--resume refuses a changed configuration ({lines}). Resume with the same "
-                "settings, use --extend N to add epochs, or start a new run."
-            )
-        extend, workers = cfg.extend, cfg.num_workers
-        self.cfg = saved
-        self.cfg.resume, self.cfg.num_workers, self.cfg.progress = (
-            str(run.path),
-            workers,
-            cfg.progress,
-        )
-        state = load_checkpoint(run.path / "checkpoints" / "last.pt")
-        if extend:
-            self.cfg.schedule_segments.append(
-                {
-                    "from_step": int(state["global_step"]),
-                    "epochs": extend,
-                    "kind": "cosine",
-                    "peak_scale": 0.1,
-                }
-            )
-            self.cfg.epochs += extend
-            if self.is_main:
-                write_json(run.config_path, self.cfg.to_dict())
-            _say(
-                f"extending the run by {extend} epoch(s) to {self.cfg.epochs}; the new schedule is "
-                "recorded in config.json"
-            )
-        elif state["epoch"] >= self.cfg.epochs and (run.path / "model").exists():
-            # (epochs done but no model/: the run died while finishing; resuming finishes it)
-            raise CheckpointError(
-                f"Run {run.path} already finished its {self.cfg.epochs} epochs. "
-                "Use --extend N to train longer."
-            )
-        self.resume_state = state
-        return run
 
     def _setup_data(self) -> None:
         cfg, run = self.cfg, self.run
