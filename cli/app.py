@@ -30,8 +30,14 @@ app = typer.Typer(
 )
 
 
+# The order of `zoo --help`: the user's path first; any other module follows alphabetically.
+_ORDER = ["models", "train", "deploy", "serve", "hub"]
+
+
 def _register_all() -> None:
-    for mod in sorted(pkgutil.iter_modules(cli.__path__), key=lambda m: m.name):
+    mods = pkgutil.iter_modules(cli.__path__)
+    rank = {name: i for i, name in enumerate(_ORDER)}
+    for mod in sorted(mods, key=lambda m: (rank.get(m.name, len(_ORDER)), m.name)):
         if mod.name in {"app", "common"}:
             continue
         module = importlib.import_module(f"cli.{mod.name}")
