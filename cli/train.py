@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -156,7 +155,9 @@ def finetune_cmd(
     from train.trainer import fit
 
     run = fit(cfg, explicit=explicit)
-    if os.environ.get("RANK", "0") == "0":
+    from train.console import is_main_process
+
+    if is_main_process():
         out.print(str(run))
 
 

@@ -3,13 +3,12 @@ user typed, and ``--extend N`` as an explicit new schedule segment."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from train.checkpoint import load_checkpoint
 from train.config import RUNTIME_KEYS, TrainConfig
+from train.console import say
 from train.run_dir import RunDir
 from zoo.errors import CheckpointError
 
@@ -47,12 +46,10 @@ def prepare_resume(
             }
         )
         saved.epochs += cfg.extend
-        if os.environ.get("RANK", "0") == "0":
-            print(
-                f"extending the run by {cfg.extend} epoch(s) to {saved.epochs}; the new schedule is "
-                "recorded in config.json",
-                file=sys.stderr,
-            )
+        say(
+            f"extending the run by {cfg.extend} epoch(s) to {saved.epochs}; the new schedule is "
+            "recorded in config.json"
+        )
     elif state["epoch"] >= saved.epochs and (run.path / "model").exists():
         # (epochs done but no model/: the run died while finishing; resuming finishes it)
         raise CheckpointError(

@@ -9,7 +9,6 @@ import copy
 import logging
 import math
 import os
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -25,6 +24,7 @@ from train import data as data_mod
 from train.check import check_splits, format_report
 from train.checkpoint import load_checkpoint, save_checkpoint
 from train.config import TrainConfig
+from train.console import say
 from train.evaluate import collect_logits, gather_by_index
 from train.features import FeatureDataset, extract_features, head_module
 from train.metrics import summarize, summarize_multilabel
@@ -43,11 +43,6 @@ from zoo.system import available_cpus
 from zoo.transforms import eval_transform, train_transform
 
 log = logging.getLogger("zoo.train")
-
-
-def _say(msg: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(msg, file=sys.stderr, flush=True)
 
 
 class Trainer:
@@ -108,7 +103,7 @@ class Trainer:
         report = check_splits(self.splits)
         self.check_report = report
         for line in format_report(report):
-            _say(f"data: {line}")
+            say(f"data: {line}")
         if report.corrupt and cfg.strict_data:
             raise DataError(
                 f"{len(report.corrupt)} unreadable image(s) with --strict-data, e.g. "
@@ -227,14 +222,14 @@ class Trainer:
             raise DataError(
                 f"Not one batch of {bs} from {len(self.train_set)} training images: lower --batch-size."
             )
-        _say(
+        say(
             f"data: {len(self.train_set)} train / {len(self.val_set)} val images, {len(self.classes)} "
             f"classes, batch {bs} per process × {self.world} = {bs * self.world} global, "
             f"{self.steps_per_epoch} steps/epoch, num_workers={workers} (auto picks "
             f"min(4, cpus-1); raise it while the data-wait share stays high)"
         )
         if self.world > 1:
-            _say(
+            say(
                 f"distributed: {self.world} processes ({dist.get_backend()}); the LR is not rescaled "
                 f"automatically: with the per-process batch fixed, the linear scaling rule suggests "
                 f"--lr × {self.world}"
@@ -251,7 +246,7 @@ class Trainer:
             )
         self.train_set, self.val_set = cache["train"], cache["val"]
         self.head = head_module(self.model, self.info.classifier)
-        _say(
+        say(
             f"features: cached {len(self.train_set)} + {len(self.val_set)} pooled backbone outputs "
             f"({tuple(self.train_set.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
         )
@@ -346,12 +341,12 @@ class Trainer:
             self.step_in_epoch = min(
                 self.steps_per_epoch, round(seen / (self.cfg.batch_size * self.world))
             )
-            _say(
+            say(
                 f"warning: this run was saved with {saved_world} process(es) and resumes with "
                 f"{self.world}: the rest of epoch {self.epoch} is reshuffled across ranks, so the result is "
                 "not bitwise equal to an uninterrupted run"
             )
-        _say(
+        say(
             f"resumed {self.run.path} at epoch {self.epoch}, step {self.step_in_epoch}/"
             f"{self.steps_per_epoch} (global step {self.global_step})"
         )
@@ -398,13 +393,13 @@ class Trainer:
                 times.append(time.perf_counter() - t0)
         step = sorted(times)[len(times) // 2]
         est = step * self.steps_per_epoch
-        _say(
+        say(
             f"model: {self.info.name} → {len(self.classes)} classes, {total:,} parameters "
             f"({trainable:,} trainable now), output {tuple(out.shape)}; strategy {self.cfg.strategy}"
         )
         if self.load_report:
-            _say(f"weights: {self.load_report.summary()}")
-        _say(
+            say(f"weights: {self.load_report.summary()}")
+        say(
             f"estimate: {step * 1000:.0f} ms/step (compute only) → ~{est:.0f}s per epoch, "
             f"{est * self.cfg.epochs / 60:.1f} min for {self.cfg.epochs} epochs"
         )
@@ -469,7 +464,7 @@ class Trainer:
         self.rollbacks = rollbacks
         self.lr_scale *= 0.5
         self.consecutive_nonfinite = 0
-        _say(
+        say(
             f"warning: {self.cfg.max_nonfinite} non-finite losses in a row at {where}: rolled back to "
             f"the last checkpoint with LR × {self.lr_scale:g}"
         )
@@ -581,7 +576,7 @@ class Trainer:
         cfg = self.cfg  # after setup: --resume replaces it with the run's own
         estimate = self.preflight()
         if cfg.dry_run:
-            _say("dry run: stopping before training")
+            say("dry run: stopping before training")
             return self.run.path
         t_start = time.perf_counter()
         stop = False
@@ -634,19 +629,19 @@ class Trainer:
                     self.save("best")
                 if self.is_main:
                     self.run.log_epoch(row, val, keep_top_k=cfg.top_k_checkpoints, state=self.state)
-                _say(
+                say(
                     f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
                     f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
                     f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
                     + (" (best)" if improved else "")
                 )
                 if row["data_wait"] > 0.3 and self.epoch == 1 and not cfg.cache_features:
-                    _say(
+                    say(
                         f"hint: {row['data_wait']:.0%} of the time went to waiting for data: the loader is "
                         f"the bottleneck. Raise --num-workers (now {self.workers}) or lower the image size."
                     )
                 if cfg.patience is not None and self.epochs_since_best >= cfg.patience:
-                    _say(
+                    say(
                         f"early stopping: no improvement of {cfg.monitor} for {cfg.patience} epoch(s)"
                     )
                     stop = True
