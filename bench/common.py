@@ -13,11 +13,11 @@ import torch
 from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
 from torch import nn
 
-from train import TrainConfig, Trainer
-from train.data import ImageFolderDataset, ResumableSampler, scan
 from zoo import create_model
 from zoo.factory import info_of
 from zoo.samples import write_digits_folder
+from zoo.train import TrainConfig, Trainer
+from zoo.train.data import ImageFolderDataset, ResumableSampler, scan
 from zoo.transforms import train_transform
 
 

@@ -23,11 +23,11 @@ import torch
 from bench_path import ROOT  # noqa: F401
 from PIL import Image
 
-from deploy.bench_harness import time_session
-from deploy.export import export_onnx
-from deploy.quantize import quantize
-from deploy.runtime import OnnxClassifier
 from zoo import create_model
+from zoo.deploy.bench_harness import time_session
+from zoo.deploy.export import export_onnx
+from zoo.deploy.quantize import quantize
+from zoo.deploy.runtime import OnnxClassifier
 from zoo.system import available_cpus
 
 
@@ -68,8 +68,8 @@ def digits_resnet18(t: Path, threads: int) -> dict[str, object]:
     calibration, and compared with fp32 on the val images (class folders give accuracy)."""
     from common import make_data
 
-    from train import TrainConfig, Trainer
-    from train.data import scan
+    from zoo.train import TrainConfig, Trainer
+    from zoo.train.data import scan
 
     data = make_data(t / "digits", 1)
     cfg = TrainConfig(

@@ -16,7 +16,7 @@ from pathlib import Path
 from bench_path import ROOT  # noqa: F401
 from common import make_data
 
-from train import TrainConfig, Trainer
+from zoo.train import TrainConfig, Trainer
 
 
 def run(

@@ -22,8 +22,8 @@ from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
 from common import Job, make_data, n_train, raw_loop, trainer_run
 from torch import nn
 
-from deploy.bench_harness import time_session
 from zoo import create_model
+from zoo.deploy.bench_harness import time_session
 from zoo.factory import info_of
 from zoo.samples import sample_image_paths
 from zoo.transforms import eval_transform

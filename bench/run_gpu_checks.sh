@@ -11,7 +11,7 @@ cp .devcarry/mobilenet_v2-b0353104.pth "$TORCH_HOME/hub/checkpoints/"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
   echo "editable install failed, using a shim"; tail -5 "$OUT/install.log"
   export PYTHONPATH=$PWD
-  printf '#!/bin/sh\nexec %s -m cli.app "$@"\n' "$(command -v python3)" >"$(dirname "$(command -v python3)")/zoo"
+  printf '#!/bin/sh\nexec %s -m zoo.cli.app "$@"\n' "$(command -v python3)" >"$(dirname "$(command -v python3)")/zoo"
   chmod +x "$(dirname "$(command -v python3)")/zoo"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

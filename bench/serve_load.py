@@ -29,9 +29,9 @@ import httpx
 import numpy as np
 from bench_path import ROOT  # noqa: F401
 
-from deploy.bench_harness import _percentile
-from deploy.export import export_onnx
-from deploy.runtime import make_session
+from zoo.deploy.bench_harness import _percentile
+from zoo.deploy.export import export_onnx
+from zoo.deploy.runtime import make_session
 from zoo.system import available_cpus
 
 NAME = "resnet18.tv_in1k"

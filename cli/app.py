@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-import cli
+import zoo.cli as cli_pkg
 from zoo.errors import ZooError
 
 DEBUG_ENV = "ZOO_DEBUG"
@@ -35,12 +35,12 @@ _ORDER = ["models", "train", "deploy", "serve", "hub"]
 
 
 def _register_all() -> None:
-    mods = pkgutil.iter_modules(cli.__path__)
+    mods = pkgutil.iter_modules(cli_pkg.__path__)
     rank = {name: i for i, name in enumerate(_ORDER)}
     for mod in sorted(mods, key=lambda m: (rank.get(m.name, len(_ORDER)), m.name)):
         if mod.name in {"app", "common"}:
             continue
-        module = importlib.import_module(f"cli.{mod.name}")
+        module = importlib.import_module(f"zoo.cli.{mod.name}")
         if hasattr(module, "register"):
             module.register(app)
 

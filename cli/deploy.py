@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import JsonOpt, WeightsOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, WeightsOpt, err, out, print_json
 from zoo.errors import InputError
 
 
@@ -51,7 +51,7 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
-    from deploy.export import DEFAULT_OPSET, FORMATS, export_onnx, export_torch
+    from zoo.deploy.export import DEFAULT_OPSET, FORMATS, export_onnx, export_torch
 
     if fmt not in FORMATS:
         close = difflib.get_close_matches(fmt, FORMATS, n=1)
@@ -76,7 +76,7 @@ def export_cmd(
             weights=weights,
         )
     elif fmt == "triton":
-        from deploy.triton import export_triton
+        from zoo.deploy.triton import export_triton
 
         result = export_triton(
             model,
@@ -124,7 +124,7 @@ def predict_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata."""
-    from deploy.predict import predict
+    from zoo.deploy.predict import predict
 
     results = predict(model, [str(p) for p in images], k=top_k, device=device)
     if as_json:
@@ -141,7 +141,7 @@ def compare_jit_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare torch.jit.trace, torch.jit.script and torch.export against eager."""
-    from deploy.jit_compare import compare_jit
+    from zoo.deploy.jit_compare import compare_jit
     from zoo.factory import create_model, info_of
 
     net = create_model(model)
@@ -186,7 +186,7 @@ def quantize_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32."""
-    from deploy.quantize import quantize
+    from zoo.deploy.quantize import quantize
 
     dest = output or model.with_name(model.stem + f".int8-{mode}.onnx")
     report = quantize(
@@ -241,7 +241,7 @@ def bench_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Latency table across backends and devices (warm-up, p50/p90/p99, cold start)."""
-    from deploy.bench import run_bench
+    from zoo.deploy.bench import run_bench
 
     try:
         sizes = [int(b) for b in batch_sizes.split(",")]

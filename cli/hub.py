@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, err, out, print_json
 
 
 def pull_cmd(

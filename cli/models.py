@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Column, Table
 
-from cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, err, out, print_json
 from zoo.metadata import ModelInfo
 from zoo.registry import list_models, model_info
 

@@ -39,7 +39,7 @@ def serve_cmd(
     ] = 40_000_000,
 ) -> None:
     """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching."""
-    from deploy.serve.run import serve
+    from zoo.deploy.serve.run import serve
 
     serve(
         model,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, err, out, print_json
 
 
 class StrategyName(str, Enum):
@@ -126,7 +126,7 @@ def finetune_cmd(
     progress: Annotated[bool, typer.Option(help="rich progress bar")] = True,
 ) -> None:
     """Fine-tune a model on a folder of images (e.g. zoo finetune resnet18 --data ./fish)."""
-    from train.config import TrainConfig
+    from zoo.train.config import TrainConfig
 
     if resume is None and (arch is None or data is None):
         raise typer.BadParameter("give ARCH and --data (or --resume RUN_DIR)")
@@ -134,7 +134,7 @@ def finetune_cmd(
         raise typer.BadParameter("--extend only makes sense with --resume RUN_DIR")
     params = dict(ctx.params)
     if nproc > 1:
-        from train.launch import launch
+        from zoo.train.launch import launch
 
         raise typer.Exit(launch(nproc))
     # What the user typed: --resume compares exactly these against the run's config.
@@ -152,10 +152,10 @@ def finetune_cmd(
     if values["model"] and Path(values["model"]).exists():
         values["model"] = str(Path(values["model"]).resolve())
     cfg = TrainConfig.from_dict(values)
-    from train.trainer import fit
+    from zoo.train.trainer import fit
 
     run = fit(cfg, explicit=explicit)
-    from train.console import is_main_process
+    from zoo.train.console import is_main_process
 
     if is_main_process():
         out.print(str(run))
@@ -173,7 +173,7 @@ def eval_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
-    from train.eval_cli import run_eval
+    from zoo.train.eval_cli import run_eval
 
     result = run_eval(
         model, data=data, split=split, batch_size=batch_size, device=device, num_workers=num_workers
@@ -202,8 +202,8 @@ def check_cmd(
     ] = False,
 ) -> None:
     """Preflight an image folder: corrupt files, tiny images, odd modes, leaks, imbalance."""
-    from train.check import check_splits, format_report
-    from train.data import scan
+    from zoo.train.check import check_splits, format_report
+    from zoo.train.data import scan
 
     report = check_splits(scan(data, val_fraction=val_fraction, seed=seed))
     if as_json:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from deploy.bench_harness import time_session
+from zoo.deploy.bench_harness import time_session
 from zoo.errors import BackendUnavailableError, InputError
 
 BACKENDS = ("eager", "compile", "torchscript", "ort_fp32", "ort_int8")
@@ -56,14 +56,14 @@ class _Builder:
 
     def onnx_file(self, kind: str) -> Path:
         if kind not in self._onnx:
-            from deploy.export import export_onnx
+            from zoo.deploy.export import export_onnx
 
             fp32 = self.workdir / "fp32.onnx"
             if "fp32" not in self._onnx:
                 export_onnx(self.name, fp32, dynamic_batch=True, weights=self.weights)
                 self._onnx["fp32"] = fp32
             if kind == "int8":
-                from deploy.quantize import quantize
+                from zoo.deploy.quantize import quantize
 
                 calib = self.calib
                 if calib is None:
@@ -95,7 +95,7 @@ class _Builder:
             path = self.workdir / f"model-{device.type}.ts"
             torch.jit.save(ts, str(path))
             return (lambda: ts(x)), round(path.stat().st_size / 2**20, 2)
-        from deploy.runtime import make_session
+        from zoo.deploy.runtime import make_session
 
         if backend == "ort_int8" and device.type == "cuda":
             raise BackendUnavailableError(

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from deploy.lint import lint_graph
-from deploy.parity import ParityReport, check_parity, real_images
+from zoo.deploy.lint import lint_graph
+from zoo.deploy.parity import ParityReport, check_parity, real_images
 from zoo.errors import ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of, resolve
 from zoo.metadata import ModelInfo
@@ -156,7 +156,7 @@ def export_onnx(
     import onnx
     import onnxruntime as ort
 
-    from deploy.onnx_meta import set_metadata
+    from zoo.deploy.onnx_meta import set_metadata
 
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputError(
@@ -274,7 +274,7 @@ def export_torch(
     name: str, out: Path, *, fmt: str, jit: str = "trace", weights: str | None = None
 ) -> ExportResult:
     """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check."""
-    from deploy.parity import compare
+    from zoo.deploy.parity import compare
 
     model, info, _ = load_for_export(name, weights)
     x = _dummy(info, EXPORT_BATCH)

@@ -7,14 +7,14 @@ from typing import Any
 
 import torch
 
-from deploy.preprocess import open_image, scores
+from zoo.deploy.preprocess import open_image, scores
 
 
 def predict(
     model: str, images: list[str], *, k: int = 5, device: str = "cpu"
 ) -> list[dict[str, Any]]:
     if model.endswith(".onnx"):
-        from deploy.runtime import OnnxClassifier
+        from zoo.deploy.runtime import OnnxClassifier
 
         clf = OnnxClassifier(model, device=device)
         preds = clf.classify([open_image(p) for p in images], k=k)

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from deploy.bench_harness import time_session
-from deploy.onnx_meta import read_metadata, set_metadata
-from deploy.parity import real_images
-from deploy.preprocess import open_image, preprocess
-from deploy.runtime import make_session
+from zoo.deploy.bench_harness import time_session
+from zoo.deploy.onnx_meta import read_metadata, set_metadata
+from zoo.deploy.parity import real_images
+from zoo.deploy.preprocess import open_image, preprocess
+from zoo.deploy.runtime import make_session
 from zoo.errors import InputError, QuantizationError
 
 HEAVY_OPS = ("Conv", "Gemm", "MatMul")
@@ -203,7 +203,7 @@ def _measure(
 ) -> dict[str, Any]:
     s32, s8 = make_session(fp32, threads=threads), make_session(q, threads=threads)
     name = s32.get_inputs()[0].name
-    from deploy.runtime import run_padded
+    from zoo.deploy.runtime import run_padded
 
     batch = 1 if meta.get("dynamic_batch") else 2
     y32 = run_padded(lambda a: s32.run(None, {name: a})[0], x, batch)

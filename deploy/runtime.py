@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from deploy.onnx_meta import read_metadata
-from deploy.preprocess import open_image, preprocess, scores
+from zoo.deploy.onnx_meta import read_metadata
+from zoo.deploy.preprocess import open_image, preprocess, scores
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
 

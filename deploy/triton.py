@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from deploy.export import ExportResult, export_onnx
+from zoo.deploy.export import ExportResult, export_onnx
 from zoo.errors import ExportError, InputError
 
 
@@ -71,7 +71,7 @@ def export_triton(
     name: str | None = None,
     weights: str | None = None,
 ) -> ExportResult:
-    from deploy.onnx_meta import read_metadata
+    from zoo.deploy.onnx_meta import read_metadata
 
     repo.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo) as tmp:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from train.check import check_splits
-from train.data import ResumableSampler, natural_key, scan
 from zoo.errors import DataError
+from zoo.train.check import check_splits
+from zoo.train.data import ResumableSampler, natural_key, scan
 
 
 def _img(path: Path, color: int = 128, size: int = 40, mode: str = "RGB") -> Path:

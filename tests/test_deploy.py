@@ -13,12 +13,12 @@ import torch
 from PIL import Image
 from torch import nn
 
-from deploy.export import export_onnx
-from deploy.jit_compare import compare_jit
-from deploy.lint import lint_graph
-from deploy.onnx_meta import read_metadata
-from deploy.preprocess import preprocess
 from tests.conftest import run_zoo
+from zoo.deploy.export import export_onnx
+from zoo.deploy.jit_compare import compare_jit
+from zoo.deploy.lint import lint_graph
+from zoo.deploy.onnx_meta import read_metadata
+from zoo.deploy.preprocess import preprocess
 from zoo.errors import ExportError, ParityError
 from zoo.samples import sample_image_paths
 from zoo.transforms import eval_transform
@@ -256,7 +256,7 @@ def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
 def test_cuda_provider_missing_is_an_error_not_a_fallback(mobilenet_onnx: Path) -> None:
     import onnxruntime as ort
 
-    from deploy.runtime import make_session
+    from zoo.deploy.runtime import make_session
     from zoo.errors import BackendUnavailableError
 
     if "CUDAExecutionProvider" in ort.get_available_providers():

@@ -133,7 +133,7 @@ def test_cuda_bench_rows_never_fall_back_silently() -> None:
 def test_ort_cuda_session_is_asserted(mobilenet_onnx: Path) -> None:
     import onnxruntime as ort
 
-    from deploy.runtime import make_session
+    from zoo.deploy.runtime import make_session
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime here has no CUDA provider (covered by test_deploy's error test)")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_zoo
-from train.data import scan_multilabel
 from zoo.errors import DataError
+from zoo.train.data import scan_multilabel
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from deploy.runtime import make_session
 from tests.conftest import ZOO
+from zoo.deploy.runtime import make_session
 from zoo.samples import sample_image_paths
 
 pytestmark = pytest.mark.serve
@@ -300,8 +300,8 @@ def test_sigterm_under_load_finishes_in_flight(mobilenet_onnx: Path) -> None:
 
 
 def test_triton_repository_parses_with_triton_schema(tmp_path: Path, mobilenet_weights) -> None:
-    from deploy.triton import validate_config
     from tests.conftest import run_zoo
+    from zoo.deploy.triton import validate_config
 
     r = run_zoo(
         "export",

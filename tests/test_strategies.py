@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.conftest import read_safetensors, run_zoo
-from train import TrainConfig, Trainer
-from train.strategy import train_mode
 from zoo.factory import create_model
+from zoo.train import TrainConfig, Trainer
+from zoo.train.strategy import train_mode
 
 
 def _trainer(data: Path, tmp: Path, **kw) -> Trainer:

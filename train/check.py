@@ -16,8 +16,8 @@ from typing import Any
 
 from PIL import Image
 
-from train.data import MULTI_SEP, Splits
 from zoo.system import available_cpus
+from zoo.train.data import MULTI_SEP, Splits
 
 TINY_SIDE = 16
 ODD_MODES = frozenset(

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
-from train.evaluate import evaluate_model
-from train.metrics import summarize, summarize_multilabel
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
+from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
+from zoo.train.evaluate import evaluate_model
+from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from train.plots import plot_confusion, plot_curves
 from zoo.artifact import save_model_folder, write_json
 from zoo.cards import finetuned_card
+from zoo.train.plots import plot_confusion, plot_curves
 from zoo.weights import sha256_file
 
 if TYPE_CHECKING:
-    from train.trainer import Trainer
+    from zoo.train.trainer import Trainer
 
 
 def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:

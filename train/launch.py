@@ -28,12 +28,12 @@ def launch(nproc: int) -> int:
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "cli.app",
+        "zoo.cli.app",
         *args,
     ]
     print(
         f"launching {nproc} processes: torchrun --standalone --nproc-per-node={nproc} "
-        f"-m cli.app {' '.join(args)}",
+        f"-m zoo.cli.app {' '.join(args)}",
         file=sys.stderr,
         flush=True,
     )

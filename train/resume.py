@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import load_checkpoint
-from train.config import RUNTIME_KEYS, TrainConfig
-from train.console import say
-from train.run_dir import RunDir
 from zoo.errors import CheckpointError
+from zoo.train.checkpoint import load_checkpoint
+from zoo.train.config import RUNTIME_KEYS, TrainConfig
+from zoo.train.console import say
+from zoo.train.run_dir import RunDir
 
 
 def prepare_resume(

@@ -12,9 +12,9 @@ from typing import Any
 
 from torch import nn
 
-from train.checkpoint import save_checkpoint
-from train.config import TrainConfig
 from zoo.artifact import write_json
+from zoo.train.checkpoint import save_checkpoint
+from zoo.train.config import TrainConfig
 
 
 class RunDir:

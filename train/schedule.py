@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from train.config import TrainConfig
+from zoo.train.config import TrainConfig
 
 
 def _segment_factor(

@@ -20,19 +20,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from train import data as data_mod
-from train.check import check_splits, format_report
-from train.checkpoint import load_checkpoint, save_checkpoint
-from train.config import TrainConfig
-from train.console import say
-from train.evaluate import collect_logits, gather_by_index
-from train.features import FeatureDataset, extract_features, head_module
-from train.metrics import summarize, summarize_multilabel
-from train.resume import prepare_resume
-from train.rng import get_rng_state, seed_everything, set_rng_state
-from train.run_dir import create_run_dir
-from train.schedule import build_scheduler
-from train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head, train_mode
 from zoo.artifact import write_json
 from zoo.device import move_to, pick_device
 from zoo.errors import DataError, InputError, TrainingError
@@ -40,6 +27,25 @@ from zoo.factory import create_model_with_report, resolve
 from zoo.metadata import ModelInfo
 from zoo.profile import count_params
 from zoo.system import available_cpus
+from zoo.train import data as data_mod
+from zoo.train.check import check_splits, format_report
+from zoo.train.checkpoint import load_checkpoint, save_checkpoint
+from zoo.train.config import TrainConfig
+from zoo.train.console import say
+from zoo.train.evaluate import collect_logits, gather_by_index
+from zoo.train.features import FeatureDataset, extract_features, head_module
+from zoo.train.metrics import summarize, summarize_multilabel
+from zoo.train.resume import prepare_resume
+from zoo.train.rng import get_rng_state, seed_everything, set_rng_state
+from zoo.train.run_dir import create_run_dir
+from zoo.train.schedule import build_scheduler
+from zoo.train.strategy import (
+    ParamGroups,
+    param_groups,
+    set_backbone_frozen,
+    split_head,
+    train_mode,
+)
 from zoo.transforms import eval_transform, train_transform
 
 log = logging.getLogger("zoo.train")
@@ -569,8 +575,8 @@ class Trainer:
         return summarize(logits, targets, self.classes)
 
     def fit(self) -> Path:
-        from train.finish import finish_run
-        from train.progress import make_progress
+        from zoo.train.finish import finish_run
+        from zoo.train.progress import make_progress
 
         self.setup()
         cfg = self.cfg  # after setup: --resume replaces it with the run's own

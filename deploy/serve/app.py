@@ -16,12 +16,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from deploy.preprocess import open_image, preprocess, scores
-from deploy.runtime import OnnxClassifier
-from deploy.serve.batcher import DynamicBatcher
-from deploy.serve.config import ServeConfig
-from deploy.serve.metrics import ServerMetrics
-from deploy.serve.protocol import HEADER, OutputSpec, classification, encode_response, parse_request
+from zoo.deploy.preprocess import open_image, preprocess, scores
+from zoo.deploy.runtime import OnnxClassifier
+from zoo.deploy.serve.batcher import DynamicBatcher
+from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.metrics import ServerMetrics
+from zoo.deploy.serve.protocol import (
+    HEADER,
+    OutputSpec,
+    classification,
+    encode_response,
+    parse_request,
+)
 from zoo.errors import InputError, PayloadTooLargeError, ServerBusyError
 
 log = logging.getLogger("zoo.serve")

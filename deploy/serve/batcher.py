@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deploy.serve.metrics import ServerMetrics
+from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.errors import ServerBusyError
 
 

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from deploy.serve.config import ServeConfig
+from zoo.deploy.serve.config import ServeConfig
 from zoo.errors import InputError
 
 
@@ -23,7 +23,7 @@ def resolve_onnx(model: str, workdir: Path) -> Path:
     for candidate in (p / "model.onnx", p / "model" / "model.onnx"):
         if candidate.is_file():
             return candidate
-    from deploy.export import export_onnx
+    from zoo.deploy.export import export_onnx
 
     out = workdir / "model.onnx"
     logging.getLogger("zoo.serve").warning(
@@ -34,7 +34,7 @@ def resolve_onnx(model: str, workdir: Path) -> Path:
 
 
 def default_name(onnx_path: Path) -> str:
-    from deploy.onnx_meta import read_metadata
+    from zoo.deploy.onnx_meta import read_metadata
 
     meta = read_metadata(onnx_path)
     if meta.get("arch") and meta.get("tag"):
@@ -67,7 +67,7 @@ def _graceful_server_class() -> type:
 def serve(model: str, cfg_kwargs: dict[str, object]) -> None:
     import uvicorn
 
-    from deploy.serve.app import create_app
+    from zoo.deploy.serve.app import create_app
 
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

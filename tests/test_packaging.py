@@ -1,0 +1,53 @@
+"""The installed distribution claims one top-level name, ``zoo`` (train/, deploy/ and cli/ are
+mapped under it), and ``python -m zoo`` is the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def test_wheel_has_only_the_zoo_package(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("zoo-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert top == {"zoo", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    for module in (
+        "zoo/train/trainer.py",
+        "zoo/deploy/serve/app.py",
+        "zoo/cli/app.py",
+        "zoo/sample_images/coffee.jpg",
+        "zoo/py.typed",
+    ):
+        assert module in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "zoo = zoo.cli.app:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_python_dash_m_zoo_is_the_cli() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "zoo", "list", "--json"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr
+    assert '"resnet18.tv_in1k"' in r.stdout
