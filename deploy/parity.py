@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from zoo.deploy.preprocess import open_image, preprocess
+from zoo.deploy.preprocess import preprocess
 from zoo.deploy.runtime import run_padded
+from zoo.images import list_images, open_image
 from zoo.metadata import ModelInfo
 from zoo.transforms import eval_transform
 
@@ -94,9 +95,7 @@ def real_images(data: str | Path | None, limit: int = 64) -> list[Path]:
         from zoo.samples import sample_image_paths
 
         return sample_image_paths()
-    from zoo.train.data import IMAGE_EXTENSIONS
-
-    files = sorted(p for p in Path(data).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    files = list_images(Path(data))
     step = max(1, len(files) // limit)
     return files[::step][:limit]
 

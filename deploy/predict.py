@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from zoo.deploy.preprocess import open_image, scores
+from zoo.deploy.preprocess import scores
+from zoo.images import open_image
 
 
 def predict(

@@ -3,54 +3,24 @@ convert mode → resize short side (PIL, same filter) → center crop → /255 �
 
 from __future__ import annotations
 
-from io import BytesIO
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from zoo.errors import InputError, PayloadTooLargeError
+from zoo.images import to_channels
 
 _FILTERS = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "nearest": Image.Resampling.NEAREST,
 }
-MAX_PIXELS = 40_000_000  # decompression-bomb guard for untrusted uploads
-
-
-def open_image(src: str | Path | bytes, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """Open and fully decode an image from a path or bytes, with a clear error."""
-    try:
-        im = Image.open(BytesIO(src) if isinstance(src, bytes) else src)
-        if im.width * im.height > max_pixels:
-            raise PayloadTooLargeError(
-                f"Image is {im.width}×{im.height} pixels, over the limit of {max_pixels:,}."
-            )
-        im.load()
-        return im
-    except InputError:
-        raise
-    except Image.DecompressionBombError as exc:
-        raise PayloadTooLargeError(f"Image rejected as a decompression bomb: {exc}") from exc
-    except FileNotFoundError as exc:
-        raise InputError(f"Image file {src!s} does not exist.") from exc
-    except Exception as exc:  # PIL raises many types for undecodable data
-        where = "the uploaded data" if isinstance(src, bytes) else str(src)
-        raise InputError(
-            f"Cannot decode {where} as an image ({type(exc).__name__}: {exc})."
-        ) from exc
 
 
 def preprocess(im: Image.Image, pre: dict[str, Any]) -> np.ndarray:
     """(C, H, W) float32 array for one image, as the model's eval transform makes it."""
     channels, size = pre["input_size"][0], pre["input_size"][-1]
-    mode = "L" if channels == 1 else "RGB"
-    if im.mode in ("I;16", "I"):
-        im = im.point(lambda v: v / 256).convert("L")
-    if im.mode != mode:
-        im = im.convert(mode)
+    im = to_channels(im, channels)
     resize = int(pre["resize_size"])
     w, h = im.size
     # torchvision Resize(int): the short side becomes `resize`, the long side is truncated

@@ -19,9 +19,10 @@ import numpy as np
 from zoo.deploy.bench_harness import time_session
 from zoo.deploy.onnx_meta import read_metadata, set_metadata
 from zoo.deploy.parity import real_images
-from zoo.deploy.preprocess import open_image, preprocess
+from zoo.deploy.preprocess import preprocess
 from zoo.deploy.runtime import make_session
 from zoo.errors import InputError, QuantizationError
+from zoo.images import open_image
 
 HEAVY_OPS = ("Conv", "Gemm", "MatMul")
 

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.onnx_meta import read_metadata
-from zoo.deploy.preprocess import open_image, preprocess, scores
+from zoo.deploy.preprocess import preprocess, scores
 from zoo.errors import BackendUnavailableError, InputError
+from zoo.images import open_image
 from zoo.system import available_cpus
 
 

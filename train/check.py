@@ -7,15 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
+from zoo.images import open_image
 from zoo.system import available_cpus
 from zoo.train.data import MULTI_SEP, Splits
 
@@ -39,7 +40,7 @@ ODD_MODES = frozenset(
     }
 )
 IMBALANCE_RATIO = 5.0
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: sizes are upright (EXIF orientation applied)
 
 
 @dataclass
@@ -78,18 +79,17 @@ class CheckReport:
 
 
 def _check_file(path: Path) -> FileCheck:
+    """Decode one file exactly as training will (``open_image``: EXIF applied, same pixel
+    limit), after PIL's structural ``verify``; sizes are the upright ones."""
     try:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                im.verify()  # structure
-            with Image.open(path) as im:
-                im.load()  # every pixel: catches truncated files
-                return FileCheck(
-                    str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
-                )
+        with Image.open(BytesIO(data)) as raw:
+            raw.verify()  # structure
+        im = open_image(data)  # every pixel: catches truncated files
+        return FileCheck(
+            str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
+        )
     except Exception as exc:  # PIL raises many types for broken files; all mean "unreadable"
         kind = "empty file" if path.stat().st_size == 0 else f"{type(exc).__name__}: {exc}"
         return FileCheck(str(path), False, error=kind)

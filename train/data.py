@@ -26,30 +26,18 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
 from zoo.errors import DataError
+from zoo.images import IMAGE_EXTENSIONS, list_images, natural_key, open_image
 
 MULTI_SEP = ";"
 LABELS_CSV = "labels.csv"
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 SPLIT_ALIASES = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
-
-
-def natural_key(s: str) -> list[Any]:
-    """``c2`` sorts before ``c10``."""
-    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", s)]
-
-
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(
-        (p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS),
-        key=lambda p: natural_key(str(p.relative_to(folder))),
-    )
 
 
 def _class_folders(folder: Path) -> dict[str, list[Path]]:
     classes = {}
     for d in sorted(folder.iterdir(), key=lambda p: natural_key(p.name)):
         if d.is_dir() and not d.name.startswith("."):
-            classes[d.name] = _images_in(d)
+            classes[d.name] = list_images(d)
     return classes
 
 
@@ -255,11 +243,10 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, Any, int]:
         i, epoch = key if isinstance(key, tuple) else (key, self.epoch)
         path, label = self.samples[i]
-        with Image.open(path) as im:
-            im.load()
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
-                x = self.transform(im)
+        im = open_image(path)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
+            x = self.transform(im)
         return x, label, i
 
 

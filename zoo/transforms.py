@@ -6,6 +6,7 @@ from __future__ import annotations
 from PIL import Image
 from torchvision import transforms as T
 
+from zoo.images import to_channels
 from zoo.metadata import ModelInfo
 
 _INTERP = {
@@ -16,18 +17,17 @@ _INTERP = {
 
 
 class ConvertMode:
-    """Grayscale, palette, CMYK and 16-bit images all become the model's channel count."""
+    """Grayscale, palette, CMYK and 16-bit images all become the model's channel count
+    (:func:`zoo.images.to_channels`)."""
 
     def __init__(self, channels: int) -> None:
-        self.mode = "L" if channels == 1 else "RGB"
+        self.channels = channels
 
     def __call__(self, im: Image.Image) -> Image.Image:
-        if im.mode == "I;16" or im.mode == "I":  # 16-bit: scale to 8 bits, don't clip
-            im = im.point(lambda v: v / 256).convert("L")
-        return im.convert(self.mode) if im.mode != self.mode else im
+        return to_channels(im, self.channels)
 
     def __repr__(self) -> str:
-        return f"ConvertMode({self.mode!r})"
+        return f"ConvertMode(channels={self.channels})"
 
 
 def _to_mode(info: ModelInfo) -> ConvertMode:

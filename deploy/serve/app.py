@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from zoo.deploy.preprocess import open_image, preprocess, scores
+from zoo.deploy.preprocess import preprocess, scores
 from zoo.deploy.runtime import OnnxClassifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
@@ -29,6 +29,7 @@ from zoo.deploy.serve.protocol import (
     parse_request,
 )
 from zoo.errors import InputError, PayloadTooLargeError, ServerBusyError
+from zoo.images import open_image
 
 log = logging.getLogger("zoo.serve")
 
