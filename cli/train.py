@@ -28,6 +28,11 @@ class ScheduleName(str, Enum):
     constant = "constant"
 
 
+class ExampleName(str, Enum):
+    digits = "digits"
+    photos = "photos"
+
+
 class AmpName(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
@@ -217,16 +222,24 @@ def check_cmd(
 
 
 def example_cmd(
-    name: Annotated[str, typer.Argument(help="built-in data set: digits")],
+    name: Annotated[ExampleName, typer.Argument(help="built-in data set")],
     dest: Annotated[Path, typer.Argument(help="folder to write the image folder into")],
-    size: int = 32,
+    size: Annotated[int, typer.Option(help="digits: image side in pixels")] = 32,
+    per_class: Annotated[
+        int | None, typer.Option(min=1, help="images per class (default: all digits / 300 photos)")
+    ] = None,
 ) -> None:
-    """Write a built-in real data set as an image folder (digits: sklearn's 1,797 handwritten digits)."""
-    from zoo.samples import write_digits_folder
+    """Write a built-in real data set as an image folder.
 
-    if name != "digits":
-        raise typer.BadParameter(f"unknown example {name!r}; available: digits")
-    out.print(str(write_digits_folder(dest, size=size)))
+    digits: scikit-learn's 1,797 real handwritten digits (10 classes, 32×32 PNG).
+    photos: 2,100 JPEGs (300–640 px) cut from scikit-image's 7 colour photographs, one class each.
+    """
+    from zoo.samples import write_digits_folder, write_photo_folder
+
+    if name is ExampleName.photos:
+        out.print(str(write_photo_folder(dest, per_class=per_class or 300)))
+    else:
+        out.print(str(write_digits_folder(dest, size=size, per_class=per_class)))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,44 @@
+"""The built-in real data sets: digits (sklearn) and photos (scikit-image's photographs)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from PIL import Image
+
+from tests.conftest import run_zoo
+from zoo.samples import PHOTO_SOURCES, write_photo_folder
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*.jpg"))
+    }
+
+
+def test_photo_folder_is_real_sized_and_the_same_everywhere(tmp_path: Path) -> None:
+    a = write_photo_folder(tmp_path / "a", per_class=3)
+    b = write_photo_folder(tmp_path / "b", per_class=3, workers=1)
+    assert sorted(p.name for p in a.iterdir()) == sorted(PHOTO_SOURCES)
+    assert _digest(a) == _digest(b) and len(_digest(a)) == 3 * len(PHOTO_SOURCES)
+    sizes = set()
+    for p in a.rglob("*.jpg"):
+        with Image.open(p) as im:
+            assert im.format == "JPEG" and im.mode == "RGB"
+            assert 300 <= max(im.size) <= 640
+            sizes.add(im.size)
+    assert len(sizes) > 10  # crops and scales differ
+    assert _digest(write_photo_folder(tmp_path / "c", per_class=3, seed=1)) != _digest(a)
+
+
+def test_example_command_writes_both_data_sets(tmp_path: Path) -> None:
+    r = run_zoo("example", "photos", str(tmp_path / "photos"), "--per-class", "2")
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "photos").rglob("*.jpg"))) == 2 * len(PHOTO_SOURCES)
+    r = run_zoo("example", "digits", str(tmp_path / "digits"), "--per-class", "4")
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "digits").rglob("*.png"))) == 40
+    r = run_zoo("example", "fish", str(tmp_path / "x"))
+    assert r.returncode == 2 and "digits" in r.stderr and "photos" in r.stderr
