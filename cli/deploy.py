@@ -31,8 +31,20 @@ def export_cmd(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="output file (triton: repository folder)")
     ] = None,
+    static_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--static-batch",
+            min=1,
+            help="onnx: fix the batch at N (predict/serve pad and chunk to it); default: dynamic",
+        ),
+    ] = None,
     dynamic_batch: Annotated[
-        bool, typer.Option("--dynamic-batch", help="dynamic batch axis, proven at 3 sizes")
+        bool,
+        typer.Option(
+            "--dynamic-batch",
+            help="onnx: the default (a batch axis proven at 1, 2, 5); kept for old scripts",
+        ),
     ] = False,
     dynamic_size: Annotated[
         bool, typer.Option("--dynamic-size", help="dynamic H/W, proven at 2 resolutions")
@@ -62,12 +74,22 @@ def export_cmd(
         )
     if jit not in ("trace", "script"):
         raise InputError(f"--jit {jit!r}: use trace or script.")
+    if dynamic_batch and static_batch is not None:
+        raise typer.BadParameter(
+            "--dynamic-batch and --static-batch contradict each other: the batch is dynamic "
+            "by default, pass only --static-batch N to fix it",
+            param_hint="--static-batch",
+        )
+    if static_batch is not None and fmt != "onnx":
+        raise typer.BadParameter(
+            f"--static-batch applies to --format onnx, not {fmt!r}", param_hint="--static-batch"
+        )
     path = output or _default_output(model, fmt)
     if fmt == "onnx":
         result = export_onnx(
             model,
             path,
-            dynamic_batch=dynamic_batch,
+            static_batch=static_batch,
             dynamic_size=dynamic_size,
             opset=opset or DEFAULT_OPSET,
             exporter=exporter,
@@ -92,7 +114,10 @@ def export_cmd(
     if as_json:
         print_json(d)
     else:
-        out.print(f"wrote {d['path']} ({d['size_mb']} MB, {d['format']}, exporter {d['exporter']})")
+        batch = f", batch {d['static_batch'] or 'dynamic'}" if d["format"] == "onnx" else ""
+        out.print(
+            f"wrote {d['path']} ({d['size_mb']} MB, {d['format']}, exporter {d['exporter']}{batch})"
+        )
         p = d["parity"]
         if "tensors" in p:
             t = p["tensors"]

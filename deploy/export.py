@@ -26,7 +26,7 @@ from zoo.metadata import ModelInfo
 DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
 MIN_OPSET, MAX_OPSET = 13, 23
 FORMATS = ("onnx", "torchscript", "pt2", "triton")
-EXPORT_BATCH = 2
+EXPORT_BATCH = 2  # the example batch of a dynamic-batch export (checked again at 1, 2, 5)
 
 
 @dataclass
@@ -36,7 +36,8 @@ class ExportResult:
     model: str
     opset: int | None = None
     exporter: str | None = None
-    dynamic_batch: bool = False
+    dynamic_batch: bool = True
+    static_batch: int | None = None
     dynamic_size: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)
     lint: list[str] = field(default_factory=list)
@@ -144,7 +145,8 @@ def export_onnx(
     name: str,
     out: Path,
     *,
-    dynamic_batch: bool = False,
+    static_batch: int | None = None,
+    dynamic_batch: bool = True,
     dynamic_size: bool = False,
     opset: int = DEFAULT_OPSET,
     exporter: str = "auto",
@@ -153,11 +155,38 @@ def export_onnx(
     model: nn.Module | None = None,
     weights: str | None = None,
 ) -> ExportResult:
+    """Export to ONNX, check, lint, prove parity with PyTorch, embed zoo's metadata, and write
+    ``out`` atomically (nothing is written when any step fails).
+
+    Args:
+        name: registry name, run folder or model folder.
+        out: the ``.onnx`` file to write.
+        static_batch: fix the batch dimension at this size (``zoo predict`` and ``zoo serve``
+            pad and chunk to it); None (default) exports a dynamic batch axis.
+        dynamic_batch: kept for callers of the old API; the batch is dynamic unless
+            ``static_batch`` is given, and False without ``static_batch`` is refused.
+        dynamic_size: dynamic height and width too.
+        opset, exporter, data, allow_mismatch, model, weights: see ``zoo export --help``.
+
+    Returns:
+        What was written and the evidence: lint findings, parity report, attempts.
+
+    Raises:
+        InputError: contradictory or out-of-range options.
+        ExportError: every exporter failed, or the graph failed lint.
+        ParityError: the graph does not match PyTorch (unless ``allow_mismatch``).
+    """
     import onnx
     import onnxruntime as ort
 
     from zoo.deploy.onnx_meta import set_metadata
 
+    if static_batch is not None and static_batch < 1:
+        raise InputError(f"--static-batch {static_batch}: use a batch size of 1 or more.")
+    if not dynamic_batch and static_batch is None:
+        raise InputError("dynamic_batch=False needs static_batch=N (the fixed batch size).")
+    dynamic_batch = static_batch is None
+    export_batch = static_batch or EXPORT_BATCH
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputError(
             f"--opset {opset} is outside the supported range {MIN_OPSET}–{MAX_OPSET} "
@@ -175,10 +204,11 @@ def export_onnx(
         model=name,
         opset=opset,
         dynamic_batch=dynamic_batch,
+        static_batch=static_batch,
         dynamic_size=dynamic_size,
     )
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
-    x = _dummy(info, EXPORT_BATCH)
+    x = _dummy(info, export_batch)
     with atomic_output(out) as tmp:
         write = partial(
             _onnx_once,
@@ -197,13 +227,13 @@ def export_onnx(
                 attempt["warnings"] = write(exporter=exp)
                 onnx.checker.check_model(str(tmp), full_check=True)
                 graph = onnx.load(str(tmp))
-                lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=EXPORT_BATCH)
+                lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=export_batch)
                 sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
                 parity = check_parity(
                     model,
                     info,
                     _ort_runner(sess),
-                    export_batch=EXPORT_BATCH,
+                    export_batch=export_batch,
                     dynamic_batch=dynamic_batch,
                     dynamic_size=dynamic_size,
                     images=images,
@@ -256,6 +286,7 @@ def export_metadata(
         "opset": result.opset,
         "exporter": result.exporter,
         "dynamic_batch": result.dynamic_batch,
+        "static_batch": result.static_batch,
         "dynamic_size": result.dynamic_size,
         "torch_version": torch.__version__,
         "onnx_version": onnx.__version__,

@@ -204,9 +204,9 @@ def _measure(
 ) -> dict[str, Any]:
     s32, s8 = make_session(fp32, threads=threads), make_session(q, threads=threads)
     name = s32.get_inputs()[0].name
-    from zoo.deploy.runtime import run_padded
+    from zoo.deploy.runtime import run_padded, static_batch_of
 
-    batch = 1 if meta.get("dynamic_batch") else 2
+    batch = static_batch_of(s32) or 1
     y32 = run_padded(lambda a: s32.run(None, {name: a})[0], x, batch)
     y8 = run_padded(lambda a: s8.run(None, {name: a})[0], x, batch)
     agree = float((y32.argmax(1) == y8.argmax(1)).mean())

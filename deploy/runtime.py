@@ -1,5 +1,6 @@
 """onnxruntime sessions with explicit threads and an asserted provider, plus top-k
-classification from the metadata embedded in the file."""
+classification from the metadata embedded in the file. Graphs with a fixed batch dimension are
+padded and chunked here, in one place (``run_padded``), for predict, serve, parity and bench."""
 
 from __future__ import annotations
 
@@ -19,7 +20,21 @@ from zoo.system import available_cpus
 
 
 def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
-    """Run ``x`` in chunks of exactly ``batch`` (padding the last), for static-batch graphs."""
+    """Run ``x`` in chunks of exactly ``batch`` samples, for graphs with a fixed batch.
+
+    The last chunk is padded with copies of its last sample (real values, never zeros that a
+    model may not expect) and the padding's outputs are dropped.
+
+    Args:
+        run: one call of the graph on exactly ``batch`` samples.
+        x: any number of samples, ``len(x) >= 1``.
+        batch: the graph's batch dimension.
+
+    Returns:
+        ``len(x)`` outputs, in order.
+    """
+    if len(x) == batch:
+        return run(x)
     outs = []
     for i in range(0, len(x), batch):
         chunk = x[i : i + batch]
@@ -28,6 +43,12 @@ def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: in
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
         outs.append(run(chunk)[:n])
     return np.concatenate(outs)
+
+
+def static_batch_of(session: Any) -> int | None:
+    """The fixed batch dimension of a session's first input, or None when it is dynamic."""
+    dim = session.get_inputs()[0].shape[0]
+    return dim if isinstance(dim, int) and dim > 0 else None
 
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -83,13 +104,20 @@ class OnnxClassifier:
         self.session = make_session(self.path, device=device, threads=threads)
         self.load_s = time.perf_counter() - t0
         self.input = self.session.get_inputs()[0]
+        self.static_batch = static_batch_of(self.session)
         self.output_name = self.session.get_outputs()[0].name
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.pre = self.meta["preprocessing"]
         self.multi_label = bool(self.meta.get("multi_label", False))
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
+    def _run_once(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run([self.output_name], {self.input.name: batch})[0]
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
+        if self.static_batch is None:
+            return self.session.run([self.output_name], {self.input.name: batch})[0]
+        return run_padded(self._run_once, batch, self.static_batch)
 
     def preprocess_images(self, images: list[Any]) -> np.ndarray:
         return np.stack(

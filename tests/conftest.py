@@ -58,6 +58,21 @@ def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_digits_folder(tmp_path_factory.mktemp("digits") / "small", per_class=30)
 
 
+@pytest.fixture(scope="session")
+def multilabel_digits(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real digits with three labels each: the digit, even/odd, and small (<5)/large."""
+    root = tmp_path_factory.mktemp("ml")
+    rows = ["path,labels"]
+    for img in sorted(small_digits.rglob("*.png")):
+        d = int(img.parent.name.split("_")[1])
+        rel = Path("images") / img.parent.name / img.name
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).symlink_to(img)
+        rows.append(f"{rel},d{d};{'even' if d % 2 == 0 else 'odd'};{'small' if d < 5 else 'large'}")
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -101,3 +101,7 @@ class ServerBusyError(ZooError, RuntimeError):
 
 class PayloadTooLargeError(InputError):
     """An upload or a decoded image is over the configured limit."""
+
+
+class UnsupportedMediaTypeError(InputError):
+    """A request body comes in an encoding or media type the server does not read."""

@@ -1,5 +1,6 @@
 """The ASGI app: KServe v2 endpoints, an image endpoint for people, health that only says
-ready once the model answers, limits that never crash the process, and /metrics."""
+ready once the model answers, limits that never crash the process, /metrics and
+/openapi.json. A bad request earns a 4xx and one log line; a 500 is always our bug."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import numpy as np
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -21,17 +24,28 @@ from zoo.deploy.runtime import OnnxClassifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import ServerMetrics
+from zoo.deploy.serve.openapi import openapi_document
 from zoo.deploy.serve.protocol import (
     HEADER,
+    ModelMetadata,
     OutputSpec,
+    TensorMetadata,
     classification,
     encode_response,
     parse_request,
 )
-from zoo.errors import InputError, PayloadTooLargeError, ServerBusyError
+from zoo.errors import (
+    InputError,
+    PayloadTooLargeError,
+    ServerBusyError,
+    UnsupportedMediaTypeError,
+)
 from zoo.images import open_image
 
 log = logging.getLogger("zoo.serve")
+
+
+_OUTCOMES = {404: "unknown_model", 503: "not_ready"}
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -46,6 +60,7 @@ class ModelServer:
         self.load_error: str | None = None
         self.clf: OnnxClassifier | None = None
         self.batcher: DynamicBatcher | None = None
+        self._openapi: bytes | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def _load(self) -> None:
@@ -55,29 +70,26 @@ class ModelServer:
                 self.cfg.model_path, device=self.cfg.device, threads=self.cfg.threads
             )
             shape = clf.input.shape
-            self.static_batch = shape[0] if isinstance(shape[0], int) else None
-            if self.static_batch is not None and self.cfg.max_batch != self.static_batch:
-                log.warning(
-                    "model has a static batch of %s: --max-batch set to it", self.static_batch
-                )
-                self.cfg.max_batch = self.static_batch
             sample = [
                 d if isinstance(d, int) else clf.pre["input_size"][i - 1]
                 for i, d in enumerate(shape)
             ][1:]
             self.sample_shape = tuple(sample)
             for b in sorted({1, self.cfg.max_batch}):
-                clf.run(self._pad(np.zeros((b, *self.sample_shape), np.float32))[0])
+                clf.run(np.zeros((b, *self.sample_shape), np.float32))
             self.clf = clf
             self.ready = True
-            log.warning(
-                "zoo serve: model %r ready (%s) on %s, ORT intra-op threads %s, max batch %s, max delay %s ms, "
-                "max queue %s, timeout %s ms",
+            log.info(
+                "zoo serve: model %r ready (%s) on %s, ORT intra-op threads %s, max batch %s%s, "
+                "max delay %s ms, max queue %s, timeout %s ms",
                 self.cfg.name,
                 self.cfg.model_path,
                 self.cfg.device,
                 clf.session.get_session_options().intra_op_num_threads,
                 self.cfg.max_batch,
+                f" (the graph's batch is fixed at {clf.static_batch}: padded and chunked)"
+                if clf.static_batch
+                else "",
                 self.cfg.max_delay_ms,
                 self.cfg.max_queue,
                 self.cfg.timeout_ms,
@@ -86,16 +98,9 @@ class ModelServer:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("model failed to load: %s", self.load_error)
 
-    def _pad(self, x: np.ndarray) -> tuple[np.ndarray, int]:
-        n = len(x)
-        if self.static_batch is not None and n < self.static_batch:
-            x = np.concatenate([x, np.zeros((self.static_batch - n, *x.shape[1:]), x.dtype)])
-        return x, n
-
     def _run(self, x: np.ndarray) -> np.ndarray:
         assert self.clf is not None
-        padded, n = self._pad(x)
-        return self.clf.run(padded)[:n]
+        return self.clf.run(x)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -113,12 +118,28 @@ class ModelServer:
         await self.batcher.stop()
 
     # ---------------------------------------------------------------- helpers
+    @property
+    def _limit(self) -> int:
+        return int(self.cfg.max_body_mb * 2**20)
+
+    def _check_encoding(self, request: Request) -> None:
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise UnsupportedMediaTypeError(
+                f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
+            )
+
+    @staticmethod
+    def _declared_length(request: Request) -> int | None:
+        declared = request.headers.get("content-length", "").strip()
+        return int(declared) if declared.isascii() and declared.isdigit() else None
+
     async def _body(self, request: Request) -> bytes:
-        limit = int(self.cfg.max_body_mb * 2**20)
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
+        self._check_encoding(request)
+        limit, declared = self._limit, self._declared_length(request)
+        if declared is not None and declared > limit:
             raise PayloadTooLargeError(
-                f"request body of {int(declared):,} bytes is over the {limit:,}-byte limit"
+                f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
             )
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -165,28 +186,35 @@ class ModelServer:
         assert self.batcher is not None
         return await self.batcher.submit(x, self.cfg.timeout_ms / 1000)
 
-    async def _guard(self, endpoint: str, fn: Any) -> Response:
-        """Map every failure to a status; nothing reaches the process."""
+    async def _guard(self, request: Request, endpoint: str, fn: Any) -> Response:
+        """Map every failure to a status; nothing reaches the process. A client error is
+        logged in one line; a traceback is logged only for a fault of ours (500)."""
+        headers = None
         try:
             resp = await fn()
-            self.metrics.requests.labels(endpoint, "ok").inc()
+            outcome = _OUTCOMES.get(resp.status_code, "ok")  # 404/503 come back as responses
+            self.metrics.requests.labels(endpoint, outcome).inc()
             return resp
+        except UnsupportedMediaTypeError as exc:
+            status, outcome, message = 415, "bad_request", str(exc)
         except PayloadTooLargeError as exc:
-            outcome, resp = "too_large", _error(413, str(exc))
+            status, outcome, message = 413, "too_large", str(exc)
         except InputError as exc:
-            outcome, resp = "bad_request", _error(400, str(exc))
+            status, outcome, message = 400, "bad_request", str(exc)
         except ServerBusyError as exc:
-            outcome, resp = "queue_full", _error(429, f"{exc}; retry later", {"Retry-After": "1"})
+            status, outcome, message = 429, "queue_full", f"{exc}; retry later"
+            headers = {"Retry-After": "1"}
         except TimeoutError:
-            outcome, resp = (
-                "timeout",
-                _error(504, f"request waited more than {self.cfg.timeout_ms:g} ms"),
-            )
+            status, outcome = 504, "timeout"
+            message = f"request waited more than {self.cfg.timeout_ms:g} ms"
         except Exception as exc:  # an unexpected bug: answer 500, keep serving
-            log.exception("inference failed")
-            outcome, resp = "error", _error(500, f"internal error: {type(exc).__name__}: {exc}")
+            log.exception("%s %s failed", request.method, request.url.path)
+            status, outcome = 500, "error"
+            message = f"internal error: {type(exc).__name__}: {exc}"
+        if status != 500:  # one line; %r keeps a client's newlines out of the log
+            log.info("%s %s -> %s: %r", request.method, request.url.path, status, message[:500])
         self.metrics.requests.labels(endpoint, outcome).inc()
-        return resp
+        return _error(status, message, headers)
 
     # ---------------------------------------------------------------- endpoints
     async def live(self, request: Request) -> Response:
@@ -204,33 +232,23 @@ class ModelServer:
         if err:
             return err
         assert self.clf is not None
-        out = self.clf.session.get_outputs()[0]
-        return JSONResponse(
-            {
-                "name": self.cfg.name,
-                "versions": ["1"],
-                "platform": "onnxruntime_onnx",
-                "inputs": [
-                    {
-                        "name": self.clf.input.name,
-                        "datatype": "FP32",
-                        "shape": [-1, *self.sample_shape],
-                    }
-                ],
-                "outputs": [
-                    {
-                        "name": out.name,
-                        "datatype": "FP32",
-                        "shape": [-1, len(self.clf.classes) or -1],
-                    }
-                ],
-                "parameters": {
-                    "max_batch": self.cfg.max_batch,
-                    "classes": self.clf.classes,
-                    "preprocessing": self.clf.pre,
-                },
-            }
+        meta = ModelMetadata(
+            name=self.cfg.name,
+            versions=["1"],
+            platform="onnxruntime_onnx",
+            inputs=[TensorMetadata(self.clf.input.name, "FP32", [-1, *self.sample_shape])],
+            outputs=[
+                TensorMetadata(self.clf.output_name, "FP32", [-1, len(self.clf.classes) or -1])
+            ],
+            parameters={
+                "max_batch": self.cfg.max_batch,
+                "static_batch": self.clf.static_batch,
+                "multi_label": self.clf.multi_label,
+                "classes": self.clf.classes,
+                "preprocessing": self.clf.pre,
+            },
         )
+        return Response(msgspec.json.encode(meta), media_type="application/json")
 
     async def infer(self, request: Request) -> Response:
         async def go() -> Response:
@@ -238,7 +256,9 @@ class ModelServer:
             if err:
                 return err
             assert self.clf is not None
-            req = parse_request(await self._body(request), request.headers.get(HEADER))
+            req = parse_request(
+                await self._body(request), request.headers.get(HEADER), max_elements=self._limit
+            )
             x = self._validate(req.inputs)
             y = await self._infer_array(x)
             specs = req.outputs or [OutputSpec(self.clf.output_name, binary=req.binary_default)]
@@ -259,7 +279,7 @@ class ModelServer:
             body, headers = encode_response(self.cfg.name, req.id, outs)
             return Response(body, headers=headers)
 
-        return await self._guard("infer", go)
+        return await self._guard(request, "infer", go)
 
     async def predict(self, request: Request) -> Response:
         async def go() -> Response:
@@ -271,14 +291,9 @@ class ModelServer:
                 k = int(request.query_params.get("top_k", "5"))
             except ValueError as exc:
                 raise InputError("top_k must be an integer") from exc
-            ctype = request.headers.get("content-type", "")
+            ctype = request.headers.get("content-type", "").lower()
             if ctype.startswith("multipart/form-data"):
-                await self._body_limit_only(request)
-                form = await request.form()
-                upload = form.get("file")
-                if upload is None or isinstance(upload, str):
-                    raise InputError("multipart upload needs a 'file' field")
-                data = await upload.read()
+                data = await self._upload(request)
             else:
                 data = await self._body(request)
             if not data:
@@ -304,17 +319,34 @@ class ModelServer:
                 }
             )
 
-        return await self._guard("predict", go)
+        return await self._guard(request, "predict", go)
 
-    async def _body_limit_only(self, request: Request) -> None:
-        limit = int(self.cfg.max_body_mb * 2**20)
-        declared = request.headers.get("content-length")
-        if not declared or not declared.isdigit():
+    async def _upload(self, request: Request) -> bytes:
+        """The bytes of the multipart field ``file``, within the body limit."""
+        self._check_encoding(request)
+        limit, declared = self._limit, self._declared_length(request)
+        if declared is None:
             raise InputError("multipart uploads need a Content-Length header")
-        if int(declared) > limit:
+        if declared > limit:
             raise PayloadTooLargeError(
-                f"request body of {int(declared):,} bytes is over the {limit:,}-byte limit"
+                f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
             )
+        try:
+            form = await request.form(max_files=1, max_fields=16)
+        except HTTPException as exc:  # Starlette's own 400 (bad or missing boundary, ...)
+            raise InputError(
+                f"multipart body cannot be parsed: {exc.detail} (send multipart/form-data "
+                "with a boundary and a 'file' field)"
+            ) from exc
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise InputError("multipart upload needs a 'file' field")
+        return await upload.read()
+
+    async def openapi_ep(self, request: Request) -> Response:
+        if self._openapi is None:
+            self._openapi = msgspec.json.encode(openapi_document(self.cfg.name))
+        return Response(self._openapi, media_type="application/json")
 
     async def metrics_ep(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -332,6 +364,7 @@ def create_app(cfg: ServeConfig) -> Starlette:
         Route("/v2/models/{name}/versions/1/infer", s.infer, methods=["POST"]),
         Route("/v2/models/{name}/predict", s.predict, methods=["POST"]),
         Route("/metrics", s.metrics_ep),
+        Route("/openapi.json", s.openapi_ep),
     ]
     app = Starlette(routes=routes, lifespan=s.lifespan)
     app.state.server = s

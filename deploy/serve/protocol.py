@@ -1,18 +1,28 @@
 """Open Inference Protocol (KServe v2) over REST: JSON tensors, the binary-tensor extension
-(``Inference-Header-Content-Length``) and the classification extension."""
+(``Inference-Header-Content-Length``) and the classification extension.
+
+The request is a typed msgspec model, decoded and validated in one pass over the bytes before
+numpy sees any of it: every field's type, non-negative shapes of bounded rank, nesting bounded
+by the schema itself. msgspec was chosen over pydantic and JSON Schema validators because it is
+the fastest of them on large tensors (one C pass, ~5× ``json.loads`` on a 224² FP32 image), its
+errors name the field by JSON path (``at $.inputs[0].shape[1]``), and the same types give the
+OpenAPI schema. Everything here is a pure function of bytes: testable without a server."""
 
 from __future__ import annotations
 
-import json
+import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 
-from zoo.errors import InputError
+from zoo.errors import InputError, PayloadTooLargeError
 
 HEADER = "Inference-Header-Content-Length"
+MAX_RANK = 8  # dimensions of a tensor; also the deepest nesting of its JSON ``data``
+MAX_ELEMENTS = 1 << 28  # default cap on one tensor's element count (the server uses its body limit)
 DTYPES: dict[str, Any] = {
     "FP32": np.float32,
     "FP64": np.float64,
@@ -24,6 +34,89 @@ DTYPES: dict[str, Any] = {
     "UINT8": np.uint8,
     "BOOL": np.bool_,
 }
+Datatype = Literal["FP32", "FP64", "FP16", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL"]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # numpy's largest dimension
+
+
+def _nested_data(depth: int) -> Any:
+    """``data`` is a flat row-major list or the tensor's nested form, at most ``depth`` deep."""
+    element: Any = int | float | bool
+    for _ in range(depth - 1):
+        element = int | float | bool | list[element]
+    return list[element]
+
+
+TensorData = _nested_data(MAX_RANK)
+
+
+# The protocol's objects are closed (an unknown field is a 400 naming it); its ``parameters``
+# are open maps, so other keys are skipped (their nesting is bounded by the JSON decoder).
+class InputParameters(msgspec.Struct, omit_defaults=True):
+    binary_data_size: NonNegative | None = None  # bytes of this tensor after the JSON header
+
+
+class InputTensor(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    name: str
+    shape: Annotated[list[Dim], msgspec.Meta(max_length=MAX_RANK)]
+    datatype: Datatype
+    parameters: InputParameters | None = None
+    data: TensorData | None = None  # type: ignore[valid-type]
+
+
+class OutputParameters(msgspec.Struct, omit_defaults=True):
+    binary_data: bool = False
+    classification: NonNegative = 0  # top-k "score:index:label" strings instead of the tensor
+
+
+class RequestedOutput(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    name: str
+    parameters: OutputParameters | None = None
+
+
+class RequestParameters(msgspec.Struct, omit_defaults=True):
+    binary_data_output: bool = False
+
+
+class InferenceRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    inputs: Annotated[list[InputTensor], msgspec.Meta(min_length=1)]
+    id: str | None = None
+    parameters: RequestParameters | None = None
+    outputs: list[RequestedOutput] | None = None
+
+
+class OutputTensor(msgspec.Struct, omit_defaults=True):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, int] | None = None
+    data: list[Any] | None = None
+
+
+class InferenceResponse(msgspec.Struct, omit_defaults=True):
+    model_name: str
+    model_version: str
+    outputs: list[OutputTensor]
+    id: str | None = None
+
+
+class TensorMetadata(msgspec.Struct):
+    name: str
+    datatype: str
+    shape: list[int]  # -1 for a dynamic dimension
+
+
+class ModelMetadata(msgspec.Struct):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    parameters: dict[str, Any]  # zoo's extras: max_batch, static_batch, classes, preprocessing
+
+
+_DECODER = msgspec.json.Decoder(InferenceRequest)
+_ENCODER = msgspec.json.Encoder()
 
 
 @dataclass
@@ -41,86 +134,138 @@ class InferRequest:
     binary_default: bool = False
 
 
-def _decode_tensor(spec: dict[str, Any], binary: memoryview | None) -> np.ndarray:
-    name, dtype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
-    if (
-        not isinstance(name, str)
-        or not isinstance(shape, list)
-        or not all(isinstance(d, int) and d >= 0 for d in shape)
-    ):
-        raise InputError("each input needs a string 'name' and a 'shape' list of non-negative ints")
-    if dtype not in DTYPES:
-        raise InputError(
-            f"input {name!r}: unsupported datatype {dtype!r} (use one of {', '.join(DTYPES)})"
+def _header_length(header_length: str | None, body_len: int) -> int:
+    if header_length is None:
+        return body_len
+    text = header_length.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise InputError(f"{HEADER} must be a non-negative integer, got {header_length!r}")
+    json_len = int(text)
+    if not 0 < json_len <= body_len:
+        raise InputError(f"{HEADER}={json_len} does not fit a body of {body_len} bytes")
+    return json_len
+
+
+def decode_request(header: bytes | memoryview) -> InferenceRequest:
+    """The JSON part of a request, validated against the v2 schema.
+
+    Raises:
+        InputError: the bytes are not JSON, or a field has the wrong type or value (the message
+            names the field's JSON path).
+    """
+    try:
+        return _DECODER.decode(header)
+    except msgspec.ValidationError as exc:
+        hint = f" (use one of {', '.join(DTYPES)})" if str(exc).endswith(".datatype`") else ""
+        raise InputError(f"invalid inference request: {exc}{hint}") from exc
+    except msgspec.DecodeError as exc:
+        raw = bytes(header)
+        hint = (
+            " (NaN and Infinity are not JSON numbers)"
+            if b"NaN" in raw or b"Infinity" in raw
+            else ""
         )
-    count = int(np.prod(shape)) if shape else 1
-    np_dtype = np.dtype(DTYPES[dtype])
+        raise InputError(f"request body is not valid JSON{hint}: {exc}") from exc
+    except RecursionError as exc:  # deep nesting in a field the schema ignores
+        raise InputError("request JSON is nested too deeply: send a KServe v2 request") from exc
+
+
+def element_count(name: str, shape: list[int], max_elements: int) -> int:
+    """Elements of ``shape`` as an exact Python int (numpy's product would wrap around).
+
+    Raises:
+        PayloadTooLargeError: the count is over ``max_elements``.
+    """
+    count = math.prod(shape)
+    if count > max_elements:
+        raise PayloadTooLargeError(
+            f"input {name!r}: shape {shape} has {count:,} elements, over the limit of "
+            f"{max_elements:,}: send smaller batches"
+        )
+    big = [d for d in shape if d > max_elements]  # an empty tensor with an absurd dimension
+    if big:
+        raise PayloadTooLargeError(
+            f"input {name!r}: dimension {big[0]:,} of shape {shape} is over the limit of "
+            f"{max_elements:,}"
+        )
+    return count
+
+
+def _tensor(spec: InputTensor, binary: memoryview | None, count: int) -> np.ndarray:
+    name, shape = spec.name, spec.shape
+    np_dtype = np.dtype(DTYPES[spec.datatype])
     if binary is not None:
+        if spec.data is not None:
+            raise InputError(f"input {name!r} has both 'data' and binary_data_size: send one")
         if len(binary) != count * np_dtype.itemsize:
             raise InputError(
-                f"input {name!r}: {len(binary)} bytes for shape {shape} {dtype} "
+                f"input {name!r}: {len(binary)} bytes for shape {shape} {spec.datatype} "
                 f"(expected {count * np_dtype.itemsize})"
             )
         return np.frombuffer(binary, dtype=np_dtype).reshape(shape)
-    data = spec.get("data")
-    if data is None:
-        raise InputError(f"input {name!r} has no 'data'")
+    if spec.data is None:
+        raise InputError(f"input {name!r} has no 'data' (nor parameters.binary_data_size)")
     try:
-        arr = np.asarray(data, dtype=np_dtype)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"input {name!r}: data is not {dtype} ({exc})") from exc
+        arr = np.asarray(spec.data, dtype=np_dtype)
+    except (TypeError, ValueError, OverflowError) as exc:  # ragged nesting, out-of-range ints
+        raise InputError(f"input {name!r}: data is not {spec.datatype} ({exc})") from exc
     if arr.size != count:
         raise InputError(f"input {name!r}: {arr.size} values for shape {shape} ({count} expected)")
     return arr.reshape(shape)
 
 
-def parse_request(body: bytes, header_length: str | None) -> InferRequest:
+def parse_request(
+    body: bytes, header_length: str | None, *, max_elements: int = MAX_ELEMENTS
+) -> InferRequest:
+    """A v2 inference request (JSON, or JSON header + binary tensors) as numpy arrays.
+
+    Args:
+        body: the whole request body.
+        header_length: the ``Inference-Header-Content-Length`` header, if sent.
+        max_elements: the largest element count accepted for one tensor.
+
+    Returns:
+        The request id, the named input arrays, the requested outputs.
+
+    Raises:
+        InputError: the request breaks the protocol; the message names the field.
+        PayloadTooLargeError: a shape has more than ``max_elements`` elements.
+    """
     if not body:
         raise InputError("empty request body: send a KServe v2 JSON inference request")
-    json_len = len(body)
-    if header_length is not None:
-        try:
-            json_len = int(header_length)
-        except ValueError as exc:
-            raise InputError(f"{HEADER} must be an integer, got {header_length!r}") from exc
-        if not 0 < json_len <= len(body):
-            raise InputError(f"{HEADER}={json_len} does not fit a body of {len(body)} bytes")
-    try:
-        doc = json.loads(body[:json_len])
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
-        raise InputError("request needs a non-empty 'inputs' list")
-    view = memoryview(body)[json_len:]
-    offset = 0
+    json_len = _header_length(header_length, len(body))
+    view = memoryview(body)
+    req = decode_request(view[:json_len])
+    binary, offset = view[json_len:], 0
     inputs = []
-    for spec in doc["inputs"]:
-        if not isinstance(spec, dict):
-            raise InputError("each input must be an object")
-        size = (spec.get("parameters") or {}).get("binary_data_size")
+    for spec in req.inputs:
+        count = element_count(spec.name, spec.shape, max_elements)
+        size = spec.parameters.binary_data_size if spec.parameters else None
         chunk = None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(view):
+            if offset + size > len(binary):
                 raise InputError(
-                    f"input {spec.get('name')!r}: binary_data_size {size} overruns the body"
+                    f"input {spec.name!r}: binary_data_size {size} overruns the "
+                    f"{len(binary) - offset} bytes left in the body"
                 )
-            chunk = view[offset : offset + size]
+            chunk = binary[offset : offset + size]
             offset += size
-        inputs.append(
-            (spec["name"] if isinstance(spec.get("name"), str) else "", _decode_tensor(spec, chunk))
+        inputs.append((spec.name, _tensor(spec, chunk, count)))
+    if offset != len(binary):
+        raise InputError(
+            f"{len(binary) - offset} bytes after the JSON header belong to no input: check "
+            f"{HEADER} and each input's binary_data_size"
         )
-    outputs = []
-    for o in doc.get("outputs") or []:
-        params = o.get("parameters") or {}
-        outputs.append(
-            OutputSpec(
-                str(o.get("name")),
-                bool(params.get("binary_data", False)),
-                int(params.get("classification", 0) or 0),
-            )
+    outputs = [
+        OutputSpec(
+            o.name,
+            o.parameters.binary_data if o.parameters else False,
+            o.parameters.classification if o.parameters else 0,
         )
-    binary_default = bool((doc.get("parameters") or {}).get("binary_data_output", False))
-    return InferRequest(doc.get("id"), inputs, outputs, binary_default)
+        for o in req.outputs or []
+    ]
+    binary_default = req.parameters.binary_data_output if req.parameters else False
+    return InferRequest(req.id, inputs, outputs, binary_default)
 
 
 def classification(logits: np.ndarray, k: int, labels: list[str]) -> np.ndarray:
@@ -151,18 +296,15 @@ def encode_response(
             if arr.dtype == object
             else next(k for k, v in DTYPES.items() if np.dtype(v) == arr.dtype)
         )
-        doc: dict[str, Any] = {"name": spec.name, "datatype": dtype, "shape": list(arr.shape)}
+        doc = OutputTensor(spec.name, dtype, list(arr.shape))
         if spec.binary:
             blob = _bytes_tensor(arr) if dtype == "BYTES" else np.ascontiguousarray(arr).tobytes()
-            doc["parameters"] = {"binary_data_size": len(blob)}
+            doc.parameters = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            doc["data"] = arr.ravel().tolist()
+            doc.data = arr.ravel().tolist()
         docs.append(doc)
-    head: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": docs}
-    if request_id is not None:
-        head["id"] = request_id
-    text = json.dumps(head).encode()
+    text = _ENCODER.encode(InferenceResponse(model, "1", docs, request_id))
     if not blobs:
         return text, {"content-type": "application/json"}
     return text + b"".join(blobs), {

@@ -29,7 +29,7 @@ def resolve_onnx(model: str, workdir: Path) -> Path:
     logging.getLogger("zoo.serve").warning(
         "exporting %s to ONNX (dynamic batch) before serving", model
     )
-    export_onnx(model, out, dynamic_batch=True)
+    export_onnx(model, out)
     return out
 
 
@@ -72,6 +72,8 @@ def serve(model: str, cfg_kwargs: dict[str, object]) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("zoo.serve").setLevel(logging.INFO)  # start-up line, one per client error
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
     with tempfile.TemporaryDirectory() as tmp:
         path = resolve_onnx(model, Path(tmp))
         name = cfg_kwargs.pop("name", None) or default_name(path)

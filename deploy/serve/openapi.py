@@ -1,0 +1,196 @@
+"""The server's OpenAPI 3.1 description (``GET /openapi.json``): every endpoint, every status it
+answers, and the v2 request/response schemas generated from the msgspec types that validate
+them, so the document cannot drift from the validator. Fuzzers (schemathesis) read it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from zoo.deploy.serve.protocol import (
+    HEADER,
+    MAX_RANK,
+    InferenceRequest,
+    InferenceResponse,
+    ModelMetadata,
+)
+
+_REF = "#/components/schemas/{name}"
+_BINARY = {"type": "string", "format": "binary"}
+
+
+def _obj(**props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    why = {
+        400: "the request breaks the protocol or the model's input contract (message names the field)",
+        404: "no model of that name here",
+        413: "body, tensor or decoded image over the limit",
+        415: "a Content-Encoding the server does not read",
+        429: "queue full; retry after Retry-After seconds",
+        503: "the model is not ready yet (loading or warming up)",
+        504: "the request waited longer than --timeout-ms",
+    }
+    ref = {"$ref": _REF.format(name="Error")}
+    return {str(c): _json(ref, why[c]) for c in codes}
+
+
+def openapi_document(model_name: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a server serving ``model_name``.
+
+    Args:
+        model_name: the one model this server serves (the only valid ``{name}``).
+
+    Returns:
+        A JSON-ready dict.
+    """
+    _, components = msgspec.json.schema_components(
+        [InferenceRequest, InferenceResponse, ModelMetadata], ref_template=_REF
+    )
+    scalar = {"type": ["boolean", "number", "string"]}  # the protocol's $parameter_value
+    for params in ("InputParameters", "OutputParameters", "RequestParameters"):
+        components[params]["additionalProperties"] = scalar
+    # The validator also takes the nested form of ``data`` (up to MAX_RANK deep); the document
+    # shows the flat form every client sends, which keeps generated requests cheap to build.
+    components["InputTensor"]["properties"]["data"] = {
+        "anyOf": [
+            {"type": "array", "items": {"type": ["number", "boolean"]}},
+            {"type": "null"},
+        ],
+        "description": f"row-major values; the nested form (at most {MAX_RANK} deep) works too",
+    }
+    components["Error"] = _obj(error={"type": "string"})
+    components["PredictResponse"] = _obj(
+        model_name={"type": "string"},
+        predictions={
+            "type": "array",
+            "items": _obj(
+                label={"type": "string"}, index={"type": "integer"}, score={"type": "number"}
+            ),
+        },
+    )
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "enum": [model_name]},
+    }
+    infer = {
+        "summary": "KServe v2 inference: JSON tensors, or the binary-tensor extension",
+        "parameters": [
+            name,
+            {
+                "name": HEADER,
+                "in": "header",
+                "required": False,
+                "description": "binary extension: bytes of JSON before the binary tensors",
+                "schema": {"type": "integer", "minimum": 1},
+            },
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": _REF.format(name="InferenceRequest")}},
+                "application/octet-stream": {"schema": _BINARY},
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "the outputs (binary ones after the JSON header)",
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(name="InferenceResponse")}},
+                    "application/octet-stream": {"schema": _BINARY},
+                },
+            },
+            **_errors(400, 404, 413, 415, 429, 503, 504),
+        },
+    }
+    predict = {
+        "summary": "An image in (raw body or multipart field 'file'), top-k labels out",
+        "parameters": [
+            name,
+            {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer"}},
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "image/jpeg": {"schema": _BINARY},
+                "image/png": {"schema": _BINARY},
+                "application/octet-stream": {"schema": _BINARY},
+                "multipart/form-data": {"schema": _obj(file=_BINARY)},
+            },
+        },
+        "responses": {
+            "200": _json({"$ref": _REF.format(name="PredictResponse")}, "top-k predictions"),
+            **_errors(400, 404, 413, 415, 429, 503, 504),
+        },
+    }
+    meta = {
+        "summary": "Model metadata: inputs, outputs, classes, preprocessing",
+        "parameters": [name],
+        "responses": {
+            "200": _json({"$ref": _REF.format(name="ModelMetadata")}, "the model's metadata"),
+            **_errors(404, 503),
+        },
+    }
+    ready = {
+        "summary": "Model readiness (after warm-up)",
+        "parameters": [name],
+        "responses": {
+            "200": _json(_obj(name={"type": "string"}, ready={"type": "boolean"}), "ready"),
+            **_errors(404, 503),
+        },
+    }
+    readiness = _obj(ready={"type": "boolean"})
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "zoo serve", "version": "1", "description": f"Serving {model_name}"},
+        "paths": {
+            "/v2/health/live": {
+                "get": {
+                    "summary": "Liveness",
+                    "responses": {"200": _json(_obj(live={"type": "boolean"}), "alive")},
+                }
+            },
+            "/v2/health/ready": {
+                "get": {
+                    "summary": "Readiness: true only once the model answered its warm-up",
+                    "responses": {
+                        "200": _json(readiness, "ready"),
+                        "503": _json(readiness, "not ready yet"),
+                    },
+                }
+            },
+            "/v2/models/{name}": {"get": meta},
+            "/v2/models/{name}/versions/1": {"get": meta},
+            "/v2/models/{name}/ready": {"get": ready},
+            "/v2/models/{name}/infer": {"post": infer},
+            "/v2/models/{name}/versions/1/infer": {"post": infer},
+            "/v2/models/{name}/predict": {"post": predict},
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                }
+            },
+        },
+        "components": {"schemas": components},
+    }

@@ -1,0 +1,145 @@
+"""Helpers of the serving tests: the real ``zoo serve`` under uvicorn on 127.0.0.1, and the
+request bodies clients send (KServe v2 JSON and binary tensors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import ZOO
+from zoo.deploy.serve.app import ModelServer, create_app
+from zoo.deploy.serve.config import ServeConfig
+
+NAME = "mobilenet_v2.tv_in1k"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server(
+    model: Path | str, *args: str, log: Path | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ready ``zoo serve`` process; its output goes to ``log`` (a file: a pipe nobody reads
+    would fill up and block the server once it has logged ~64 KB of client errors)."""
+    port = free_port()
+    if log is None:
+        fd, name = tempfile.mkstemp(suffix=".zoo-serve.log")
+        os.close(fd)
+        log = Path(name)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [ZOO, "serve", str(model), "--port", str(port), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text(errors="replace")
+            time.sleep(0.2)
+        else:
+            pytest.fail("server never became ready:\n" + log.read_text(errors="replace"))
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def x_of(seed: int, n: int = 1, size: int = 224) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, size, size)).astype(np.float32)
+
+
+def json_infer(x: np.ndarray, name: str = "input", dtype: str = "FP32") -> dict:
+    return {
+        "inputs": [
+            {"name": name, "shape": list(x.shape), "datatype": dtype, "data": x.ravel().tolist()}
+        ]
+    }
+
+
+def binary_infer(x: np.ndarray) -> dict:
+    """The binary-tensor extension: JSON header, then the raw little-endian tensor."""
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return {
+        "content": head + x.tobytes(),
+        "headers": {"Inference-Header-Content-Length": str(len(head))},
+    }
+
+
+def binary_logits(r: httpx.Response, n: int, classes: int = 1000) -> np.ndarray:
+    """The FP32 output tensor of a binary-extension response."""
+    assert r.status_code == 200, r.text[:300]
+    head = int(r.headers["inference-header-content-length"])
+    return np.frombuffer(r.content[head:], np.float32).reshape(n, classes)
+
+
+def metric(text: str, name: str) -> float:
+    """Sum of a Prometheus metric's samples (all label sets)."""
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
+
+
+@contextmanager
+def in_process_server(cfg: ServeConfig) -> Iterator[tuple[str, ModelServer]]:
+    """``create_app`` under a real uvicorn on loopback, in a thread of this process, so a test
+    can instrument the model (the CLI server is a separate process)."""
+    import threading
+
+    import uvicorn
+
+    app = create_app(cfg)
+    config = uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{cfg.port}"
+    try:
+        deadline = time.time() + 60
+        while not srv.started:
+            assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        yield url, app.state.server
+    finally:
+        srv.should_exit = True
+        thread.join(60)
