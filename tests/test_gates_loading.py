@@ -17,7 +17,7 @@ from zoo.loading import LoadReport, _in_head, load_strict
 def _net(classes: int = 3) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(4, 5), nn.ReLU(), nn.Sequential(nn.Linear(5, 5)), nn.Linear(5, classes)
+        nn.Linear(4, 6), nn.ReLU(), nn.Sequential(nn.Linear(6, 6)), nn.Linear(6, classes)
     )
 
 
@@ -57,7 +57,7 @@ def test_head_of_another_size_is_reinitialised_only_with_adapt_head() -> None:
         _load(model, sd)
     assert str(exc.value) == (
         "Weights from w.safetensors do not fit the model (shape mismatch: 3.weight: weights "
-        "(3, 5) vs model (5, 5); 3.bias: weights (3,) vs model (5,)). The classifier head has 3 "
+        "(3, 6) vs model (5, 6); 3.bias: weights (3,) vs model (5,)). The classifier head has 3 "
         "outputs in the weights but the model expects 5 classes: pass num_classes to "
         "re-initialise it, or fix the class list that goes with these weights."
     )
@@ -74,11 +74,11 @@ def test_head_of_another_size_is_reinitialised_only_with_adapt_head() -> None:
 
 def test_adapt_head_never_reaches_outside_the_head() -> None:
     model, sd = _net(), _weights()
-    sd["2.0.weight"] = torch.zeros(7, 5)
+    sd["2.0.weight"] = torch.zeros(7, 6)
     for head in ("3", "2", None):
         with pytest.raises(StateDictMismatchError) as exc:
             _load(model, sd, adapt_head=True, head=head if head != "2" else "2.0.w")
-        assert "shape mismatch: 2.0.weight: weights (7, 5) vs model (5, 5)" in str(exc.value)
+        assert "shape mismatch: 2.0.weight: weights (7, 6) vs model (6, 6)" in str(exc.value)
     assert _load(_net(), {**sd}, adapt_head=True, head="2").reinitialised == ["2.0.weight"]
 
 
@@ -122,7 +122,7 @@ def test_no_hint_when_the_head_fits_or_is_absent() -> None:
     sd["0.weight"] = torch.zeros(2, 4)
     with pytest.raises(StateDictMismatchError) as exc:
         _load(_net(), sd)
-    assert str(exc.value).endswith("vs model (5, 4)).")
+    assert str(exc.value).endswith("vs model (6, 4)).")
     no_head = _weights()
     no_head.pop("3.weight")
     with pytest.raises(StateDictMismatchError) as exc:

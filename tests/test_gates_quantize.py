@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from zoo.deploy import quantize as q
 from zoo.errors import QuantizationError
@@ -52,6 +52,30 @@ def test_op_counts_and_conv_heavy(tmp_path: Path) -> None:
     assert not q.conv_heavy(Counter({"Gemm": 1}))
 
 
+def test_graphs_are_read_without_their_external_weights(tmp_path: Path) -> None:
+    """Counting ops never needs the weights: a model saved with external data is read even
+    when its data file is not there (nor loaded into memory when it is)."""
+    w = numpy_helper.from_array(np.ones((8, 3, 1, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(
+        helper.make_model(graph),
+        str(path),
+        save_as_external_data=True,
+        location="ext.bin",
+        size_threshold=0,
+    )
+    (tmp_path / "ext.bin").unlink()
+    assert q.op_counts(path) == Counter({"Conv": 1})
+    assert q.coverage(Counter({"Conv": 1}), path, "static")["heavy_ops"] == 1
+
+
 def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
     fp32 = q.op_counts(_fp32(tmp_path))
     dyn = _save(
@@ -66,7 +90,7 @@ def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
 
 
 def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> None:
-    fp32 = Counter({"Conv": 2, "Gemm": 1, "MatMul": 1, "Relu": 4})
+    fp32 = Counter({"Conv": 2, "Gemm": 2, "MatMul": 1, "Relu": 4})
     qdq = _save(
         tmp_path,
         [
@@ -76,10 +100,11 @@ def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> N
             helper.make_node("DequantizeLinear", ["c2q", "s", "z"], ["c2d"]),
             helper.make_node("MatMul", ["c2d", "w3"], ["m"]),  # int8
             helper.make_node("Relu", ["c2d"], ["r"]),  # not a heavy op, even if dequantized
-            helper.make_node("Gemm", ["w4", "c2d"], ["y"]),  # dequantized weight, fp32 input
+            helper.make_node("Gemm", ["w4", "c2d"], ["g"]),  # dequantized weight, fp32 input
+            helper.make_node("Gemm", ["c2d", "w5"], ["y"]),  # int8
         ],
     )
-    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 4, "quantized": 2, "fp32_left": 2}
+    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 5, "quantized": 3, "fp32_left": 2}
     assert q.coverage(fp32, qdq, "dynamic")["quantized"] == 0
 
 
@@ -169,6 +194,7 @@ def test_advice_before_and_after() -> None:
         "measured: dynamic int8 is 2.50× the fp32 latency (slower). Recommend --mode static "
         "with --calib DIR."
     )
+    assert q.advice_after(heavy, "dynamic", 1.01).startswith("measured: dynamic int8 is 1.01×")
     assert q.advice_after(heavy, "dynamic", 1.0) is None  # not slower: nothing to say
     assert q.advice_after(heavy, "static", 2.5) is None
     assert q.advice_after(light, "dynamic", 2.5) is None

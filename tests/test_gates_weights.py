@@ -70,7 +70,7 @@ def test_verify_file_prefix_and_precedence(blob: Path) -> None:
     assert weights.verify_file(blob, prefix=good[:8]) == good
     with pytest.raises(WeightsIntegrityError) as exc:
         weights.verify_file(blob, prefix="deadbeef")
-    assert (exc.value.expected, exc.value.actual) == ("deadbeef…", good)
+    assert (exc.value.path, exc.value.expected, exc.value.actual) == (str(blob), "deadbeef…", good)
     with pytest.raises(WeightsIntegrityError):  # the suffix is no prefix
         weights.verify_file(blob, prefix=good[-8:])
     # a full hash wins over the prefix, both ways
@@ -143,10 +143,12 @@ def test_online_download_goes_through_a_partial_file(
 
     monkeypatch.setattr(torch.hub, "download_url_to_file", download)
     final = torch_home / "checkpoints" / "tiny.pth"
+    final.parent.mkdir(parents=True)
+    (final.parent / "other.pth").write_bytes(b"another entry's weights")  # the cache exists
     got = weights.fetch_weights(_tv(b"", hash_prefix="ab12", sha256=_sha(b"weights")))
     assert got == final and final.read_bytes() == b"weights"
     assert seen == [("https://example.org/w/tiny-12345678.pth", str(final) + ".partial", "ab12")]
-    assert sorted(p.name for p in final.parent.iterdir()) == ["tiny.pth"]
+    assert sorted(p.name for p in final.parent.iterdir()) == ["other.pth", "tiny.pth"]
 
 
 def test_failed_download_leaves_nothing_and_says_where_to_put_the_file(
@@ -166,6 +168,13 @@ def test_failed_download_leaves_nothing_and_says_where_to_put_the_file(
     )
     assert isinstance(exc.value.__cause__, OSError)
     assert list(final.parent.iterdir()) == []
+
+    def no_route(url: str, dst: str, hash_prefix: str | None = None) -> None:
+        raise OSError("name resolution failed")  # before a single byte was written
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_route)
+    with pytest.raises(WeightsNotFoundError, match=r"\(name resolution failed\)"):
+        weights.fetch_weights(_tv(b""))
 
 
 # ---- Hub and local files ------------------------------------------------------------------
@@ -224,16 +233,24 @@ def test_hub_download_asks_for_the_exact_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     calls = []
 
     def fake(repo_id: str, filename: str, revision: str | None = None) -> str:
         calls.append((repo_id, filename, revision))
+        if revision == "absent":
+            raise LocalEntryNotFoundError("not cached")
         return str(tmp_path / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
     assert weights.hub_download("me/m", "w.safetensors", "abc") == tmp_path / "w.safetensors"
     assert calls == [("me/m", "w.safetensors", "abc")]
+    with pytest.raises(WeightsNotFoundError) as exc:
+        weights.hub_download("me/m", "w.safetensors", "absent")
+    assert str(exc.value).startswith(
+        "w.safetensors of hf:me/m@absent is not in the Hugging Face cache"
+    )
 
 
 def _hub_source(filename: str, sha: str | None = None) -> WeightSource:
@@ -301,6 +318,18 @@ def test_read_state_dict_formats(tmp_path: Path) -> None:
     )
 
 
+def test_a_checkpoint_saved_on_a_gpu_loads_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.serialization as serialization
+
+    with monkeypatch.context() as m:  # what torch.save writes for tensors that lived on cuda:0
+        m.setattr(serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(_sd(), tmp_path / "gpu.pth")
+    got = weights.read_state_dict(tmp_path / "gpu.pth")
+    assert _same(got, _sd()) and {v.device.type for v in got.values()} == {"cpu"}
+
+
 class _Pickled:
     pass
 
@@ -344,7 +373,8 @@ def test_lock_path(zoo_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert hub.lock_path() == tmp_path / "me" / ".cache" / "zoo" / "weights.lock.json"
 
 
-def test_lock_records_first_then_compares(zoo_home: Path, tmp_path: Path) -> None:
+def test_lock_records_first_then_compares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZOO_HOME", str(tmp_path / "not" / "yet" / "there"))
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"first")
     b.write_bytes(b"second")
