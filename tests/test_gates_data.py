@@ -105,6 +105,26 @@ def test_split_layout_with_aliases_and_test(tmp_path: Path) -> None:
     assert s.val_fraction is None and s.seed is None
 
 
+def test_split_layout_lists_files_in_natural_order(tmp_path: Path) -> None:
+    for name in ("img10.png", "img2.png", "Img3.png"):
+        _img(tmp_path / "train" / "a" / name)
+    _img(tmp_path / "train" / "b" / "x.png")
+    _img(tmp_path / "val" / "a" / "x.png")
+    assert [r for r, _ in scan(tmp_path).files["train"]] == [
+        "train/a/img2.png",
+        "train/a/Img3.png",
+        "train/a/img10.png",
+        "train/b/x.png",
+    ]
+
+
+def test_scan_defaults(tmp_path: Path) -> None:
+    root = _flat(tmp_path / "d", {"a": 10, "b": 10})
+    s = scan(root)
+    assert (s.val_fraction, s.seed) == (0.2, 0) and s.files == scan(root, seed=0).files
+    assert len(s.files["val"]) == 4
+
+
 @pytest.mark.parametrize("alias", ["val", "valid", "validation"])
 def test_each_val_alias(tmp_path: Path, alias: str) -> None:
     for cls in ("a", "b"):
@@ -145,11 +165,13 @@ def test_empty_class_folder_is_refused_naming_the_split(tmp_path: Path) -> None:
     _img(tmp_path / "val" / "a" / "x.png")
     (tmp_path / "val" / "b").mkdir()
     (tmp_path / "val" / "b" / "notes.txt").write_text("no images")
+    _img(tmp_path / "train" / "c" / "x.png")
+    (tmp_path / "val" / "c").mkdir()
     with pytest.raises(DataError) as exc:
         scan(tmp_path)
     exts = ", ".join(sorted(IMAGE_EXTENSIONS))
     assert str(exc.value) == (
-        f"Class folder(s) with no images in {tmp_path.resolve()}/val: b. Add images "
+        f"Class folder(s) with no images in {tmp_path.resolve()}/val: b, c. Add images "
         f"(extensions: {exts}) or remove the folder."
     )
 
@@ -218,6 +240,14 @@ def test_multilabel_samples_are_multi_hot() -> None:
     )
     [(path, target)] = s.samples("val")
     assert path == Path("/r/a.png") and torch.equal(target, torch.tensor([1.0, 0.0, 1.0]))
+    assert s.samples("test") == []
+
+
+def test_fingerprint_does_not_depend_on_split_order() -> None:
+    rows = {"train": [("a.png", "cat")], "val": [("b.png", "dog")]}
+    a = Splits(Path("/r"), ["cat", "dog"], rows)
+    b = Splits(Path("/r"), ["cat", "dog"], {"val": rows["val"], "train": rows["train"]})
+    assert a.fingerprint() == b.fingerprint()
 
 
 def _labels_csv(root: Path, rows: list[str], header: str = "path,labels") -> None:
@@ -229,6 +259,7 @@ def test_scan_multilabel(tmp_path: Path) -> None:
     root = tmp_path / "ml"
     for i in range(6):
         _img(root / "img" / f"{i}.png")
+    _img(root / "img" / "10.png")
     _labels_csv(
         root,
         [
@@ -238,9 +269,11 @@ def test_scan_multilabel(tmp_path: Path) -> None:
             "img/3.png,dog;;dog",
             "img/4.png,c10 c9",
             "img/5.png,cat",
+            "img/10.png,c9",
         ],
     )
     s = scan_multilabel(root, val_fraction=0.5, seed=3)
+    assert s.root == root.resolve()
     assert s.layout == "multilabel" and s.classes == ["c9", "c10", "cat", "dog", "sky"]
     rows = dict(s.files["train"] + s.files["val"])
     assert rows == {
@@ -250,12 +283,14 @@ def test_scan_multilabel(tmp_path: Path) -> None:
         "img/3.png": "dog",
         "img/4.png": "c9;c10",
         "img/5.png": "cat",
+        "img/10.png": "c9",
     }
-    # stratified by first label: cat ×3 → 2 val (round(1.5)=2), dog ×2 → 1, c9 ×1 → 0
-    assert (
-        sorted(r for r, _ in s.files["val"]) in (sorted(x) for x in _val_choices())
-        and len(s.files["val"]) == 3
-    )
+    every = [r for split in s.files.values() for r, _ in split]
+    assert "img/10.png" in every
+    # stratified by first label: cat ×3 → 2 val (round(1.5)=2), dog ×2 → 1, c9 ×2 → 1
+    val = sorted(r for r, _ in s.files["val"])
+    assert len(val) == 4 and sum(r in ("img/4.png", "img/10.png") for r in val) == 1
+    assert sorted(set(val) - {"img/4.png", "img/10.png"}) in (sorted(x) for x in _val_choices())
     assert s.files == scan_multilabel(root, val_fraction=0.5, seed=3).files
     for split in s.files.values():
         assert [r for r, _ in split] == sorted((r for r, _ in split), key=natural_key)
@@ -292,10 +327,19 @@ def test_scan_multilabel_refusals(tmp_path: Path) -> None:
     assert str(exc.value) == (
         f"{root.resolve() / LABELS_CSV} line 3: image 'b.png' does not exist under {root.resolve()}."
     )
-    _labels_csv(root, ["a.png,cat;cat"])
-    with pytest.raises(DataError, match="classification needs at least 2"):
+    _labels_csv(root, ["a.png,cat", "a.png,"])
+    with pytest.raises(DataError, match=r"line 3: 'a\.png' has no labels"):
         scan_multilabel(root)
+    _labels_csv(root, ["a.png,cat;cat"])
+    with pytest.raises(DataError) as exc:
+        scan_multilabel(root)
+    assert str(exc.value) == (
+        f"Found 1 class folder(s) in {root.resolve() / LABELS_CSV} (cat): classification needs "
+        "at least 2. Put each class's images in its own folder."
+    )
     _labels_csv(root, ["a.png,cat;dog"])
+    assert scan_multilabel(root).files == scan_multilabel(root, val_fraction=0.2, seed=0).files
+    assert (scan_multilabel(root).val_fraction, scan_multilabel(root).seed) == (0.2, 0)
     for bad in (0.0, 1.0):
         with pytest.raises(DataError, match=f"got {bad}"):
             scan_multilabel(root, val_fraction=bad)
@@ -450,12 +494,39 @@ def test_check_splits_findings(cache_home: Path, tmp_path: Path) -> None:
     assert d["corrupt"] == report.corrupt and d["class_counts"] == report.class_counts
 
 
+def test_check_splits_caches_by_default_and_passes_workers(
+    cache_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _dataset(tmp_path / "d")
+    pools: list[int] = []
+    real_pool = chk.ThreadPoolExecutor
+
+    def pool(max_workers: int) -> object:
+        pools.append(max_workers)
+        return real_pool(max_workers=max_workers)
+
+    monkeypatch.setattr(chk, "ThreadPoolExecutor", pool)
+    chk.check_splits(s, workers=3)
+    assert pools == [3]
+    cache = json.loads(chk._cache_file(s.root).read_text())
+    assert len(cache["files"]) == 14
+    pools.clear()
+    assert chk.check_splits(s).n_files == 14 and pools == []  # every file from the cache
+
+
 def test_identical_images_within_one_split_are_not_a_leak(cache_home: Path, tmp_path: Path) -> None:
     root = tmp_path / "d"
     _img(root / "train" / "a" / "x.png", color=1)
     _img(root / "train" / "b" / "x.png", color=1)
     _img(root / "val" / "a" / "y.png", color=2)
     assert chk.check_splits(scan(root)).duplicates_across_splits == []
+
+
+def test_imbalance_with_a_single_image_class(cache_home: Path, tmp_path: Path) -> None:
+    root = _flat(tmp_path / "d", {"a": 5, "b": 1})
+    files = [(f"a/{i}.png", "a") for i in range(5)] + [("b/0.png", "b")]
+    report = chk.check_splits(Splits(root, ["a", "b"], {"train": files}), use_cache=False)
+    assert report.imbalance == {"train": 5.0}
 
 
 @pytest.mark.parametrize(("big", "flagged"), [(9, None), (10, 5.0), (11, 5.5)])
@@ -526,6 +597,8 @@ def test_format_report_cuts_long_sections(tmp_path: Path) -> None:
     assert lines[1] == "tiny images (< 16px): 12"
     assert lines[2:12] == [f"  t{i}.png [1, 1]" for i in range(10)]
     assert lines[12:] == ["  … and 2 more (see --json)"]
+    eleven = chk.CheckReport(root="/r", tiny=report.tiny[:11])
+    assert chk.format_report(eleven)[-2:] == ["  t9.png [1, 1]", "  … and 1 more (see --json)"]
     exactly = chk.CheckReport(root="/r", tiny=report.tiny[:3])
     assert chk.format_report(exactly, limit=3)[-1] == "  t2.png [1, 1]"
     assert chk.format_report(chk.CheckReport(root="/r")) == ["checked 0 images in /r"]
