@@ -89,6 +89,12 @@ class ParityReport:
         return out
 
 
+def prediction_check(ref_top1: np.ndarray, ort_top1: np.ndarray) -> dict[str, Any]:
+    """Top-1 agreement of the two sides on the same images; passes only at ``MIN_AGREEMENT``."""
+    agreement = float((ref_top1 == ort_top1).mean())
+    return {"n_images": len(ref_top1), "agreement": agreement, "passed": agreement >= MIN_AGREEMENT}
+
+
 def real_images(data: str | Path | None, limit: int = 64) -> list[Path]:
     """Images for the prediction check: ``--data DIR`` (up to ``limit``) or the bundled samples."""
     if data is None:
@@ -131,11 +137,8 @@ def check_parity(
     with torch.inference_mode():
         ref_top1 = model(torch_x).argmax(1).numpy()
     ort_top1 = run_padded(run, base, export_batch).argmax(1)
-    agreement = float((ref_top1 == ort_top1).mean())
     report.predictions = {
-        "n_images": len(pil),
-        "agreement": agreement,
-        "passed": agreement >= MIN_AGREEMENT,
+        **prediction_check(ref_top1, ort_top1),
         "preprocessing_max_abs": float(np.abs(torch_x.numpy() - base).max()),
     }
     # 3. dynamic proven

@@ -100,13 +100,7 @@ def quantize(
     if not meta.get("preprocessing"):
         raise InputError(f"{model} has no zoo metadata; export it with `zoo export` first.")
     fp32_ops = op_counts(model)
-    advice: list[str] = []
-    if mode == "dynamic" and conv_heavy(fp32_ops):
-        advice.append(
-            f"{model.name} is conv-heavy ({fp32_ops['Conv']} Conv vs {fp32_ops['Gemm'] + fp32_ops['MatMul']} "
-            "Gemm/MatMul): onnxruntime dynamic quantization runs convs as ConvInteger, which is often "
-            "several times slower than fp32 on CPU. Static QDQ (--mode static --calib DIR) is usually faster."
-        )
+    advice = advice_before(model.name, fp32_ops, mode)
     pre = meta["preprocessing"]
     eval_imgs = real_images(eval_data, limit=200)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in eval_imgs])
@@ -170,25 +164,11 @@ def quantize(
                 "advice_before": advice,
             }
         )
-        if mode == "dynamic" and conv_heavy(fp32_ops) and report["latency_ratio"] > 1.0:
-            report["advice_after"] = (
-                f"measured: dynamic int8 is {report['latency_ratio']:.2f}× the fp32 latency "
-                "(slower). Recommend --mode static with --calib DIR."
-            )
-        drop = report.get("accuracy_drop")
+        after = advice_after(fp32_ops, mode, report["latency_ratio"])
+        if after:
+            report["advice_after"] = after
         if max_accuracy_drop is not None:
-            measured = drop if drop is not None else 1.0 - report["top1_agreement"]
-            report["gate"] = {
-                "max_accuracy_drop": max_accuracy_drop,
-                "measured": measured,
-                "passed": measured <= max_accuracy_drop,
-            }
-            if measured > max_accuracy_drop:
-                raise QuantizationError(
-                    f"Accuracy drop {measured:.2%} exceeds --max-accuracy-drop {max_accuracy_drop:.2%} "
-                    f"(top-1 agreement with fp32 {report['top1_agreement']:.1%}). Nothing was written; "
-                    "try --mode static --method entropy or --per-channel."
-                )
+            report["gate"] = accuracy_gate(report, max_accuracy_drop)
         os.replace(tmp_out, out)
     report["path"] = str(out)
     return report
@@ -209,7 +189,6 @@ def _measure(
     batch = static_batch_of(s32) or 1
     y32 = run_padded(lambda a: s32.run(None, {name: a})[0], x, batch)
     y8 = run_padded(lambda a: s8.run(None, {name: a})[0], x, batch)
-    agree = float((y32.argmax(1) == y8.argmax(1)).mean())
     one = x[:batch]
     t32 = time_session(lambda: s32.run(None, {name: one}), label="fp32")
     t8 = time_session(lambda: s8.run(None, {name: one}), label="int8")
@@ -226,16 +205,58 @@ def _measure(
             "threads": s32.get_session_options().intra_op_num_threads,
         },
         "latency_ratio": round(t8["p50_ms"] / t32["p50_ms"], 3),
-        "top1_agreement": agree,
+        **accuracy_report(y32, y8, _labels_for(images, list(meta.get("class_names") or []))),
         "n_images": len(images),
     }
-    labels = _labels_for(images, list(meta.get("class_names") or []))
-    if labels is not None:
-        acc32, acc8 = (
-            float((y32.argmax(1) == labels).mean()),
-            float((y8.argmax(1) == labels).mean()),
-        )
-        report.update(
-            {"accuracy": {"fp32": acc32, "int8": acc8}, "accuracy_drop": round(acc32 - acc8, 4)}
-        )
     return report
+
+
+def accuracy_report(y32: np.ndarray, y8: np.ndarray, labels: np.ndarray | None) -> dict[str, Any]:
+    """Top-1 agreement of the int8 model with fp32 and, where labels are known, both top-1
+    accuracies and the drop (fp32 − int8, rounded to 4 places)."""
+    top32, top8 = y32.argmax(1), y8.argmax(1)
+    out: dict[str, Any] = {"top1_agreement": float((top32 == top8).mean())}
+    if labels is not None:
+        acc32, acc8 = float((top32 == labels).mean()), float((top8 == labels).mean())
+        out["accuracy"] = {"fp32": acc32, "int8": acc8}
+        out["accuracy_drop"] = round(acc32 - acc8, 4)
+    return out
+
+
+def accuracy_gate(report: dict[str, Any], max_accuracy_drop: float) -> dict[str, Any]:
+    """``--max-accuracy-drop``: the measured drop in accuracy (or, without labels, the share
+    of images whose top-1 changed) must not exceed the limit.
+
+    Raises:
+        QuantizationError: the drop exceeds the limit (the caller then writes nothing).
+    """
+    drop = report.get("accuracy_drop")
+    measured = drop if drop is not None else 1.0 - report["top1_agreement"]
+    if measured > max_accuracy_drop:
+        raise QuantizationError(
+            f"Accuracy drop {measured:.2%} exceeds --max-accuracy-drop {max_accuracy_drop:.2%} "
+            f"(top-1 agreement with fp32 {report['top1_agreement']:.1%}). Nothing was written; "
+            "try --mode static --method entropy or --per-channel."
+        )
+    return {"max_accuracy_drop": max_accuracy_drop, "measured": measured, "passed": True}
+
+
+def advice_before(name: str, counts: Counter[str], mode: str) -> list[str]:
+    """What to expect, said before quantizing: dynamic mode on a conv-heavy model."""
+    if mode != "dynamic" or not conv_heavy(counts):
+        return []
+    return [
+        f"{name} is conv-heavy ({counts['Conv']} Conv vs {counts['Gemm'] + counts['MatMul']} "
+        "Gemm/MatMul): onnxruntime dynamic quantization runs convs as ConvInteger, which is often "
+        "several times slower than fp32 on CPU. Static QDQ (--mode static --calib DIR) is usually faster."
+    ]
+
+
+def advice_after(counts: Counter[str], mode: str, latency_ratio: float) -> str | None:
+    """The measured verdict: dynamic int8 on a conv-heavy model that came out slower."""
+    if mode == "dynamic" and conv_heavy(counts) and latency_ratio > 1.0:
+        return (
+            f"measured: dynamic int8 is {latency_ratio:.2f}× the fp32 latency "
+            "(slower). Recommend --mode static with --calib DIR."
+        )
+    return None

@@ -76,7 +76,7 @@ def test_finetune_bf16_channels_last_compile_on_cuda(
     )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
-    assert all(np.isfinite(row["train/loss"]) for row in rows) and rows[-1]["img_per_s"] > 0
+    assert len(rows) == 2 and all(np.isfinite(row["train/loss"]) for row in rows)
     assert 0.0 <= rows[-1]["data_wait"] <= 1.0
 
 
@@ -100,7 +100,7 @@ def test_fp16_uses_the_grad_scaler(small_digits: Path, tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     state = torch.load(tmp_path / "fp16" / "checkpoints" / "last.pt", weights_only=True)
-    assert state["scaler"] and state["scaler"]["scale"] > 0
+    assert state["scaler"], "fp16 runs with an enabled GradScaler (a disabled one saves {})"
 
 
 def test_cuda_bench_rows_never_fall_back_silently() -> None:
@@ -122,7 +122,9 @@ def test_cuda_bench_rows_never_fall_back_silently() -> None:
     assert r.returncode == 0, r.stderr
     rows = {(x["backend"], x["batch"]): x for x in json.loads(r.stdout)["rows"]}
     for b in ("eager", "compile", "torchscript"):
-        assert rows[(b, 1)]["status"] == "✅" and rows[(b, 64)]["p50_ms"] > 0
+        big = rows[(b, 64)]
+        assert rows[(b, 1)]["status"] == big["status"] == "✅"
+        assert big["img_per_s"] == round(64 * 1000 / big["p50_ms"], 1)
     ort_row = rows[("ort_fp32", 1)]
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert ort_row["status"] == "✅"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -36,6 +37,8 @@ def test_entry_builds_and_behaves(name: str) -> None:
     info = zoo.model_info(name)
     model = zoo.create_model(name, weights="none")
     assert count_params(model) == info.params == EXPECTED_PARAMS[name]
+    # the built model carries its entry's metadata (only the weight source says "random")
+    assert model.zoo_info.name == name and replace(model.zoo_info, weights=info.weights) == info
     assert not model.training
     torch.manual_seed(0)
     x = torch.randn(2, *info.input_size)
@@ -50,7 +53,6 @@ def test_entry_builds_and_behaves(name: str) -> None:
 @pytest.mark.parametrize("name", zoo.list_models())
 def test_metadata_is_complete(name: str) -> None:
     info = zoo.model_info(name)
-    assert info.name == name
     assert len(info.mean) == len(info.std) == info.input_size[0]
     assert info.classifier, "every entry declares its classifier head"
     assert info.license

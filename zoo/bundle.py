@@ -76,7 +76,7 @@ def convert(
     if trust:
         obj = torch.load(pth, map_location="cpu", weights_only=False)  # the user vouched for it
         for key in ("state_dict", "model", "model_state_dict"):
-            if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            if isinstance(obj, dict) and isinstance(obj.get(key), dict | torch.nn.Module):
                 obj = obj[key]
         if isinstance(obj, torch.nn.Module):
             obj = obj.state_dict()

@@ -106,12 +106,23 @@ def pull(name: str) -> Path | None:
             f"{shown} has no {WEIGHTS_FILE}: it is not a zoo model folder. If it holds pickle "
             "weights, download them yourself and convert: `zoo convert FILE --arch ARCH`."
         )
-    config = read_config(path)
-    commit = path.name
-    actual = verify_locked(f"{repo}@{commit}/{WEIGHTS_FILE}", path / WEIGHTS_FILE)
-    if actual != config["weights_sha256"]:
-        raise WeightsIntegrityError(str(path / WEIGHTS_FILE), config["weights_sha256"], actual)
+    verify_snapshot(path, repo)
     return path
+
+
+def verify_snapshot(snapshot: Path, repo: str) -> None:
+    """Check a pulled snapshot's weights against both pins: the local lock (recorded the first
+    time this repo@commit is seen) and the ``weights_sha256`` in its own ``config.json``.
+
+    Raises:
+        ArtifactError: the folder breaks the model-folder contract.
+        WeightsIntegrityError: the weights file differs from the lock or from its config.
+    """
+    config = read_config(snapshot)
+    weights = snapshot / WEIGHTS_FILE
+    actual = verify_locked(f"{repo}@{snapshot.name}/{WEIGHTS_FILE}", weights)
+    if actual != config["weights_sha256"]:
+        raise WeightsIntegrityError(str(weights), config["weights_sha256"], actual)
 
 
 def _remote_pickles(repo: str, rev: str | None) -> list[str]:

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3) of the modules that carry a guarantee. Not part of CI: it takes
+# minutes per module. Scores and the survivors' reasons are recorded in docs/quality.md.
+#
+#   scripts/mutation.sh                 # every module below
+#   scripts/mutation.sh parity lint     # some of them
+#   MAX_CHILDREN=2 MUTATION_DIR=/tmp/zoo-mutation scripts/mutation.sh weights
+#
+# Why a staging tree: the repository keeps train/, deploy/ and cli/ beside zoo/, and setuptools'
+# package-dir installs them as zoo.train, zoo.deploy and zoo.cli. mutmut 3 names each mutant
+# after its file's path (deploy/parity.py -> deploy.parity.x_compare__mutmut_1) and records the
+# functions a test reaches by their __module__ (zoo.deploy.parity), so on the repository layout
+# the two never meet and every mutant reads "no tests". It also puts its mutated copy
+# (mutants/) first on sys.path, which only wins if that copy has the installed layout. So each
+# module runs in its own staging folder that has exactly the installed layout:
+#
+#   $MUTATION_DIR/<module>/zoo/            <- zoo/
+#   $MUTATION_DIR/<module>/zoo/train/      <- train/     (likewise deploy/, cli/)
+#   $MUTATION_DIR/<module>/tests/          <- tests/
+#   $MUTATION_DIR/<module>/pyproject.toml  <- ours + a [tool.mutmut] section for that module
+#
+# There mutmut's source_paths = ["zoo"], its mutants/zoo/... is imported as zoo.* (the editable
+# install's finder sits after sys.path's PathFinder, so the mutated copy wins), and mutant
+# names and recorded names agree. Each module selects only its fast unit tests
+# (tests/test_gates_*.py): mutmut runs, per mutant, the selected tests that reach the mutated
+# function, so slow end-to-end tests would turn every mutant into a timeout.
+#
+# A module may also name function globs: only those functions' mutants are run and counted
+# (e.g. the lock parts of zoo/hub.py, not its download plumbing).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+"$PY" -c 'import mutmut' 2>/dev/null || { echo "mutmut is not installed: pip install 'mutmut>=3.8'" >&2; exit 1; }
+OUT=${MUTATION_DIR:-${TMPDIR:-/tmp}/zoo-mutation}
+CHILDREN=${MAX_CHILDREN:-2}
+
+# module | files to mutate (installed paths) | tests | function globs (mutant names; empty: all)
+MODULES=(
+  "parity|zoo/deploy/parity.py|tests/test_gates_parity.py|"
+  "lint|zoo/deploy/lint.py|tests/test_gates_lint.py|"
+  "weights|zoo/weights.py zoo/hub.py|tests/test_gates_weights.py|zoo.weights.* zoo.hub.x_lock_path__mutmut_* zoo.hub.x__read_lock__mutmut_* zoo.hub.x_verify_locked__mutmut_* zoo.hub.x_verify_snapshot__mutmut_*"
+  "loading|zoo/loading.py|tests/test_gates_loading.py|"
+  "quantize|zoo/deploy/quantize.py|tests/test_gates_quantize.py|zoo.deploy.quantize.x_op_counts__mutmut_* zoo.deploy.quantize.x_conv_heavy__mutmut_* zoo.deploy.quantize.x_coverage__mutmut_* zoo.deploy.quantize.x__labels_for__mutmut_* zoo.deploy.quantize.x_accuracy_report__mutmut_* zoo.deploy.quantize.x_accuracy_gate__mutmut_* zoo.deploy.quantize.x_advice_before__mutmut_* zoo.deploy.quantize.x_advice_after__mutmut_* zoo.deploy.quantize.xǁ_CalibReaderǁ*"
+  "data|zoo/train/data.py zoo/train/check.py|tests/test_gates_data.py|zoo.train.data.x_* zoo.train.data.xǁSplitsǁ* zoo.train.check.*"
+)
+
+stage() {  # $1 = folder; the installed layout as plain copies (mutmut copies, never links)
+  local dir=$1
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp -r "$ROOT/zoo" "$dir/zoo"
+  for sub in train deploy cli; do cp -r "$ROOT/$sub" "$dir/zoo/$sub"; done
+  cp -r "$ROOT/tests" "$dir/tests"
+  find "$dir" -name __pycache__ -prune -exec rm -rf {} +
+  cp "$ROOT/pyproject.toml" "$dir/pyproject.toml"
+}
+
+mutmut_config() {  # $1 = files, $2 = tests
+  local files=$1 tests=$2
+  printf '\n[tool.mutmut]\nsource_paths = ["zoo"]\n'
+  printf 'only_mutate = [%s]\n' "$(printf '"%s",' $files | sed 's/,$//')"
+  printf 'pytest_add_cli_args_test_selection = [%s]\n' "$(printf '"%s",' $tests | sed 's/,$//')"
+  printf 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-o", "addopts=--strict-markers"]\n'
+  # torch is not fork-safe once used: fork every mutant from a clean server process
+  printf 'process_isolation = "forkserver"\n'
+  printf 'use_git_change_detection = false\n'
+}
+
+summary() {  # $1 = module, $2 = files, $3 = globs; prints one JSON line and the survivors
+  "$PY" - "$@" <<'PYEOF'
+import fnmatch, json, sys
+from pathlib import Path
+module, files, globs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+status = {1: "killed", 3: "killed", 0: "survived", 33: "no tests", 5: "no tests",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+          37: "type check", -9: "segfault", -11: "segfault", None: "not checked"}
+counts: dict[str, int] = {}
+left = []
+for f in files:
+    meta = json.loads(Path(f"mutants/{f}.meta").read_text())
+    for name, code in meta["exit_code_by_key"].items():
+        if globs and not any(fnmatch.fnmatch(name, g) for g in globs):
+            continue
+        s = status.get(code, "suspicious")
+        counts[s] = counts.get(s, 0) + 1
+        if s != "killed":
+            left.append(f"{s}: {name}")
+total = sum(counts.values())
+killed = counts.get("killed", 0)
+print(json.dumps({"module": module, "killed": killed, "total": total,
+                  "score": round(100 * killed / total, 1) if total else None, **counts}))
+print("\n".join(left))
+PYEOF
+}
+
+want=("$@")
+for row in "${MODULES[@]}"; do
+  IFS='|' read -r name files tests globs <<<"$row"
+  if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " =~ " $name " ]]; then continue; fi
+  dir=$OUT/$name
+  echo "== $name: $files  <-  $tests" >&2
+  stage "$dir"
+  mutmut_config "$files" "$tests" >>"$dir/pyproject.toml"
+  (
+    cd "$dir"
+    # shellcheck disable=SC2086
+    "$PY" -m mutmut run --max-children "$CHILDREN" $globs >"$dir/mutmut.log" 2>&1 || {
+      tail -40 "$dir/mutmut.log" >&2
+      exit 1
+    }
+    summary "$name" "$files" "$globs" | tee "$dir/summary.txt"
+    # the diff of every mutant left alive, for docs/quality.md
+    { grep -v '^{' "$dir/summary.txt" || true; } | sed 's/^[^:]*: //' | while read -r m; do
+      [ -n "$m" ] || continue
+      echo "## $m"
+      "$PY" -m mutmut show "$m" </dev/null 2>/dev/null | grep '^[-+][^-+]' || true
+    done >"$dir/survivors.diff"
+  )
+done

@@ -1,0 +1,345 @@
+"""The export parity gate on plain arrays and a tiny eager model (seconds, no ONNX export):
+each tolerance is probed just inside and just outside its limit, so a loosened gate fails here.
+The end-to-end export tests (real MobileNetV2, real onnxruntime) live in test_deploy.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from zoo.deploy import parity
+from zoo.deploy.parity import ParityReport, TensorDiff, check_parity, compare, real_images
+from zoo.metadata import ModelInfo
+from zoo.samples import sample_image_paths
+
+
+def test_tolerances_are_the_documented_ones() -> None:
+    assert (parity.ATOL, parity.RTOL, parity.MIN_COSINE, parity.MIN_AGREEMENT) == (
+        1e-4,
+        1e-3,
+        0.99999,
+        1.0,
+    )
+    assert ParityReport().tolerances == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999}
+
+
+def test_identical_tensors_pass_with_exact_figures() -> None:
+    ref = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    d = compare(ref, ref.copy())
+    assert d == TensorDiff([3, 4], 0.0, 0.0, pytest.approx(1.0, abs=1e-15), True)
+
+
+def test_shape_mismatch_fails_with_infinite_error() -> None:
+    d = compare(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))
+    assert d == TensorDiff([3, 2], float("inf"), float("inf"), 0.0, False)
+
+
+def _ones_with(value_at_0: float, out_at_0: float, n: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    ref = np.ones(n)
+    ref[0] = value_at_0
+    out = ref.copy()
+    out[0] = out_at_0
+    return ref, out
+
+
+@pytest.mark.parametrize(
+    ("delta", "passed"), [(0.9e-4, True), (1e-4, True), (1.1e-4, False), (2e-3, False)]
+)
+def test_absolute_tolerance_where_the_reference_is_zero(delta: float, passed: bool) -> None:
+    # at a zero reference only atol applies; the cosine stays ~1, so atol alone decides
+    ref, out = _ones_with(0.0, delta)
+    d = compare(ref, out)
+    assert d.passed is passed and d.cosine > 0.9999999
+    assert d.max_abs == pytest.approx(delta) and d.max_rel == pytest.approx(delta / 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("delta", "passed"), [(0.1, True), (-0.1, True), (0.102, False), (-0.102, False), (0.5, False)]
+)
+def test_relative_tolerance_on_a_large_value(delta: float, passed: bool) -> None:
+    # |ref| = 100: the limit is atol + rtol * 100 = 0.1001
+    ref, out = _ones_with(100.0, 100.0 + delta, n=100_000)
+    d = compare(ref, out)
+    assert d.passed is passed and d.cosine > 0.99999
+    assert d.max_rel == pytest.approx(abs(delta) / 100)
+
+
+def test_relative_tolerance_uses_the_reference_not_the_output() -> None:
+    # ref -100 → out -99.95: within 1e-4 + 1e-3·100; against |out| it would also pass, against
+    # the signed reference it would fail
+    ref, out = _ones_with(-100.0, -99.95, n=100_000)
+    assert compare(ref, out).passed
+
+
+def test_cosine_gate_alone() -> None:
+    # every element within atol, but the direction is off by ~5% noise: cosine ≈ 0.9987
+    rng = np.random.default_rng(0)
+    ref = rng.choice([-1e-3, 1e-3], 10_000)
+    out = ref + rng.choice([-5e-5, 5e-5], 10_000)
+    d = compare(ref, out)
+    assert np.all(np.abs(out - ref) <= 1e-4)
+    assert 0.998 < d.cosine < 0.9995 and d.passed is False
+    close = ref + rng.choice([-2e-6, 2e-6], 10_000)  # cosine ≈ 0.999998
+    assert compare(ref, close).passed
+
+
+def test_cosine_is_computed_in_float64() -> None:
+    # float32 dot products of 1e6 values near 1 lose the last digits that the gate needs
+    rng = np.random.default_rng(1)
+    ref = (1 + rng.standard_normal(1_000_000) * 1e-3).astype(np.float32)
+    out = ref + np.float32(1e-5)
+    d = compare(ref, out)
+    r64, o64 = ref.astype(np.float64), out.astype(np.float64)
+    expected = r64 @ o64 / (np.linalg.norm(r64) * np.linalg.norm(o64))
+    assert d.cosine == pytest.approx(expected, abs=1e-12) and d.passed
+
+
+def test_zero_tensors_and_empty_tensors() -> None:
+    z = np.zeros((2, 5), np.float32)
+    assert compare(z, z) == TensorDiff([2, 5], 0.0, 0.0, 1.0, True)
+    e = np.zeros((0, 5), np.float32)
+    assert compare(e, e) == TensorDiff([0, 5], 0.0, 0.0, 1.0, True)
+
+
+def test_custom_tolerances_are_honoured() -> None:
+    ref, out = _ones_with(0.0, 0.01)
+    assert not compare(ref, out).passed
+    assert compare(ref, out, atol=0.02).passed
+    ref, out = _ones_with(10.0, 10.5, n=100_000)
+    assert not compare(ref, out, atol=0.0).passed
+    assert compare(ref, out, atol=0.0, rtol=0.06).passed
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+
+def _report(tensors: bool = True, predictions: bool | None = True, dynamic=()) -> ParityReport:
+    r = ParityReport()
+    r.tensors = {"passed": tensors, "max_abs": 0.25, "max_rel": 1.5, "cosine": 0.9}
+    if predictions is not None:
+        r.predictions = {"passed": predictions, "agreement": 0.5, "n_images": 4}
+    r.dynamic = [{"batch": b, "size": s, "max_abs": 0.125, "passed": ok} for b, s, ok in dynamic]
+    return r
+
+
+def test_report_passes_only_when_every_level_passes() -> None:
+    assert _report().passed and _report().failures() == []
+    assert _report(predictions=None).passed  # no prediction check ran
+    assert not _report(tensors=False).passed
+    assert not ParityReport().passed  # nothing checked is not a pass
+    assert not _report(predictions=False).passed
+    assert _report(dynamic=[(1, 224, True), (5, 224, True)]).passed
+    assert not _report(dynamic=[(1, 224, True), (5, 224, False)]).passed
+
+
+def test_report_without_a_prediction_check_lists_only_real_failures() -> None:
+    r = _report(tensors=False, predictions=None)
+    assert r.failures() == ["tensors differ: max abs 0.25, max rel 1.5, cosine 0.900000"]
+
+
+def test_report_failures_name_each_broken_level() -> None:
+    r = _report(tensors=False, predictions=False, dynamic=[(1, 224, True), (5, 192, False)])
+    assert r.failures() == [
+        "tensors differ: max abs 0.25, max rel 1.5, cosine 0.900000",
+        "top-1 agreement 50.0% on 4 real images",
+        "dynamic check failed at batch 5, size 192: max abs 0.125",
+    ]
+    d = r.to_dict()
+    assert d["passed"] is False and d["tolerances"]["atol"] == 1e-4
+    assert d["dynamic"][1]["size"] == 192 and d["predictions"]["n_images"] == 4
+
+
+# ---- images for the prediction check ------------------------------------------------------
+
+
+def test_real_images_defaults_to_the_bundled_photos() -> None:
+    assert real_images(None) == sample_image_paths()
+
+
+def _tiny_images(folder: Path, n: int, suffix: str = ".PNG") -> list[Path]:
+    for i in range(n):
+        (folder / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4)).save(folder / f"c{i % 2}" / f"{i:03d}{suffix}")
+    return sorted(folder.rglob(f"*{suffix}"))
+
+
+def test_real_images_spreads_over_the_folder(tmp_path: Path) -> None:
+    _tiny_images(tmp_path, 10)
+    (tmp_path / "c0" / "notes.txt").write_text("not an image")
+    files = sorted(tmp_path.rglob("*.PNG"))
+    assert real_images(tmp_path, limit=3) == [files[0], files[3], files[6]]
+    assert real_images(str(tmp_path), limit=64) == files
+    assert real_images(tmp_path, limit=10) == files
+    assert real_images(tmp_path, limit=6) == files[:6]
+
+
+def test_real_images_takes_64_by_default(tmp_path: Path) -> None:
+    files = _tiny_images(tmp_path, 130, ".png")
+    assert real_images(tmp_path) == files[::2][:64]
+
+
+# ---- the whole check on a tiny eager model -------------------------------------------------
+
+INFO = ModelInfo(
+    arch="tiny",
+    tag="test",
+    input_size=(3, 48, 48),
+    num_classes=4,
+    params=0,
+    gflops=0.0,
+    crop_pct=1.0,
+)
+
+
+class Tiny(nn.Module):
+    """A conv net that accepts any input size (global pooling), with distinct logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)  # a seed where the two sample photos get different classes
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3))) * 10
+
+
+@pytest.fixture(scope="module")
+def tiny() -> nn.Module:
+    return Tiny().eval()
+
+
+def _eager(model: nn.Module):
+    def run(x: np.ndarray) -> np.ndarray:
+        assert x.dtype == np.float32
+        with torch.no_grad():
+            return model(torch.from_numpy(x)).numpy()
+
+    return run
+
+
+def _pre(path: Path) -> np.ndarray:
+    from zoo.deploy.preprocess import open_image, preprocess
+
+    return preprocess(open_image(path), INFO.preprocessing())
+
+
+def _check(model: nn.Module, run, **kw) -> ParityReport:
+    args = {"export_batch": 2, "dynamic_batch": False, "dynamic_size": False}
+    args.update(kw)
+    return check_parity(model, INFO, run, images=sample_image_paths(), **args)
+
+
+def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
+    r = _check(tiny, _eager(tiny), export_batch=3, dynamic_batch=True, dynamic_size=True)
+    assert r.passed and r.failures() == []
+    assert r.tensors["shape"] == [3, 4] and r.tensors["max_abs"] < 1e-5
+    assert r.predictions["n_images"] == 2 and r.predictions["agreement"] == 1.0
+    with torch.no_grad():  # the two photos get different classes: agreement means something
+        y = tiny(torch.from_numpy(np.stack([_pre(p) for p in sample_image_paths()])))
+    assert y.argmax(1).tolist() == [1, 2]
+    assert 0 <= r.predictions["preprocessing_max_abs"] < 0.05
+    assert [(d["batch"], d["size"]) for d in r.dynamic] == [
+        (1, 48),
+        (2, 48),
+        (5, 48),
+        (3, 16),
+        (3, 80),
+    ]
+    assert all(d["passed"] and d["shape"][0] == d["batch"] for d in r.dynamic)
+
+
+@pytest.mark.parametrize(
+    ("kw", "checked"),
+    [
+        ({}, []),
+        ({"dynamic_batch": True, "export_batch": 5}, [(1, 48), (2, 48), (7, 48)]),
+        ({"dynamic_size": True, "export_batch": 2}, [(2, 16), (2, 80)]),
+    ],
+)
+def test_dynamic_shapes_checked(tiny: nn.Module, kw: dict, checked: list) -> None:
+    r = _check(tiny, _eager(tiny), **kw)
+    assert [(d["batch"], d["size"]) for d in r.dynamic] == checked and r.passed
+
+
+def test_tensor_level_sees_the_noise_row(tiny: nn.Module) -> None:
+    # the checked batch is the real images plus one seeded noise image, resized to the export
+    # batch: a runtime that is wrong on out-of-distribution input only is caught at batch 3
+    seen: list[np.ndarray] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        seen.append(x.copy())
+        return _eager(tiny)(x)
+
+    _check(tiny, run, export_batch=4)
+    x = seen[0]
+    assert x.shape == (4, 3, 48, 48) and np.array_equal(x[3], x[0])
+    noise = np.random.default_rng(0).standard_normal((3, 48, 48), np.float32)
+    assert np.array_equal(x[2], noise)
+
+
+def test_runtime_off_by_more_than_atol_fails(tiny: nn.Module) -> None:
+    r = _check(tiny, lambda x: _eager(tiny)(x) + 2e-3)
+    assert not r.passed and not r.tensors["passed"]
+    assert r.predictions["passed"]  # a constant shift keeps every top-1
+    assert r.failures()[0].startswith("tensors differ: max abs 0.002")
+
+
+def test_wrong_predictions_fail_the_agreement_level(tiny: nn.Module) -> None:
+    r = _check(tiny, lambda x: -_eager(tiny)(x))
+    assert r.predictions["agreement"] < 1.0 and r.predictions["passed"] is False
+    assert any(f.startswith("top-1 agreement") for f in r.failures())
+
+
+def test_agreement_must_be_total() -> None:
+    assert parity.prediction_check(np.array([0, 1, 2, 3]), np.array([0, 1, 2, 3]))["passed"]
+    half = parity.prediction_check(np.array([0, 1]), np.array([0, 2]))
+    assert half == {"n_images": 2, "agreement": 0.5, "passed": False}
+    most = parity.prediction_check(np.arange(100), np.r_[np.arange(99), 0])
+    assert most["agreement"] == 0.99 and most["passed"] is False
+
+
+def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.Module) -> None:
+    def static(x: np.ndarray) -> np.ndarray:
+        if x.shape[0] != 2 or x.shape[2] != 48:
+            raise RuntimeError(
+                f"[ONNXRuntimeError] Got invalid dimensions for input: {x.shape}"
+                + "!" * 400
+                + "\nsecond line"
+            )
+        return _eager(tiny)(x)
+
+    r = _check(tiny, static, dynamic_batch=True, dynamic_size=True)
+    assert r.tensors["passed"] and r.predictions["passed"] and not r.passed
+    failed = [d for d in r.dynamic if not d["passed"]]
+    assert [(d["batch"], d["size"]) for d in failed] == [(1, 48), (5, 48), (3, 16), (3, 80)]
+    assert all(d["max_abs"] == float("inf") for d in failed)
+    err = failed[0]["error"]
+    assert err.startswith("[ONNXRuntimeError] Got invalid dimensions for input: (1, 3, 48, 48)")
+    assert len(err) == 300 and "second line" not in err
+    assert r.dynamic[1]["passed"] and "error" not in r.dynamic[1]
+
+
+def test_a_runtime_wrong_at_one_resolution_is_caught(tiny: nn.Module) -> None:
+    def wrong_when_large(x: np.ndarray) -> np.ndarray:
+        y = _eager(tiny)(x)
+        return y + 1.0 if x.shape[2] > 48 else y
+
+    r = _check(tiny, wrong_when_large, dynamic_size=True)
+    assert [d["passed"] for d in r.dynamic] == [True, False]
+    assert r.failures() == ["dynamic check failed at batch 2, size 80: max abs 1"]
+
+
+def test_the_report_is_reproducible(tiny: nn.Module) -> None:
+    # every input is seeded: the same runtime gives the same figures on every run
+    def noisy(x: np.ndarray) -> np.ndarray:
+        return _eager(tiny)(x) + 1e-5 * np.abs(np.sin(x.sum((1, 2, 3))))[:, None]
+
+    a = _check(tiny, noisy, dynamic_batch=True, dynamic_size=True).to_dict()
+    b = _check(tiny, noisy, dynamic_batch=True, dynamic_size=True).to_dict()
+    assert a == b and len({d["max_abs"] for d in a["dynamic"]}) > 2  # the noise shows

@@ -1,0 +1,200 @@
+"""The quantization accuracy gate and report on plain arrays and tiny ONNX graphs built with
+onnx.helper (milliseconds; no onnxruntime quantization runs here). The end-to-end runs on the
+real MobileNetV2 live in test_deploy.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from zoo.deploy import quantize as q
+from zoo.errors import QuantizationError
+
+
+def _save(tmp_path: Path, nodes: list[onnx.NodeProto], name: str = "m.onnx") -> Path:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    path = tmp_path / name
+    onnx.save(helper.make_model(graph), str(path))
+    return path
+
+
+def _fp32(tmp_path: Path) -> Path:
+    return _save(
+        tmp_path,
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"]),
+            helper.make_node("Conv", ["c1", "w2"], ["c2"]),
+            helper.make_node("Relu", ["c2"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"]),
+            helper.make_node("Gemm", ["f", "w3"], ["y"]),
+        ],
+        "fp32.onnx",
+    )
+
+
+def test_op_counts_and_conv_heavy(tmp_path: Path) -> None:
+    counts = q.op_counts(_fp32(tmp_path))
+    assert counts == Counter({"Conv": 2, "Relu": 1, "Flatten": 1, "Gemm": 1})
+    assert q.conv_heavy(counts)
+    assert not q.conv_heavy(Counter({"Conv": 2, "Gemm": 1, "MatMul": 1}))  # 2 vs 2: not heavy
+    assert not q.conv_heavy(Counter({"Conv": 2, "MatMul": 2}))
+    assert q.conv_heavy(Counter({"Conv": 3, "Gemm": 1, "MatMul": 1}))
+    assert not q.conv_heavy(Counter({"Gemm": 1}))
+
+
+def test_graphs_are_read_without_their_external_weights(tmp_path: Path) -> None:
+    """Counting ops never needs the weights: a model saved with external data is read even
+    when its data file is not there (nor loaded into memory when it is)."""
+    w = numpy_helper.from_array(np.ones((8, 3, 1, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(
+        helper.make_model(graph),
+        str(path),
+        save_as_external_data=True,
+        location="ext.bin",
+        size_threshold=0,
+    )
+    (tmp_path / "ext.bin").unlink()
+    assert q.op_counts(path) == Counter({"Conv": 1})
+    assert q.coverage(Counter({"Conv": 1}), path, "static")["heavy_ops"] == 1
+
+
+def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
+    fp32 = q.op_counts(_fp32(tmp_path))
+    dyn = _save(
+        tmp_path,
+        [
+            helper.make_node("ConvInteger", ["x", "w1"], ["c1"]),
+            helper.make_node("Conv", ["c1", "w2"], ["c2"]),
+            helper.make_node("MatMulInteger", ["c2", "w3"], ["y"]),
+        ],
+    )
+    assert q.coverage(fp32, dyn, "dynamic") == {"heavy_ops": 3, "quantized": 2, "fp32_left": 1}
+
+
+def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> None:
+    fp32 = Counter({"Conv": 2, "Gemm": 2, "MatMul": 1, "Relu": 4})
+    qdq = _save(
+        tmp_path,
+        [
+            helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+            helper.make_node("Conv", ["xd", "w1"], ["c1"]),  # int8: input dequantized
+            helper.make_node("Conv", ["c1", "w2"], ["c2"]),  # fp32: input is a Conv output
+            helper.make_node("DequantizeLinear", ["c2q", "s", "z"], ["c2d"]),
+            helper.make_node("MatMul", ["c2d", "w3"], ["m"]),  # int8
+            helper.make_node("Relu", ["c2d"], ["r"]),  # not a heavy op, even if dequantized
+            helper.make_node("Gemm", ["w4", "c2d"], ["g"]),  # dequantized weight, fp32 input
+            helper.make_node("Gemm", ["c2d", "w5"], ["y"]),  # int8
+        ],
+    )
+    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 5, "quantized": 3, "fp32_left": 2}
+    assert q.coverage(fp32, qdq, "dynamic")["quantized"] == 0
+
+
+def test_calibration_reader_yields_each_batch_once_by_input_name() -> None:
+    batches = [np.zeros((1, 3)), np.ones((1, 3))]
+    reader = q._CalibReader(batches, "input")
+    first, second = reader.get_next(), reader.get_next()
+    assert first is not None and second is not None
+    assert list(first) == ["input"] and first["input"] is batches[0]
+    assert second["input"] is batches[1]
+    assert reader.get_next() is None and reader.get_next() is None
+
+
+def test_labels_from_folder_names_only_when_every_folder_is_a_class(tmp_path: Path) -> None:
+    imgs = [tmp_path / "cat" / "1.jpg", tmp_path / "dog" / "2.jpg", tmp_path / "cat" / "3.jpg"]
+    assert q._labels_for(imgs, ["dog", "cat"]).tolist() == [1, 0, 1]
+    assert q._labels_for(imgs, ["cat"]) is None  # 'dog' is not a class of the model
+    assert q._labels_for(imgs, []) is None
+    assert q._labels_for([], []) is None
+
+
+def _logits(top: list[int], n: int = 3) -> np.ndarray:
+    y = np.zeros((len(top), n), np.float32)
+    y[np.arange(len(top)), top] = 1.0
+    return y
+
+
+def test_accuracy_report_without_labels_is_agreement_only() -> None:
+    r = q.accuracy_report(_logits([0, 1, 2, 2]), _logits([0, 1, 1, 2]), None)
+    assert r == {"top1_agreement": 0.75}
+
+
+def test_accuracy_report_with_labels() -> None:
+    y32, y8 = _logits([0, 1, 2, 2, 1]), _logits([0, 1, 1, 2, 0])
+    r = q.accuracy_report(y32, y8, np.array([0, 1, 2, 0, 0]))
+    assert r == {
+        "top1_agreement": 0.6,
+        "accuracy": {"fp32": 0.6, "int8": 0.6},
+        "accuracy_drop": 0.0,
+    }
+    r = q.accuracy_report(y32, y8, np.array([0, 1, 2, 2, 1]))
+    assert r["accuracy"] == {"fp32": 1.0, "int8": 0.6} and r["accuracy_drop"] == 0.4
+    r = q.accuracy_report(_logits([0, 0, 0]), _logits([0, 1, 0]), np.array([1, 1, 1]))
+    assert r["accuracy_drop"] == pytest.approx(-1 / 3, abs=1e-4)  # int8 better: negative drop
+    assert r["accuracy_drop"] == round(-1 / 3, 4)
+
+
+def test_gate_uses_the_accuracy_drop_when_labels_exist() -> None:
+    report = {"top1_agreement": 0.5, "accuracy_drop": 0.01}
+    assert q.accuracy_gate(report, 0.01) == {
+        "max_accuracy_drop": 0.01,
+        "measured": 0.01,
+        "passed": True,
+    }
+    with pytest.raises(QuantizationError) as exc:
+        q.accuracy_gate(report, 0.009)
+    assert str(exc.value) == (
+        "Accuracy drop 1.00% exceeds --max-accuracy-drop 0.90% (top-1 agreement with fp32 "
+        "50.0%). Nothing was written; try --mode static --method entropy or --per-channel."
+    )
+    assert q.accuracy_gate({"top1_agreement": 0.5, "accuracy_drop": 0.0}, 0.0)["passed"]
+
+
+def test_gate_without_labels_counts_changed_predictions() -> None:
+    report = {"top1_agreement": 0.75}
+    assert q.accuracy_gate(report, 0.25)["measured"] == 0.25
+    with pytest.raises(QuantizationError, match=r"^Accuracy drop 25\.00% exceeds"):
+        q.accuracy_gate(report, 0.2)
+    with pytest.raises(QuantizationError):  # a negative limit refuses even a perfect model
+        q.accuracy_gate({"top1_agreement": 1.0}, -1.0)
+    assert q.accuracy_gate({"top1_agreement": 1.0}, 0.0)["measured"] == 0.0
+
+
+def test_advice_before_and_after() -> None:
+    heavy, light = Counter({"Conv": 52, "Gemm": 1}), Counter({"Conv": 1, "MatMul": 4})
+    assert q.advice_before("m.onnx", heavy, "dynamic") == [
+        "m.onnx is conv-heavy (52 Conv vs 1 Gemm/MatMul): onnxruntime dynamic quantization runs "
+        "convs as ConvInteger, which is often several times slower than fp32 on CPU. Static QDQ "
+        "(--mode static --calib DIR) is usually faster."
+    ]
+    assert q.advice_before("m.onnx", Counter({"Conv": 5, "Gemm": 1, "MatMul": 3}), "dynamic")[
+        0
+    ].startswith("m.onnx is conv-heavy (5 Conv vs 4 Gemm/MatMul)")
+    assert q.advice_before("m.onnx", heavy, "static") == []
+    assert q.advice_before("m.onnx", light, "dynamic") == []
+    assert q.advice_after(heavy, "dynamic", 2.5) == (
+        "measured: dynamic int8 is 2.50× the fp32 latency (slower). Recommend --mode static "
+        "with --calib DIR."
+    )
+    assert q.advice_after(heavy, "dynamic", 1.01).startswith("measured: dynamic int8 is 1.01×")
+    assert q.advice_after(heavy, "dynamic", 1.0) is None  # not slower: nothing to say
+    assert q.advice_after(heavy, "static", 2.5) is None
+    assert q.advice_after(light, "dynamic", 2.5) is None
