@@ -171,7 +171,9 @@ def default_out(name: str) -> Path:
 
 
 class Recording:
-    """Started when a benchmark starts (date, load); ``write`` adds the results and saves."""
+    """Started when a benchmark starts: the date, the load, and the code being measured (git
+    state and source digest are taken now, so edits made while it runs do not count);
+    ``write`` adds the results and saves."""
 
     def __init__(self, name: str, argv: list[str] | None = None) -> None:
         self.name = name
@@ -179,6 +181,8 @@ class Recording:
         self.started = dt.datetime.now(dt.timezone.utc)
         self.t0 = time.perf_counter()
         self.load_before = _load()
+        self.git = git_state()
+        self.source_sha256 = source_digest()
 
     def document(self, results: dict[str, Any]) -> dict[str, Any]:
         script = Path(self.argv[0]).resolve() if self.argv else None
@@ -194,8 +198,8 @@ class Recording:
             "provenance": {
                 "date": self.started.isoformat(timespec="seconds"),
                 "duration_s": round(time.perf_counter() - self.t0, 1),
-                "git": git_state(),
-                "source_sha256": source_digest(),
+                "git": self.git,
+                "source_sha256": self.source_sha256,
                 "versions": versions(),
                 "machine": machine(),
                 "load_avg_before": self.load_before,

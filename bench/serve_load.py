@@ -98,15 +98,21 @@ class Server:
         return 0.0
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+        """SIGTERM (the server drains and exits); killed if it has not exited in 60 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
 
 async def window(
     url: str, conc: int, seconds: float, bodies: list[tuple[bytes, dict[str, str]]]
 ) -> dict[str, float]:
     lat: list[float] = []
-    codes: dict[int, int] = {}
+    codes: dict[int | str, int] = {}
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
@@ -115,9 +121,14 @@ async def window(
             body, headers = bodies[i % len(bodies)]
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
-                r = await client.post(
-                    f"{url}/v2/models/{NAME}/infer", content=body, headers=headers
-                )
+                try:
+                    r = await client.post(
+                        f"{url}/v2/models/{NAME}/infer", content=body, headers=headers
+                    )
+                except httpx.TransportError as exc:  # a reset or timeout: an error, not a crash
+                    key = f"transport:{type(exc).__name__}"
+                    codes[key] = codes.get(key, 0) + 1
+                    continue
                 lat.append((time.perf_counter() - t0) * 1000)
                 codes[r.status_code] = codes.get(r.status_code, 0) + 1
 
@@ -202,15 +213,19 @@ def main() -> None:
         result["ort_ceiling_samples_per_s"] = ceiling(model, threads)
         best = max(result["ort_ceiling_samples_per_s"].values())  # type: ignore[union-attr]
         on = Server(model, "--max-batch", "32")
-        result["batching_on"] = [
-            asyncio.run(stable(on.url, int(c), bodies, args.window))
-            for c in args.concurrency.split(",")
-        ]
-        result["soak_c64"] = asyncio.run(soak(on, args.soak, bodies))
-        result["batching_on_exit_code"] = on.stop()
+        try:
+            result["batching_on"] = [
+                asyncio.run(stable(on.url, int(c), bodies, args.window))
+                for c in args.concurrency.split(",")
+            ]
+            result["soak_c64"] = asyncio.run(soak(on, args.soak, bodies))
+        finally:
+            result["batching_on_exit_code"] = on.stop()
         off = Server(model, "--max-batch", "1")
-        result["batching_off_c32"] = asyncio.run(stable(off.url, 32, bodies, args.window))
-        off.stop()
+        try:
+            result["batching_off_c32"] = asyncio.run(stable(off.url, 32, bodies, args.window))
+        finally:
+            off.stop()
     on32 = next(r for r in result["batching_on"] if r["concurrency"] == 32)  # type: ignore[union-attr,index]
     peak = max(r["rps"] for r in result["batching_on"])  # type: ignore[union-attr,index]
     soak_ = result["soak_c64"]
@@ -220,8 +235,10 @@ def main() -> None:
         "server_peak_rps": peak,
         "ort_best_samples_per_s": best,
     }
-    errors_5xx = sum(v for k, v in soak_["codes"].items() if k.startswith("5"))  # type: ignore[index,union-attr]
+    errors_5xx = sum(v for k, v in soak_["codes"].items() if k.startswith("5"))
+    transport = sum(v for k, v in soak_["codes"].items() if k.startswith("transport"))  # type: ignore[index,union-attr]
     result["soak_c64"]["errors_5xx"] = errors_5xx  # type: ignore[index]
+    result["soak_c64"]["transport_errors"] = transport  # type: ignore[index]
     result["headlines"] = [
         headline(
             "serving: batching on vs `--max-batch 1` RPS at c=32",

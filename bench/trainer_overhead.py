@@ -10,7 +10,7 @@ the two tools at the largest epoch count, measured side by side. Goal: ratio ≤
 epochs. A warm-up run of each tool (1 epoch) comes first and is reported, not fitted.
 
     python bench/trainer_overhead.py                     # writes docs/bench/trainer_overhead.json
-    python bench/trainer_overhead.py --profile prof/     # then one cProfile'd zoo run
+    python bench/profile_finetune.py                     # where zoo's time goes
 
 Only the command lines and the run folder's public files (metrics.jsonl) are used, so a
 refactor of the trainer does not break this script.
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -51,7 +49,6 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="default: docs/bench/trainer_overhead.json")
-    p.add_argument("--profile", default=None, help="folder: cProfile one more zoo run into it")
     args = p.parse_args()
     epochs = sorted({int(e) for e in args.epochs.split(",")})
     if len(epochs) < 2:
@@ -98,8 +95,6 @@ def main() -> None:
                         f"{proc.cpu_s:.2f}s cpu",
                         flush=True,
                     )
-        if args.profile:
-            profile_zoo(args, data, Path(args.profile), epochs[-1], zoo_opts)
 
     last = epochs[-1]
     clocks = {clock: compare(times, clock, epochs) for clock in ("wall", "cpu")}
@@ -175,24 +170,6 @@ def compare(
             "fixed_extra_s": round(a_z - a_h, 2),
         },
     }
-
-
-def profile_zoo(
-    args: argparse.Namespace, data: Path, folder: Path, epochs: int, opts: list[str]
-) -> None:
-    """One more zoo run under cProfile (main process), then the functions that cost most."""
-    import pstats
-
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"zoo_finetune_{epochs}ep.prof"
-    cmd = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "zoo", "finetune", args.model]
-    cmd += ["--data", str(data), "--runs", str(folder / "runs"), *opts, "--epochs", str(epochs)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    stats = pstats.Stats(str(out))
-    stats.sort_stats("cumulative").print_stats(
-        r"zoo|train|deploy|tensorboard|matplotlib|safetensors", 40
-    )
-    print(f"profile → {out} (open with: python -m pstats {out}, or snakeviz)")
 
 
 if __name__ == "__main__":
