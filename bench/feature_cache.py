@@ -54,7 +54,7 @@ def main() -> None:
         "headlines": [
             headline("feature cache: end-to-end speed-up", "speedup", speedup, ">=", 5.0),
             headline(
-                "feature cache: |accuracy change| in points",
+                "feature cache: accuracy change, absolute (points)",
                 "abs_acc_delta_points",
                 abs(delta),
                 "<=",
