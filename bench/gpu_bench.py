@@ -144,7 +144,7 @@ def trainer(args: argparse.Namespace, device: str, tmp: Path) -> dict[str, objec
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.add_argument("--out-dir", default=None, help=f"default: {RESULTS_DIR}")
     p.add_argument("--copies", type=int, default=6)
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--epochs", type=int, default=2)
@@ -152,9 +152,15 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--tf32", choices=["off", "on"], default="off", help="latency and parity")
     p.add_argument(
-        "--smoke-cpu", action="store_true", help="tiny CPU run that only checks the script works"
+        "--smoke-cpu",
+        action="store_true",
+        help="tiny CPU run (1 epoch, 32 px, 1 worker) that only checks the script works; "
+        "writes to ./gpu-smoke unless --out-dir",
     )
     args = p.parse_args()
+    if args.smoke_cpu:
+        args.copies, args.workers, args.epochs, args.batch, args.image_size = 1, 1, 1, 32, 32
+    out_dir = Path(args.out_dir or ("gpu-smoke" if args.smoke_cpu else RESULTS_DIR))
     rec = Recording("gpu_bench")
     device = "cpu" if args.smoke_cpu else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -178,7 +184,7 @@ def main() -> None:
             0.9,
         )
     ]
-    out = Path(args.out_dir) / f"gpu_bench_{device_slug(name)}.json"
+    out = out_dir / f"gpu_bench_{device_slug(name)}.json"
     print(rec.write(report, out).read_text())
 
 
