@@ -1,30 +1,49 @@
-"""Pieces the benchmark scripts share: a bigger real data set, the field guide's hand-written
-training loop, and the same job through zoo's Trainer."""
+"""Pieces the benchmark scripts share: real data sets, and the two ways of running a training
+job as a whole process, as a user would: ``zoo finetune`` and the hand-written loop
+(``bench/hand_train.py``). Both go through their command line only, so a refactor of the
+trainer's internals changes neither what is measured nor these scripts."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
-from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
-from torch import nn
+import numpy as np
+from bench_path import ROOT
+from PIL import Image
 
-from zoo import create_model
-from zoo.factory import info_of
 from zoo.samples import write_digits_folder
-from zoo.train import TrainConfig, Trainer
-from zoo.train.data import ImageFolderDataset, ResumableSampler, scan
-from zoo.transforms import train_transform
+
+BENCH = ROOT / "bench"
+# scikit-image's own photographs (public domain, shipped in the package, no download).
+# `cat` is `chelsea` again, so it is left out: every source below is a different photograph.
+PHOTOS = (
+    "astronaut",
+    "camera",
+    "chelsea",
+    "coffee",
+    "coins",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "moon",
+    "retina",
+    "rocket",
+)
 
 
 def make_data(root: Path, copies: int) -> Path:
     """sklearn's 1,797 real digits, linked ``copies`` times (distinct files) into one image folder."""
-    base = write_digits_folder(root / "base")
-    data = root / "data"
+    base = write_digits_folder(root / "digits")
+    if copies == 1:
+        return base
+    data = root / f"digits_x{copies}"
     for cls in sorted(base.iterdir()):
         (data / cls.name).mkdir(parents=True, exist_ok=True)
         for f in cls.iterdir():
@@ -35,106 +54,87 @@ def make_data(root: Path, copies: int) -> Path:
     return data
 
 
+def photo_crops(out: Path, sources: tuple[str, ...], per_source: int, seed: int) -> dict[str, int]:
+    """``per_source`` random square crops (50–100% of the short side) of each photograph in
+    ``sources``, as JPEG files ``out/<source>/<i>.jpg``; returns the count per source."""
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    counts = {}
+    for name in sources:
+        img = Image.fromarray(getattr(data, name)()).convert("RGB")
+        (out / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_source):
+            w, h = img.size
+            s = int(min(w, h) * rng.uniform(0.5, 1.0))
+            x, y = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
+            img.crop((x, y, x + s, y + s)).save(out / name / f"{i:03d}.jpg", quality=92)
+        counts[name] = per_source
+    return counts
+
+
 @dataclass
-class Job:
-    """One training job, run either by hand or by zoo's Trainer."""
+class Process:
+    """A finished command: wall-clock seconds from spawn to exit, the CPU seconds it and its
+    children used (user + system: less sensitive to a busy machine), and its output."""
 
-    data: Path
-    model: str = "resnet18"
-    weights: str = "none"
-    batch: int = 256
-    workers: int = 0
-    epochs: int = 2
-    image_size: int | None = None
-    device: str = "cpu"
-    bf16: bool = False
-    channels_last: bool = False
-
-    def sync(self) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
+    argv: list[str]
+    seconds: float
+    cpu_s: float
+    stdout: str
+    stderr: str
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def raw_loop(job: Job, *, synthetic: bool = False) -> list[float]:
-    """The field guide's loop, written out by hand (train() every epoch, zero_grad every step,
-    loss.item() for logging). Returns each epoch's seconds."""
-    device = torch.device(job.device)
-    model = create_model(job.model, weights=job.weights, num_classes=10)
-    info = info_of(model)
-    if job.image_size:
-        from dataclasses import replace
-
-        info = replace(info, input_size=(info.input_size[0], job.image_size, job.image_size))
-    model = model.to(device)
-    if job.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    crit = nn.CrossEntropyLoss()
-    torch.backends.cudnn.benchmark = True
-    splits = scan(job.data, seed=0)
-    ds = ImageFolderDataset(splits.samples("train"), train_transform(info), seed=0)
-    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    sampler = ResumableSampler(
-        len(ds), shuffle=True, seed=0, batch_size=job.batch, drop_last=has_bn
+def timed(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 3600) -> Process:
+    """Run ``argv`` to completion and time the whole process; raise with its stderr on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
     )
-    loader = torch.utils.data.DataLoader(
-        ds,
-        batch_size=job.batch,
-        sampler=sampler,
-        num_workers=job.workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=job.workers > 0,
-        prefetch_factor=4 if job.workers > 0 else None,
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return Process(argv, seconds, cpu, r.stdout, r.stderr)
+
+
+def zoo_cmd() -> list[str]:
+    """The `zoo` command of this interpreter's environment (as the user types it)."""
+    exe = Path(sys.executable).parent / "zoo"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "zoo"]
+
+
+def zoo_finetune(model: str, data: Path, run: Path, *options: str, **kw: Any) -> Process:
+    """``zoo finetune MODEL --data DATA OPTIONS`` as a subprocess, writing the run folder
+    ``run`` (which must not exist yet); ``extra`` holds its metrics rows (metrics.jsonl) and
+    report.json, the run's public outputs."""
+    if run.exists():
+        raise FileExistsError(f"{run} exists: give each zoo run a fresh folder")
+    argv = [*zoo_cmd(), "finetune", model, "--data", str(data)]
+    proc = timed([*argv, "--runs", str(run.parent), "--name", run.name, *options], **kw)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    proc.extra = {"run": run, "rows": rows, "report": json.loads((run / "report.json").read_text())}
+    return proc
+
+
+def hand_train(data: Path, out: Path, *options: str, **kw: Any) -> Process:
+    """``python bench/hand_train.py --data DATA --out OUT OPTIONS``; ``extra`` holds its epoch
+    rows and summary (its JSON lines)."""
+    proc = timed(
+        [
+            sys.executable,
+            str(BENCH / "hand_train.py"),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            *options,
+        ],
+        **kw,
     )
-    steps = sampler.batches_per_epoch()
-    size = info.input_size
-    fake = (
-        torch.randn(job.batch, *size, device=device),
-        torch.randint(0, 10, (job.batch,), device=device),
-    )
-    times = []
-    for epoch in range(job.epochs):
-        model.train()
-        sampler.set_epoch(epoch)
-        t0, running = time.perf_counter(), 0.0
-        batches = ((fake[0], fake[1], None) for _ in range(steps)) if synthetic else loader
-        for x, y, _ in batches:
-            x = x.to(device, non_blocking=True)
-            if job.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = y.to(device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=job.bf16):
-                loss = crit(model(x).float(), y)
-            loss.backward()
-            opt.step()
-            running += loss.item()
-        job.sync()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def trainer_run(job: Job, runs: Path, **overrides: object) -> list[dict[str, float]]:
-    """The same job through zoo's Trainer; returns the metrics rows (epoch_s is the train part)."""
-    cfg = TrainConfig(
-        model=job.model,
-        data=str(job.data),
-        weights=job.weights,
-        strategy="full",
-        epochs=job.epochs,
-        batch_size=job.batch,
-        amp="bf16" if job.bf16 else None,
-        channels_last=job.channels_last,
-        num_workers=job.workers,
-        device=job.device,
-        runs_root=str(runs),
-        progress=False,
-        image_size=job.image_size,
-        **overrides,  # type: ignore[arg-type]
-    )
-    run = Trainer(cfg).fit()
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def n_train(job: Job) -> int:
-    return len(scan(job.data, seed=0).files["train"])
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    proc.extra = {"rows": [x for x in lines if "epoch" in x], "summary": lines[-1]}
+    return proc

@@ -6,7 +6,7 @@ until two in a row agree within 10% (at most 4). Reports RPS, p50/p90/p99 and er
 2. server RPS vs the raw in-process ORT ceiling at its best batch size — goal ≥ 0.7;
 3. a soak at c=64 (60 s): no unexpected 5xx, server memory stable, /v2/health/live fast.
 
-    python bench/serve_load.py [--soak 60]
+    python bench/serve_load.py [--soak 60]      # writes docs/bench/serve_load.json
 
 The load generator shares the machine's cores with the server, as it would on one host.
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from bench_path import ROOT  # noqa: F401
+from provenance import Recording, headline
 
 from zoo.deploy.bench_harness import _percentile
 from zoo.deploy.export import export_onnx
@@ -97,15 +98,21 @@ class Server:
         return 0.0
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+        """SIGTERM (the server drains and exits); killed if it has not exited in 60 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
 
 async def window(
     url: str, conc: int, seconds: float, bodies: list[tuple[bytes, dict[str, str]]]
 ) -> dict[str, float]:
     lat: list[float] = []
-    codes: dict[int, int] = {}
+    codes: dict[int | str, int] = {}
     deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
@@ -114,9 +121,14 @@ async def window(
             body, headers = bodies[i % len(bodies)]
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
-                r = await client.post(
-                    f"{url}/v2/models/{NAME}/infer", content=body, headers=headers
-                )
+                try:
+                    r = await client.post(
+                        f"{url}/v2/models/{NAME}/infer", content=body, headers=headers
+                    )
+                except httpx.TransportError as exc:  # a reset or timeout: an error, not a crash
+                    key = f"transport:{type(exc).__name__}"
+                    codes[key] = codes.get(key, 0) + 1
+                    continue
                 lat.append((time.perf_counter() - t0) * 1000)
                 codes[r.status_code] = codes.get(r.status_code, 0) + 1
 
@@ -189,7 +201,9 @@ def main() -> None:
     p.add_argument("--soak", type=float, default=60.0)
     p.add_argument("--window", type=float, default=4.0)
     p.add_argument("--concurrency", default="1,4,16,32,64")
+    p.add_argument("--out", default=None, help="default: docs/bench/serve_load.json")
     args = p.parse_args()
+    rec = Recording("serve_load")
     threads = available_cpus()
     bodies = [_body(i) for i in range(8)]
     result: dict[str, object] = {"threads": threads, "cpus": os.cpu_count()}
@@ -199,23 +213,53 @@ def main() -> None:
         result["ort_ceiling_samples_per_s"] = ceiling(model, threads)
         best = max(result["ort_ceiling_samples_per_s"].values())  # type: ignore[union-attr]
         on = Server(model, "--max-batch", "32")
-        result["batching_on"] = [
-            asyncio.run(stable(on.url, int(c), bodies, args.window))
-            for c in args.concurrency.split(",")
-        ]
-        result["soak_c64"] = asyncio.run(soak(on, args.soak, bodies))
-        result["batching_on_exit_code"] = on.stop()
+        try:
+            result["batching_on"] = [
+                asyncio.run(stable(on.url, int(c), bodies, args.window))
+                for c in args.concurrency.split(",")
+            ]
+            result["soak_c64"] = asyncio.run(soak(on, args.soak, bodies))
+        finally:
+            result["batching_on_exit_code"] = on.stop()
         off = Server(model, "--max-batch", "1")
-        result["batching_off_c32"] = asyncio.run(stable(off.url, 32, bodies, args.window))
-        off.stop()
+        try:
+            result["batching_off_c32"] = asyncio.run(stable(off.url, 32, bodies, args.window))
+        finally:
+            off.stop()
     on32 = next(r for r in result["batching_on"] if r["concurrency"] == 32)  # type: ignore[union-attr,index]
     peak = max(r["rps"] for r in result["batching_on"])  # type: ignore[union-attr,index]
+    soak_ = result["soak_c64"]
     result["ratios"] = {
         "batching_on_vs_off_c32": round(on32["rps"] / result["batching_off_c32"]["rps"], 2),  # type: ignore[index]
         "server_peak_vs_ort_ceiling": round(peak / best, 2),
-        "goals": "on/off >= 2; server/ceiling >= 0.7; soak: no 5xx, stable memory, fast health",
+        "server_peak_rps": peak,
+        "ort_best_samples_per_s": best,
     }
-    print(json.dumps(result, indent=2))
+    errors_5xx = sum(v for k, v in soak_["codes"].items() if k.startswith("5"))
+    transport = sum(v for k, v in soak_["codes"].items() if k.startswith("transport"))  # type: ignore[index,union-attr]
+    result["soak_c64"]["errors_5xx"] = errors_5xx  # type: ignore[index]
+    result["soak_c64"]["transport_errors"] = transport  # type: ignore[index]
+    result["headlines"] = [
+        headline(
+            "serving: batching on vs `--max-batch 1` RPS at c=32",
+            "ratios.batching_on_vs_off_c32",
+            result["ratios"]["batching_on_vs_off_c32"],
+            ">=",
+            2.0,
+        ),
+        headline(
+            "serving: server peak RPS vs in-process ORT ceiling",
+            "ratios.server_peak_vs_ort_ceiling",
+            result["ratios"]["server_peak_vs_ort_ceiling"],
+            ">=",
+            0.7,
+        ),
+        headline(
+            "serving: 5xx answers in the soak at c=64", "soak_c64.errors_5xx", errors_5xx, "<=", 0
+        ),
+    ]
+    path = rec.write(result, args.out)
+    print(path.read_text())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,569 @@
+"""Generate docs/benchmarks.md from the raw results in docs/bench/*.json.
+
+The generator owns every table and every figure: the prose around them lives in
+docs/bench/benchmarks.template.md, which holds ``{{summary}}`` (the goals table, from each
+file's ``results.headlines``) and one ``{{bench NAME}}`` per benchmark script (the provenance
+line, a stale warning if the file is flagged, and the script's tables). Renderers only format
+values found in the JSON; they compute nothing.
+
+    python scripts/make_benchmarks_doc.py           # rewrite docs/bench/../benchmarks.md
+    python scripts/make_benchmarks_doc.py --check   # exit 1 if the committed doc differs
+
+``check_doc`` (used by tests/test_benchmarks_doc.py) also proves that every number in a table
+row traces to the row's own JSON file, that the template holds no table rows with numbers nor
+measured-looking figures, and that every result file is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT / "docs" / "bench"
+TEMPLATE = BENCH_DIR / "benchmarks.template.md"
+OUTPUT = ROOT / "docs" / "benchmarks.md"
+REQUIRED = ("schema", "bench", "command", "provenance", "stale", "results")
+PLACEHOLDER = re.compile(r"\{\{\s*(summary|bench\s+([\w-]+))\s*\}\}")
+# a number standing alone (not part of a word such as fp32, ResNet-18, p50 or v2)
+NUMBER = re.compile(r"(?<![\w.\-/])(\d(?:[\d,]*\d)?(?:\.\d+)?)(?![\w])(%?)")
+# what a measured figure looks like in prose: a decimal, a percentage or a number with a unit
+FIGURE = re.compile(
+    r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?\s*(?:%|×|x\b|ms\b|s\b|img/s|RPS|MB|GiB)|(?<![\w.\-/])\d+\.\d+"
+)
+
+
+@dataclass
+class Doc:
+    """The generated text and, for every table row, the result file it came from."""
+
+    text: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- formatting
+def fmt(v: Any, digits: int = 2) -> str:
+    """A JSON number as the docs show it (thousands separators, fixed decimals)."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and digits == 0):
+        return f"{int(v):,}"
+    return f"{v:,.{digits}f}"
+
+
+def short(v: float) -> str:
+    """At most three decimals, trailing zeros dropped: 3.96, 0.983, 1.2."""
+    return f"{v:,.3f}".rstrip("0").rstrip(".")
+
+
+def pct(v: Any, digits: int = 1) -> str:
+    return "—" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def dig(doc: dict[str, Any], key: str) -> Any:
+    """``results`` value at a dotted key."""
+    node: Any = doc["results"]
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+class Table:
+    """A markdown table whose rows remember the result file their values come from."""
+
+    def __init__(self, source: str, *header: str) -> None:
+        self.source, self.header = source, list(header)
+        self.rows: list[tuple[list[str], str]] = []
+
+    def add(self, *cells: Any, source: str | None = None) -> None:
+        self.rows.append(([str(c) for c in cells], source or self.source))
+
+    def lines(self, out: Doc) -> list[str]:
+        head = "| " + " | ".join(self.header) + " |"
+        out.rows.append((head, self.source))
+        lines = [head, "|" + " --- |" * len(self.header)]
+        for cells, source in self.rows:
+            line = "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+            out.rows.append((line, source))
+            lines.append(line)
+        return lines
+
+
+# ---------------------------------------------------------------------------- provenance
+def provenance_line(name: str, doc: dict[str, Any]) -> str:
+    p = doc["provenance"]
+    git, m, v = p["git"], p["machine"], p["versions"]
+    commit = (git.get("commit") or "unknown")[:7]
+    if git.get("dirty"):
+        tree = "dirty tree: " + ", ".join(git.get("changed") or []) or "dirty tree"
+    else:
+        tree = "clean tree" if git.get("dirty") is False else "tree state unknown"
+    cpus = m.get("logical_cpus")
+    aff = m.get("affinity")
+    cpu = f"{m.get('cpu_model') or 'CPU model unknown'}, {cpus} logical CPUs" if cpus else "CPU ?"
+    if aff:
+        cpu += f" ({len(aff)} usable by the process)"
+    ram = f", {m['ram_gib']} GiB RAM" if m.get("ram_gib") else ""
+    gpu = ", GPU: " + ", ".join(m["gpus"]) if m.get("gpus") else ", no GPU"
+    vers = ", ".join(
+        f"{k} {v[k]}" for k in ("python", "torch", "onnxruntime") if v.get(k) is not None
+    )
+    load = ""
+    if p.get("load_avg_before"):
+        load = f"; load average {p['load_avg_before'][0]} before, {p['load_avg_after'][0]} after"
+    return (
+        f"Measured {p['date'][:10]} at commit `{commit}` ({tree}) on {cpu}{ram}{gpu}; "
+        f"{vers}{load}. Command: `{doc['command']}`. Raw results: "
+        f"[`docs/bench/{name}.json`](bench/{name}.json)."
+    )
+
+
+def stale_line(doc: dict[str, Any]) -> list[str]:
+    s = doc.get("stale")
+    if not s:
+        return []
+    return [
+        f"> **Stale.** Measured on commit `{(s.get('measured_on') or 'unknown')[:7]}`: "
+        f"{s['reason']}. These figures are kept for reference until re-measured.",
+        "",
+    ]
+
+
+# ---------------------------------------------------------------------------- renderers
+def trainer_overhead(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, s = d["results"], d["results"]["setup"]
+    eps = s["epochs"]
+    lines = [
+        f"`{s['model']}` on {s['data']} ({fmt(s['train_images'])} train / "
+        f"{fmt(s['val_images'])} val images), batch {s['batch']}, {s['workers']} loader "
+        f"worker(s), no augmentation, {s['device']}; each tool at "
+        f"{' and '.join(str(e) for e in eps)} epochs, {s['rounds']} round(s), the order of the "
+        "two tools alternating. zoo: "
+        f"`{s['zoo_command']}`; hand-written: `{s['hand_command']}`.",
+        "",
+    ]
+    t = Table(name, "epochs", "hand-written (s)", "zoo finetune (s)", "zoo / hand (per round)")
+    for e in eps:
+        k = str(e)
+        ratios = ", ".join(fmt(x, 3) for x in r["wall"]["ratio_per_round"][k])
+        t.add(
+            e, fmt(r["wall"]["median_s"]["hand"][k]), fmt(r["wall"]["median_s"]["zoo"][k]), ratios
+        )
+    lines += ["Whole-process wall clock (median over rounds):", "", *t.lines(out), ""]
+    f = Table(
+        name,
+        "clock",
+        "hand fixed (s)",
+        "zoo fixed (s)",
+        "zoo − hand fixed (s)",
+        "hand per epoch (s)",
+        "zoo per epoch (s)",
+        "per-epoch ratio",
+        f"ratio at {r['max_epochs']} epochs",
+    )
+    for clock in ("wall", "cpu"):
+        c = r[clock]["fit"]
+        f.add(
+            "wall clock" if clock == "wall" else "CPU time",
+            fmt(c["hand"]["fixed_s"]),
+            fmt(c["zoo"]["fixed_s"]),
+            fmt(c["fixed_extra_s"]),
+            fmt(c["hand"]["per_epoch_s"], 3),
+            fmt(c["zoo"]["per_epoch_s"], 3),
+            f"**{fmt(c['per_epoch_ratio'], 3)}**",
+            f"**{fmt(r[clock]['ratio_at_max_epochs'], 3)}**",
+        )
+    lines += ["Fit `seconds = fixed + per_epoch × epochs`:", "", *f.lines(out), ""]
+    lo = r["train_loop_only"]
+    w = r["warmup_1_epoch_s"]
+    g = Table(name, "", "hand-written", "zoo", "ratio")
+    g.add(
+        "training part of an epoch (s, median)",
+        fmt(lo["hand_median_s"], 3),
+        fmt(lo["zoo_median_s"], 3),
+        fmt(lo["ratio"], 3),
+    )
+    g.add("warm-up run, 1 epoch, not fitted (s)", fmt(w["hand"]), fmt(w["zoo"]), "")
+    return [*lines, *g.lines(out), ""]
+
+
+def feature_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(name, "run", "wall clock (s)", "CPU time (s)", "best val accuracy")
+    for k, label in (("plain", "backbone every epoch"), ("cached", "`--cache-features`")):
+        t.add(label, fmt(r[k]["seconds"], 1), fmt(r[k]["cpu_s"], 1), fmt(r[k]["val_acc"], 4))
+    t.add(
+        "**cached vs plain**",
+        f"**{fmt(r['speedup'])}× faster**",
+        "",
+        f"{fmt(r['acc_delta_points'])} points",
+    )
+    return [
+        f"`{r['command']}`, {r['epochs']} epochs at {r['image_size']} px.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
+def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    rt, oe, q = r["runtime_vs_raw"], r["ort_fp32_vs_eager"], r["int8_static_resnet18"]
+    t = Table(name, "comparison", "p50", "ratio")
+    t.add(
+        "`OnnxClassifier.run` vs raw `session.run` (3 alternating windows, medians)",
+        f"{fmt(rt['zoo_median_ms'])} vs {fmt(rt['raw_median_ms'])} ms",
+        f"**{fmt(rt['ratio'], 3)}**",
+    )
+    t.add(
+        "ORT fp32 vs torch eager",
+        f"{fmt(oe['ort_p50_ms'])} vs {fmt(oe['eager_p50_ms'])} ms",
+        f"**{fmt(oe['ratio'], 3)}**",
+    )
+    t.add(
+        "ORT static int8 (QDQ, per-channel, minmax) vs ORT fp32",
+        f"{fmt(q['latency_ms']['int8_p50'])} vs {fmt(q['latency_ms']['fp32_p50'])} ms",
+        f"**{fmt(q['ratio'], 3)}**",
+    )
+    t.add("ORT dynamic int8 vs ORT fp32", "", fmt(r["int8_dynamic_resnet18"]["latency_ratio"], 3))
+    cov = q["coverage"]
+    lines = [
+        f"{r['model']} at {r['image_size']} px, batch 1, {r['threads']} threads for torch and ORT.",
+        "",
+        *t.lines(out),
+        "",
+        f"Static int8: {cov['quantized']}/{cov['heavy_ops']} Conv/Gemm nodes quantized, file size × {fmt(q['size_ratio'], 3)}.",
+        "",
+    ]
+    a = Table(
+        name,
+        "model",
+        "evaluation images",
+        "calibration images (disjoint)",
+        "top-1 agreement",
+        "confidence interval",
+        "accuracy fp32 → int8",
+    )
+    dg, mb = r["int8_static_resnet18_digits"], r["int8_static_mobilenet_v2_real_weights"]
+    acc = dg.get("accuracy") or {}
+    a.add(
+        "ResNet-18 trained on the real digits (64 px)",
+        f"{dg['n_eval_images']} val digits, {spread(dg['eval_per_class'], 'class')}",
+        f"{dg['n_calibration_images']} train digits, {spread(dg['calibration_per_class'], 'class')}",
+        f"**{pct(dg['top1_agreement'])}**",
+        f"{pct(dg['agreement_ci95'][0])}–{pct(dg['agreement_ci95'][1])}",
+        f"{fmt(acc.get('fp32'), 3)} → {fmt(acc.get('int8'), 3)}",
+    )
+    a.add(
+        "MobileNetV2, real ImageNet weights",
+        f"{mb['n_eval_images']} crops, {spread(mb['eval_photos'], 'photo')}",
+        f"{mb['n_calibration_images']} crops, {spread(mb['calibration_photos'], 'photo')}",
+        f"**{pct(mb['top1_agreement'])}**",
+        f"{pct(mb['agreement_ci95'][0])}–{pct(mb['agreement_ci95'][1])}",
+        "(no labels)",
+    )
+    photos = ", ".join(mb["eval_photos"]) + " | " + ", ".join(mb["calibration_photos"])
+    return [*lines, *a.lines(out), "", f"Photographs (evaluation | calibration): {photos}.", ""]
+
+
+def spread(counts: dict[str, int], unit: str) -> str:
+    """ "20 per class (digit_0 … digit_9)", or every count when they differ."""
+    values = set(counts.values())
+    names = list(counts)
+    if len(values) == 1:
+        span = f"{names[0]} … {names[-1]}" if len(names) > 2 else ", ".join(names)
+        return f"{values.pop()} per {unit} ({span})"
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def serve_load(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    ceil = ", ".join(f"bs {k}: {fmt(v, 1)}" for k, v in r["ort_ceiling_samples_per_s"].items())
+    t = Table(name, "concurrency", "RPS", "p50", "p90", "p99", "errors")
+    for w in r["batching_on"]:
+        t.add(
+            w["concurrency"],
+            fmt(w["rps"], 1),
+            f"{fmt(w['p50_ms'], 1)} ms",
+            f"{fmt(w['p90_ms'], 1)} ms",
+            f"{fmt(w['p99_ms'], 1)} ms",
+            pct(w["error_pct"] / 100, 2),
+        )
+    off, s, ra = r["batching_off_c32"], r["soak_c64"], r["ratios"]
+    t2 = Table(name, "check", "figure")
+    t2.add(
+        "`--max-batch 1` at c=32",
+        f"{fmt(off['rps'], 1)} RPS, p50 {fmt(off['p50_ms'], 1)} ms, p99 {fmt(off['p99_ms'], 1)} ms",
+    )
+    t2.add("batching on vs off at c=32", f"**{fmt(ra['batching_on_vs_off_c32'])}×**")
+    t2.add(
+        "server peak vs in-process ORT ceiling",
+        f"{fmt(ra['server_peak_rps'], 1)} / {fmt(ra['ort_best_samples_per_s'], 1)} = **{fmt(ra['server_peak_vs_ort_ceiling'])}**",
+    )
+    t2.add(
+        f"soak, {fmt(s['seconds'], 0)} s at c=64",
+        f"{fmt(s['n'], 0)} requests, {fmt(s['errors_5xx'], 0)} answers 5xx, {fmt(s.get('transport_errors', 0), 0)} connection errors, RSS {fmt(s['rss_mb_start'], 0)} → {fmt(s['rss_mb_mid'], 0)} → {fmt(s['rss_mb_end'], 0)} MB, health p50 {fmt(s['health_p50_ms'], 1)} ms / p99 {fmt(s['health_p99_ms'], 1)} ms over {fmt(s['health_probes'], 0)} probes, exit code after SIGTERM {r['batching_on_exit_code']}",
+    )
+    return [
+        f"In-process ORT ceiling (samples/s by batch size): {ceil}.",
+        "",
+        "Batching on (`--max-batch 32`, no added delay):",
+        "",
+        *t.lines(out),
+        "",
+        *t2.lines(out),
+        "",
+    ]
+
+
+def gpu_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    tr = r["trainer"]
+    t = Table(name, "run", "img/s")
+    t.add("hand-written loop, before", fmt(tr["raw_img_per_s"][0], 0))
+    t.add("zoo trainer", fmt(tr["trainer_img_per_s"], 0))
+    t.add("hand-written loop, after", fmt(tr["raw_img_per_s"][1], 0))
+    t.add(
+        "same loop on synthetic GPU tensors (no data loading)",
+        fmt(tr["synthetic_ceiling_img_per_s"], 0),
+    )
+    t.add(
+        "**zoo / hand-written (mean of before and after)**",
+        f"**{fmt(tr['ratio_trainer_vs_raw'], 3)}**",
+    )
+    t.add("zoo's share of time waiting for data", pct(tr["trainer_data_wait"]))
+    tf = r.get("tf32") or {}
+    lines = [
+        f"Device: {r['device']}, torch {r['torch']}. Trainer: {tr['model']}, batch {tr['batch']}, "
+        f"bf16 autocast, channels_last, {fmt(tr['train_images'], 0)} training images at "
+        f"{tr['image_size']} px, {tr['workers']} loader workers, last of {tr['epochs']} epochs.",
+        "",
+        *t.lines(out),
+        "",
+        f"TF32 for the latency and parity figures: {tf.get('mode', 'unknown')} (CUDA matmul "
+        f"{tf.get('cuda_matmul', '?')}, cuDNN conv {tf.get('cudnn_conv', '?')})"
+        + (f"; {tf['note']}" if tf.get("note") else "")
+        + ".",
+        "",
+    ]
+    lat = Table(name, "batch", "eager p50", "compiled p50", "speed-up", "compile time")
+    for x in r.get("latency", []):
+        lat.add(
+            x["batch"],
+            f"{fmt(x['eager_p50_ms'])} ms",
+            f"{fmt(x['compiled_p50_ms'])} ms",
+            f"{fmt(x['speedup'])}×",
+            f"{fmt(x['compile_s'], 1)} s",
+        )
+    par = Table(
+        name,
+        "CUDA path vs CPU eager (real MobileNetV2 weights, bundled photos)",
+        "max abs difference",
+        "top-1 agrees",
+    )
+    for k, v in r.get("parity", {}).items():
+        par.add(k, fmt(v["max_abs"], 4), fmt(v["top1_agree"]))
+    return [
+        *lines,
+        "Inference latency, resnet18 fp32, eager vs `torch.compile`:",
+        "",
+        *lat.lines(out),
+        "",
+        *par.lines(out),
+        "",
+    ]
+
+
+RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
+    "trainer_overhead": trainer_overhead,
+    "feature_cache": feature_cache,
+    "deploy_bench": deploy_bench,
+    "serve_load": serve_load,
+    "gpu_bench": gpu_bench,
+}
+
+
+def busy(d: dict[str, Any]) -> bool:
+    """Measured while the machine had more runnable work than CPUs (1-minute load average)."""
+    p = d["provenance"]
+    load, cpus = p.get("load_avg_before"), p["machine"].get("logical_cpus")
+    return bool(load and cpus and load[0] > cpus)
+
+
+def summary(results: dict[str, dict[str, Any]], out: Doc) -> list[str]:
+    """One row per goal (each file's ``results.headlines``), marked when the file is stale."""
+    ops = {"<=": "≤", ">=": "≥"}
+    t = Table("", "goal", "target", "measured", "met?", "raw")
+    for name, d in results.items():
+        for h in d["results"].get("headlines", []):
+            verdict = "—" if h["met"] is None else ("yes" if h["met"] else "**no**")
+            if d.get("stale"):
+                verdict += f" (stale: commit `{d['stale']['measured_on'][:7]}`)"
+            elif busy(d):
+                p = d["provenance"]
+                verdict += (
+                    f" (provisional: load {p['load_avg_before'][0]} on "
+                    f"{p['machine']['logical_cpus']} CPUs)"
+                )
+            value = dig(d, h["key"])
+            shown = fmt(value, 0) if isinstance(value, int) else short(value)
+            goal = f"{ops[h['goal']['op']]} {h['goal']['target']:g}"
+            t.add(h["what"], goal, shown, verdict, f"[{name}](bench/{name}.json)", source=name)
+    return t.lines(out)
+
+
+# ---------------------------------------------------------------------------- generation
+def load_results(folder: Path = BENCH_DIR) -> dict[str, dict[str, Any]]:
+    """Every ``*.json`` result file by stem, checked for the fields the docs need."""
+    results = {}
+    for path in sorted(folder.glob("*.json")):
+        doc = json.loads(path.read_text())
+        missing = [k for k in REQUIRED if k not in doc]
+        if missing:
+            raise ValueError(
+                f"{path}: missing {', '.join(missing)} (write it with bench/provenance.py)"
+            )
+        if doc["bench"] not in RENDERERS:
+            raise ValueError(f"{path}: no renderer for bench {doc['bench']!r} in {__file__}")
+        results[path.stem] = doc
+    return results
+
+
+def generate(template: str, results: dict[str, dict[str, Any]]) -> Doc:
+    out = Doc("")
+    shown: set[str] = set()
+
+    def expand(m: re.Match[str]) -> str:
+        if m.group(1) == "summary":
+            return "\n".join(summary(results, out))
+        bench = m.group(2)
+        names = [n for n, d in results.items() if d["bench"] == bench]
+        if not names:
+            raise ValueError(
+                f"the template shows {{{{bench {bench}}}}} but docs/bench has no {bench} result"
+            )
+        parts = []
+        for n in names:
+            shown.add(n)
+            d = results[n]
+            parts += [provenance_line(n, d), "", *stale_line(d), *RENDERERS[bench](n, d, out)]
+        return "\n".join(parts).rstrip("\n")
+
+    text = PLACEHOLDER.sub(expand, template)
+    unshown = sorted(set(results) - shown)
+    if unshown:
+        raise ValueError(f"result files not shown by the template: {', '.join(unshown)}")
+    out.text = text if text.endswith("\n") else text + "\n"
+    return out
+
+
+def json_numbers(node: Any) -> tuple[list[float], set[str]]:
+    """Every number in a JSON document, and every number-looking token in its strings."""
+    nums: list[float] = []
+    tokens: set[str] = set()
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, bool):
+            continue
+        if isinstance(x, int | float):
+            nums.append(float(x))
+        elif isinstance(x, str):
+            tokens.update(m.group(1).replace(",", "") for m in NUMBER.finditer(x))
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return nums, tokens
+
+
+def traces(token: str, percent: bool, nums: list[float], tokens: set[str]) -> bool:
+    """Does ``token`` (as shown, e.g. "1,438", "0.983", "77.5" with %) come from the JSON?"""
+    plain = token.replace(",", "")
+    if plain in tokens:
+        return True
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    shown = float(plain)
+    # a whole number is shown only for a whole value; a decimal is the value rounded
+    half = 0.5 * 10**-decimals + 1e-9 if decimals else 1e-9
+    for v in nums:
+        candidates = (100 * v, v) if percent else (v,)
+        if any(math.isfinite(c) and abs(c - shown) <= half for c in candidates):
+            return True
+    return False
+
+
+def check_doc(committed: str, template: str, results: dict[str, dict[str, Any]]) -> list[str]:
+    """Every way the published doc can drift from its raw results, as readable problems."""
+    problems = []
+    for line in template.splitlines():
+        if line.lstrip().startswith("|") and NUMBER.search(strip_code(line)):
+            problems.append(
+                f"template has a table row with a number (tables are generated): {line!r}"
+            )
+        elif not line.lstrip().startswith("|") and FIGURE.search(strip_code(line)):
+            problems.append(
+                f"template prose has a measured-looking figure (put it in a JSON): {line!r}"
+            )
+    try:
+        doc = generate(template, results)
+    except ValueError as exc:
+        return [*problems, str(exc)]
+    if committed != doc.text:
+        problems.append(
+            "docs/benchmarks.md differs from the generator's output: run python scripts/make_benchmarks_doc.py"
+        )
+    sources = dict(doc.rows)
+    for line in committed.splitlines():
+        if not line.lstrip().startswith("|"):
+            continue
+        numbers = list(NUMBER.finditer(strip_code(line)))
+        if not numbers:
+            continue
+        if not sources.get(line):
+            problems.append(f"table row with numbers that the generator did not write: {line!r}")
+            continue
+        nums, tokens = json_numbers(results[sources[line]])
+        for m in numbers:
+            if not traces(m.group(1), m.group(2) == "%", nums, tokens):
+                problems.append(
+                    f"{m.group(0)!r} in {line!r} is not a value in docs/bench/{sources[line]}.json"
+                )
+    return problems
+
+
+def strip_code(line: str) -> str:
+    """Text outside `code spans` and links' targets: commands and paths are not figures."""
+    line = re.sub(r"`[^`]*`", "", line)
+    return re.sub(r"\]\([^)]*\)", "]", line)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date"
+    )
+    args = p.parse_args()
+    results = load_results()
+    template = TEMPLATE.read_text()
+    if args.check:
+        problems = check_doc(OUTPUT.read_text(), template, results)
+        for pr in problems:
+            print(pr, file=sys.stderr)
+        return 1 if problems else 0
+    OUTPUT.write_text(generate(template, results).text)
+    print(f"wrote {OUTPUT.relative_to(ROOT)} from {len(results)} result file(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""docs/benchmarks.md is exactly what scripts/make_benchmarks_doc.py makes of docs/bench/*.json,
+every number in its tables is a value of the row's own raw file, and the pieces the bench
+scripts share (provenance, the hand-written loop's split, the int8 samples) do what the docs say.
+
+Fast (no benchmark runs): the gate tests break the doc, the template, a renderer or a result
+file on purpose and check that each break is caught."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "scripts")]
+
+import make_benchmarks_doc as gen  # noqa: E402
+import provenance  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return gen.load_results()
+
+
+@pytest.fixture(scope="module")
+def template() -> str:
+    return gen.TEMPLATE.read_text()
+
+
+def test_committed_doc_is_generated_from_the_raw_files(results: dict, template: str) -> None:
+    committed = gen.OUTPUT.read_text()
+    assert gen.check_doc(committed, template, results) == []
+    assert committed == gen.generate(template, results).text
+
+
+def test_every_raw_file_names_its_commit_versions_and_machine(results: dict) -> None:
+    assert results, "docs/bench/ holds no result file"
+    for name, doc in results.items():
+        p = doc["provenance"]
+        assert p["git"]["commit"] and len(p["git"]["commit"]) == 40, name
+        assert p["versions"]["torch"], name
+        assert p["machine"]["logical_cpus"], name
+        assert p["date"][:4].isdigit(), name
+        assert doc["results"]["headlines"], f"{name}: no goal rows for the summary"
+        for h in doc["results"]["headlines"]:
+            assert gen.dig(doc, h["key"]) == h["value"], f"{name}: headline {h['key']} drifted"
+
+
+def test_a_hand_edited_figure_is_caught(results: dict, template: str) -> None:
+    doc = gen.generate(template, results).text
+    row = next(line for line in doc.splitlines() if line.startswith("| ") and "**" in line)
+    number = next(m for m in gen.NUMBER.finditer(gen.strip_code(row)))
+    edited = row.replace(number.group(1), number.group(1) + "1", 1)
+    problems = gen.check_doc(doc.replace(row, edited), template, results)
+    assert any("differs from the generator" in p for p in problems)
+    assert any("did not write" in p and edited in p for p in problems)
+
+
+def test_numbers_in_the_template_are_refused(results: dict, template: str) -> None:
+    doc = gen.generate(template, results).text
+    for addition, expect in (
+        ("| trainer | 1.01 |", "template has a table row with a number"),
+        ("The trainer is 1.01× the hand-written loop.", "measured-looking figure"),
+        ("It took 12 s.", "measured-looking figure"),
+        ("Agreement was 98%.", "measured-looking figure"),
+    ):
+        problems = gen.check_doc(doc, template + "\n" + addition + "\n", results)
+        assert any(expect in p for p in problems), addition
+    # prose numbers that are not figures stay allowed: issue numbers, model names, commands
+    harmless = "See issue 10 and ResNet-18 on 2 cores: `zoo finetune -b 64 --epochs 12`."
+    assert gen.FIGURE.search(gen.strip_code(harmless)) is None
+
+
+def test_a_renderer_inventing_a_number_is_caught(
+    results: dict, template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = gen.RENDERERS["gpu_bench"]
+
+    def lying(name: str, d: dict, out: gen.Doc) -> list[str]:
+        t = gen.Table(name, "what", "value")
+        t.add("a figure no file holds", "123.456")
+        return [*real(name, d, out), *t.lines(out)]
+
+    monkeypatch.setitem(gen.RENDERERS, "gpu_bench", lying)
+    doc = gen.generate(template, results).text  # the doc agrees with the (lying) generator ...
+    problems = gen.check_doc(doc, template, results)
+    assert problems and all("'123.456'" in p for p in problems)  # ... but not with the file
+
+
+def test_traces_rounding_and_percentages() -> None:
+    nums, tokens = gen.json_numbers({"a": 0.98263, "b": [1438, 0.775], "c": "batch 64", "d": True})
+    assert gen.traces("0.983", False, nums, tokens)
+    assert gen.traces("1,438", False, nums, tokens)
+    assert gen.traces("77.5", True, nums, tokens)
+    assert gen.traces("64", False, nums, tokens)  # copied from a string of the same file
+    assert not gen.traces("0.984", False, nums, tokens)
+    assert not gen.traces("77.6", True, nums, tokens)
+    assert not gen.traces("1", False, nums, tokens)  # a bool is not the number 1
+
+
+def test_unshown_or_incomplete_result_files_are_refused(
+    results: dict, template: str, tmp_path: Path
+) -> None:
+    extra = dict(results, other_gpu=results["gpu_bench_h200"])
+    assert gen.generate(template, extra).text  # same bench name: shown in the same section
+    no_section = template.replace("{{bench gpu_bench}}", "")
+    with pytest.raises(ValueError, match="not shown by the template: gpu_bench_h200"):
+        gen.generate(no_section, results)
+    (tmp_path / "x.json").write_text(json.dumps({"bench": "gpu_bench", "results": {}}))
+    with pytest.raises(ValueError, match="missing schema, command, provenance, stale"):
+        gen.load_results(tmp_path)
+
+
+# ---------------------------------------------------------------------------- provenance
+def test_recording_writes_provenance_from_git(tmp_path: Path) -> None:
+    rec = provenance.Recording("unit", argv=[str(ROOT / "bench" / "x.py"), "--flag"])
+    value = provenance.headline("x vs y", "ratio", 1.02, "<=", 1.05)
+    path = rec.write({"ratio": 1.02, "headlines": [value]}, tmp_path / "unit.json")
+    doc = json.loads(path.read_text())
+    assert set(gen.REQUIRED) <= set(doc) and doc["bench"] == "unit"
+    assert doc["command"] == "python bench/x.py --flag"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = head.stdout.strip() or None  # None: not a git checkout (and no ZOO_BENCH_COMMIT)
+    if commit:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert doc["provenance"]["git"]["dirty"] == bool(status.stdout.strip())
+    assert doc["provenance"]["git"]["commit"] == (commit or provenance.git_state()["commit"])
+    m = doc["provenance"]["machine"]
+    assert m["logical_cpus"] >= 1 and m["affinity"] and m["cpu_model"]
+    assert doc["provenance"]["versions"]["onnxruntime"]
+    assert len(doc["provenance"]["source_sha256"]) == 64
+    assert doc["results"]["headlines"][0]["met"] is True
+    provenance.mark_stale(path, "code changed")
+    assert json.loads(path.read_text())["stale"] == {
+        "measured_on": doc["provenance"]["git"]["commit"],
+        "reason": "code changed",
+    }
+
+
+def test_git_state_without_a_checkout_uses_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provenance, "_git", lambda *a: None)
+    monkeypatch.delenv("ZOO_BENCH_COMMIT", raising=False)
+    assert provenance.git_state()["commit"] is None
+    monkeypatch.setenv("ZOO_BENCH_COMMIT", "a" * 40)
+    monkeypatch.setenv("ZOO_BENCH_DIRTY", "0")
+    state = provenance.git_state()
+    assert state["commit"] == "a" * 40 and state["dirty"] is False
+
+
+def test_headline_verdicts() -> None:
+    assert provenance.headline("r", "k", 1.05, "<=", 1.05)["met"] is True
+    assert provenance.headline("r", "k", 1.06, "<=", 1.05)["met"] is False
+    assert provenance.headline("r", "k", 0.97, ">=", 0.98)["met"] is False
+    assert provenance.headline("r", "k", None, ">=", 0.98)["met"] is None
+
+
+# ---------------------------------------------------------------------------- bench pieces
+def test_fit_separates_fixed_and_per_epoch_parts() -> None:
+    from trainer_overhead import fit_line
+
+    a, b = fit_line({2: 3.0 + 2 * 1.5, 12: 3.0 + 12 * 1.5})
+    assert a == pytest.approx(3.0) and b == pytest.approx(1.5)
+    points = {1: 4.0, 2: 6.1, 4: 9.9}  # least squares over three counts
+    b_ref, a_ref = np.polyfit(list(points), list(points.values()), 1)
+    assert fit_line(points) == (pytest.approx(a_ref), pytest.approx(b_ref))
+
+
+def test_hand_loop_splits_like_zoo(small_digits: Path) -> None:
+    """Both tools must see the same number of train/val images of each class."""
+    from hand_train import split
+
+    from zoo.train.data import scan
+
+    classes, hand = split(small_digits, 0.2, 0)
+    zoo = scan(small_digits, val_fraction=0.2, seed=0)
+    for part in ("train", "val"):
+        hand_counts = {c: sum(1 for _, y in hand[part] if classes[y] == c) for c in classes}
+        zoo_counts = {c: sum(1 for _, y in zoo.files[part] if y == c) for c in classes}
+        assert hand_counts == zoo_counts, part
+
+
+def test_int8_samples_are_stratified_and_disjoint(small_digits: Path, tmp_path: Path) -> None:
+    from deploy_bench import CALIB_PHOTOS, EVAL_PHOTOS, sample_per_class, stratified_split, used
+
+    data = stratified_split(small_digits, tmp_path / "split", 10, seed=0)
+    ev = sample_per_class(data / "val", tmp_path / "eval", 5, seed=1)
+    ca = sample_per_class(data / "train", tmp_path / "calib", 4, seed=2)
+    assert set(ev.values()) == {5} and len(ev) == 10  # every class, the same count
+    assert set(ca.values()) == {4} and len(ca) == 10
+    files = {
+        p: {f.relative_to(p) for f in p.rglob("*.png")}
+        for p in (tmp_path / "eval", tmp_path / "calib")
+    }
+    assert not files[tmp_path / "eval"] & files[tmp_path / "calib"]
+    assert used(tmp_path / "eval", 200) == 50 and used(tmp_path / "calib", 40) == 40
+    assert not set(EVAL_PHOTOS) & set(CALIB_PHOTOS)
+
+
+def test_wilson_interval() -> None:
+    from deploy_bench import wilson
+
+    low, high = wilson(0.775, 120)
+    assert low == pytest.approx(0.692, abs=1e-3) and high == pytest.approx(0.841, abs=1e-3)
+    assert wilson(1.0, 200) == [pytest.approx(0.9812, abs=1e-4), 1.0]
+
+
+def test_tf32_is_set_explicitly() -> None:
+    code = (
+        "import sys; sys.path.insert(0, 'bench'); from hand_train import set_tf32; "
+        "import json; print(json.dumps([set_tf32('default'), set_tf32('off'), set_tf32('on')]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    default, off, on = json.loads(r.stdout)
+    assert off == {"mode": "off", "cuda_matmul": "ieee", "cudnn_conv": "ieee"}
+    assert on == {"mode": "on", "cuda_matmul": "tf32", "cudnn_conv": "tf32"}
+    assert default["cudnn_conv"] == "tf32"  # torch's default: why the GPU script must set it
