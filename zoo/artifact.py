@@ -10,13 +10,13 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-from safetensors.torch import save_file
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from zoo.errors import ArtifactError
 from zoo.metadata import ModelInfo, WeightSource
+
+if TYPE_CHECKING:  # reading a folder's config must not import torch
+    from torch import nn
 
 SCHEMA_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -146,6 +146,8 @@ def save_model_folder(
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    from safetensors.torch import save_file
+
     try:
         tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})

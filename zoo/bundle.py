@@ -11,10 +11,10 @@ import torch
 
 from zoo.artifact import ALLOWED_FILES, model_folder_of, read_config, save_model_folder
 from zoo.cards import finetuned_card
+from zoo.catalog import get_entry
 from zoo.errors import InputError, UnsafeWeightsError
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
-from zoo.registry import get_entry
 from zoo.weights import read_state_dict, sha256_file
 
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from zoo.artifact import WEIGHTS_FILE, info_from_config, model_folder_of, read_config
+from zoo.catalog import get_entry
 from zoo.errors import InputError
-from zoo.loading import LoadReport, load_strict
 from zoo.metadata import ModelInfo, WeightSource
-from zoo.registry import Entry, get_entry
-from zoo.weights import load_weights, read_state_dict
+from zoo.registry import Entry
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not when a name is resolved
+    from torch import nn
+
+    from zoo.loading import LoadReport
 
 RANDOM = ("none", "random", "scratch")
 
@@ -50,6 +52,9 @@ def create_model_with_report(
     **kwargs: Any,
 ) -> tuple[nn.Module, ModelInfo, LoadReport | None]:
     """Like :func:`create_model`, also returning the effective metadata and the load report."""
+    from zoo.loading import load_strict
+    from zoo.weights import fetch_weights, load_weights, read_state_dict
+
     entry, _ = resolve(name)
     info = entry.info
     source: WeightSource = info.weights
@@ -70,7 +75,7 @@ def create_model_with_report(
         state = (
             load_weights(source)
             if source.kind != "local"
-            else read_state_dict(_verified_local(source))
+            else read_state_dict(fetch_weights(source))
         )
         report = load_strict(
             model,
@@ -90,12 +95,6 @@ def create_model_with_report(
 
         eff = replace(eff, params=count_params(model), metrics=(), parent=info.name)
     return model, eff, report
-
-
-def _verified_local(source: WeightSource) -> Path:
-    from zoo.weights import fetch_weights
-
-    return fetch_weights(source)
 
 
 def create_model(
