@@ -252,7 +252,7 @@ def export_metadata(
         "num_classes": info.num_classes,
         "multi_label": info.multi_label,
         "thresholds": list(info.thresholds) if info.thresholds else None,
-        "preprocessing": info.preprocessing(),
+        "preprocessing": info.preprocessing().to_dict(),
         "opset": result.opset,
         "exporter": result.exporter,
         "dynamic_batch": result.dynamic_batch,

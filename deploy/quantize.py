@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.bench_harness import time_session
-from zoo.deploy.onnx_meta import read_metadata, set_metadata
+from zoo.deploy.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.deploy.parity import real_images
 from zoo.deploy.preprocess import preprocess
 from zoo.deploy.runtime import make_session
@@ -97,8 +97,7 @@ def quantize(
     if mode not in ("dynamic", "static"):
         raise InputError(f"--mode {mode!r}: use dynamic or static.")
     meta = read_metadata(model)
-    if not meta.get("preprocessing"):
-        raise InputError(f"{model} has no zoo metadata; export it with `zoo export` first.")
+    pre = read_preprocessing(meta, model)
     fp32_ops = op_counts(model)
     advice: list[str] = []
     if mode == "dynamic" and conv_heavy(fp32_ops):
@@ -107,7 +106,6 @@ def quantize(
             "Gemm/MatMul): onnxruntime dynamic quantization runs convs as ConvInteger, which is often "
             "several times slower than fp32 on CPU. Static QDQ (--mode static --calib DIR) is usually faster."
         )
-    pre = meta["preprocessing"]
     eval_imgs = real_images(eval_data, limit=200)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in eval_imgs])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ def _config_for(
         "class_names": list(info.label_names) if info.label_names else [str(i) for i in range(n)],
         "multi_label": False,
         "params": info.params,
-        "preprocessing": info.preprocessing(),
+        "preprocessing": info.preprocessing().to_dict(),
         "parent_weights": info.weights.describe(),
         "parent_weights_sha256": info.weights.sha256,
         "lineage": lineage,

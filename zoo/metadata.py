@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+from zoo.preprocessing import Preprocessing
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -88,11 +90,6 @@ class ModelInfo:
     def name(self) -> str:
         return f"{self.arch}.{self.tag}"
 
-    @property
-    def resize_size(self) -> int:
-        """Short-side resize before the center crop (e.g. 224 / 0.875 = 256)."""
-        return int(self.input_size[-1] / self.crop_pct)
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["name"] = self.name
@@ -102,13 +99,28 @@ class ModelInfo:
         d["weights"]["description"] = self.weights.describe()
         return d
 
-    def preprocessing(self) -> dict[str, Any]:
-        """The eval preprocessing as plain data (written into configs and ONNX metadata)."""
-        return {
-            "input_size": list(self.input_size),
-            "resize_size": self.resize_size,
-            "crop_pct": self.crop_pct,
-            "interpolation": self.interpolation,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
+    def preprocessing(self) -> Preprocessing:
+        """The eval preprocessing of this entry (written into configs and ONNX metadata with
+        :meth:`Preprocessing.to_dict`).
+
+        Raises:
+            ValueError: the entry's input is not an image ``(C, H, W)``.
+        """
+        return Preprocessing(
+            input_size=self.input_size,  # type: ignore[arg-type]
+            crop_pct=self.crop_pct,
+            interpolation=self.interpolation,
+            mean=self.mean,
+            std=self.std,
+        )
+
+    def with_preprocessing(self, pre: Preprocessing) -> ModelInfo:
+        """A copy whose input size, crop, interpolation and normalisation are ``pre``'s."""
+        return replace(
+            self,
+            input_size=pre.input_size,
+            crop_pct=pre.crop_pct,
+            interpolation=pre.interpolation,
+            mean=pre.mean,
+            std=pre.std,
+        )

@@ -62,8 +62,7 @@ class ModelServer:
                 )
                 self.cfg.max_batch = self.static_batch
             sample = [
-                d if isinstance(d, int) else clf.pre["input_size"][i - 1]
-                for i, d in enumerate(shape)
+                d if isinstance(d, int) else clf.pre.input_size[i - 1] for i, d in enumerate(shape)
             ][1:]
             self.sample_shape = tuple(sample)
             for b in sorted({1, self.cfg.max_batch}):
@@ -227,7 +226,7 @@ class ModelServer:
                 "parameters": {
                     "max_batch": self.cfg.max_batch,
                     "classes": self.clf.classes,
-                    "preprocessing": self.clf.pre,
+                    "preprocessing": self.clf.pre.to_dict(),
                 },
             }
         )
