@@ -51,7 +51,26 @@ def create_model_with_report(
     label_names: tuple[str, ...] | list[str] | None = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, ModelInfo, LoadReport | None]:
-    """Like :func:`create_model`, also returning the effective metadata and the load report."""
+    """Like :func:`create_model`, but the model is left in the builder's mode and the
+    effective metadata and load report are returned beside it, not attached.
+
+    Args:
+        name: as for :func:`create_model`.
+        num_classes: as for :func:`create_model`.
+        weights: as for :func:`create_model`.
+        label_names: class names of a new head (default: the entry's when the class count
+            is unchanged, else none).
+        **kwargs: passed to the architecture's builder.
+
+    Returns:
+        ``(model, info, report)``: the module; its effective :class:`ModelInfo` (class count,
+        labels and weight source as built; ``parent`` set when the head was replaced); the
+        :class:`LoadReport`, or ``None`` for random initialisation.
+
+    Raises:
+        InputError: ``num_classes`` < 1, or ``label_names`` of the wrong length.
+        Everything :func:`create_model` raises.
+    """
     from zoo.loading import load_strict
     from zoo.weights import fetch_weights, load_weights, read_state_dict
 
@@ -108,11 +127,13 @@ def create_model(
     folder or ``hf:ORG/REPO[@REV]``, with its weights loaded strictly.
 
     Args:
-        name: what to build.
+        name: what to build: ``arch``, ``arch.tag``, ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
+            ``hf-hub:ORG/NAME``, or a model/run folder.
         num_classes: a different number of classes re-initialises the classifier head;
             every other tensor still loads strictly.
         weights: ``None`` for the entry's own weights (random init when it has none),
             ``"none"`` for random initialisation, or a path to a safetensors file / folder.
+        **kwargs: passed to the architecture's builder.
 
     Returns:
         The model in eval mode, with ``zoo_info`` (effective :class:`ModelInfo`) and
@@ -120,8 +141,11 @@ def create_model(
 
     Raises:
         UnknownModelError: the name is not registered (with did-you-mean suggestions).
+        ArtifactError: a model folder breaks the artifact contract.
         WeightsNotFoundError / WeightsIntegrityError: weights missing or failing their hash.
+        UnsafeWeightsError: the weights could only be loaded by unpickling.
         StateDictMismatchError: weights do not fit outside the declared head.
+        InputError: ``num_classes`` < 1.
     """
     model, info, report = create_model_with_report(
         name, num_classes=num_classes, weights=weights, **kwargs
@@ -132,7 +156,11 @@ def create_model(
 
 
 def info_of(model: nn.Module) -> ModelInfo:
-    """The effective :class:`ModelInfo` that :func:`create_model` attached to ``model``."""
+    """The effective :class:`ModelInfo` that :func:`create_model` attached to ``model``.
+
+    Raises:
+        InputError: the model was not built by :func:`create_model`.
+    """
     info = getattr(model, "zoo_info", None)
     if not isinstance(info, ModelInfo):
         raise InputError("This model was not built by zoo.create_model (it has no zoo_info).")

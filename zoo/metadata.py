@@ -37,11 +37,13 @@ class WeightSource:
 
     @property
     def pinned(self) -> bool:
+        """Whether the exact bytes are fixed (a hash, or a full Hub commit)."""
         if self.kind == "hub":
             return self.revision is not None and len(self.revision) == 40
         return self.kind != "none"
 
     def describe(self) -> str:
+        """One line for humans: where the weights come from and what pins them."""
         if self.kind == "torchvision":
             pin = f"sha256 {self.sha256}" if self.sha256 else f"sha256 prefix {self.hash_prefix}"
             return f"torchvision {self.url} ({pin})"
@@ -55,10 +57,14 @@ class WeightSource:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Everything known about one registry entry without building it.
+    """Everything known about one registry entry without building it (static data: reading
+    it never imports torch).
 
     ``gflops`` follows torchvision's convention: one multiply-accumulate counts as one FLOP,
-    measured at ``input_size`` with batch 1 (ResNet-18: 1.81).
+    measured at ``input_size`` with batch 1 (ResNet-18: 1.81). ``input_size``, ``mean``,
+    ``std``, ``interpolation`` and ``crop_pct`` make up :meth:`preprocessing`. ``classifier``
+    names the head module that a different class count replaces; ``parent`` and ``lineage``
+    say what a fine-tuned entry descends from.
     """
 
     arch: str
@@ -80,7 +86,6 @@ class ModelInfo:
     metrics: tuple[tuple[str, float], ...] = ()
     metrics_source: str | None = None
     classifier: str | None = None
-    has_batchnorm: bool = False
     parent: str | None = None
     lineage: tuple[str, ...] = ()
     multi_label: bool = False
@@ -91,6 +96,7 @@ class ModelInfo:
         return f"{self.arch}.{self.tag}"
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (``zoo info --json``), with the weights' ``pinned`` and ``description``."""
         d = asdict(self)
         d["name"] = self.name
         d["label_names"] = list(self.label_names) if self.label_names else None

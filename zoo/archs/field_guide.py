@@ -77,7 +77,6 @@ def simple_cnn(num_classes: int = 10, **kw: object) -> nn.Module:
             "initialised, for 32×32 images (a CNN despite the guides' name)."
         ),
         classifier="classifier.4",
-        has_batchnorm=True,
     )
 )
 def crnn(num_classes: int = 10, **kw: object) -> nn.Module:

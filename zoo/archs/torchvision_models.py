@@ -69,7 +69,6 @@ def _tv_info(
         metrics=(("imagenet-1k/top1", top1), ("imagenet-1k/top5", top5)),
         metrics_source="torchvision Weights.meta (IMAGENET1K_V1)",
         classifier=classifier,
-        has_batchnorm=True,
     )
 
 
@@ -95,7 +94,6 @@ def _timm_a1_info(arch: str, params: int, gflops: float) -> ModelInfo:
             kind="hub", repo_id=f"timm/{arch}.a1_in1k", filename="model.safetensors", revision=None
         ),
         classifier="fc",
-        has_batchnorm=True,
     )
 
 
