@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
+
+from zoo.errors import ChoiceError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON object.")]
 OutOpt = Annotated[str | None, typer.Option("-o", "--output", help="Where to write the result.")]
@@ -18,6 +21,58 @@ WeightsOpt = Annotated[
         "--weights", help="'none' for random init, or a safetensors file; default: the entry's own"
     ),
 ]
+
+
+def _choice_parser(name: str, choices: tuple[str, ...], many: bool) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        for item in value.split(",") if many else [value]:
+            if item not in choices:
+                raise typer.BadParameter(str(ChoiceError(name, item, choices)))
+        return value
+
+    return parse
+
+
+def choice(literal: Any, *decls: str, help: str = "", many: bool = False) -> Any:
+    """A ``typer.Option`` taking one value of a ``Literal`` type (the one definition of the
+    choices): the help lists them; anything else exits 2 with a did-you-mean.
+
+    Args:
+        literal: e.g. ``Literal["onnx", "torchscript"]``.
+        *decls: the option's names, e.g. ``"--format", "-f"``.
+        help: the option's help text.
+        many: a comma-separated list of choices (``eager,ort_fp32``), returned unchanged.
+    """
+    choices: tuple[str, ...] = get_args(literal)
+    name = (decls[0] if decls else "value").lstrip("-")
+    return typer.Option(
+        *decls,
+        help=help,
+        parser=_choice_parser(name, choices, many),
+        metavar=("<{}>[,...]" if many else "<{}>").format("|".join(choices)),
+    )
+
+
+def choice_argument(literal: Any, name: str, *, help: str = "") -> Any:
+    """Like :func:`choice`, for a positional argument called ``name``."""
+    choices: tuple[str, ...] = get_args(literal)
+    return typer.Argument(
+        help=help,
+        parser=_choice_parser(name, choices, False),
+        metavar=name,
+    )
+
+
+def int_list(value: str) -> str:
+    """Parser of a comma-separated list of positive integers (exit 2 otherwise)."""
+    try:
+        ok = all(int(v) > 0 for v in value.split(","))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise typer.BadParameter(f"{value!r} is not a comma-separated list of positive integers.")
+    return value
+
 
 # Wide enough for tables when piped to a file or another program.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)

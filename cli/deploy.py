@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from zoo.cli.common import JsonOpt, WeightsOpt, err, out, print_json
-from zoo.errors import InputError
+from zoo.cli.common import JsonOpt, WeightsOpt, choice, err, int_list, out, print_json
+from zoo.deploy.choices import Backend, CalibMethod, Exporter, Format, JitMode, QuantMode
 
 
 def _default_output(model: str, fmt: str) -> Path:
@@ -25,9 +24,7 @@ def _default_output(model: str, fmt: str) -> Path:
 
 def export_cmd(
     model: Annotated[str, typer.Argument(help="registry name, run folder or model folder")],
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="onnx | torchscript | pt2 | triton")
-    ] = "onnx",
+    fmt: Annotated[Format, choice(Format, "--format", "-f", help="output format")] = "onnx",
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="output file (triton: repository folder)")
     ] = None,
@@ -50,8 +47,10 @@ def export_cmd(
         bool, typer.Option("--dynamic-size", help="dynamic H/W, proven at 2 resolutions")
     ] = False,
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the tested one)")] = None,
-    exporter: Annotated[str, typer.Option(help="dynamo | legacy | auto")] = "auto",
-    jit: Annotated[str, typer.Option(help="torchscript: trace | script")] = "trace",
+    exporter: Annotated[
+        Exporter, choice(Exporter, "--exporter", help="ONNX exporter (auto: dynamo, then legacy)")
+    ] = "auto",
+    jit: Annotated[JitMode, choice(JitMode, "--jit", help="torchscript: how to build")] = "trace",
     data: Annotated[
         str | None, typer.Option("--data", help="real images for the prediction check")
     ] = None,
@@ -63,17 +62,8 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
-    from zoo.deploy.export import DEFAULT_OPSET, FORMATS, export_onnx, export_torch
+    from zoo.deploy.export import DEFAULT_OPSET, export_onnx, export_torch
 
-    if fmt not in FORMATS:
-        close = difflib.get_close_matches(fmt, FORMATS, n=1)
-        raise InputError(
-            f"Unknown format {fmt!r}"
-            + (f"; did you mean {close[0]!r}?" if close else "")
-            + f" Formats: {', '.join(FORMATS)}."
-        )
-    if jit not in ("trace", "script"):
-        raise InputError(f"--jit {jit!r}: use trace or script.")
     if dynamic_batch and static_batch is not None:
         raise typer.BadParameter(
             "--dynamic-batch and --static-batch contradict each other: the batch is dynamic "
@@ -192,11 +182,15 @@ def compare_jit_cmd(
 
 def quantize_cmd(
     model: Annotated[Path, typer.Argument(help="an exported fp32 .onnx file")],
-    mode: Annotated[str, typer.Option(help="dynamic | static")] = "static",
+    mode: Annotated[
+        QuantMode, choice(QuantMode, "--mode", help="weights only, or calibrated activations too")
+    ] = "static",
     calib: Annotated[
         str | None, typer.Option(help="static: folder of real calibration images")
     ] = None,
-    method: Annotated[str, typer.Option(help="static: minmax | entropy | percentile")] = "minmax",
+    method: Annotated[
+        CalibMethod, choice(CalibMethod, "--method", help="static: activation ranges")
+    ] = "minmax",
     per_channel: Annotated[
         bool, typer.Option(help="per-channel weight scales (better for conv nets)")
     ] = True,
@@ -255,10 +249,12 @@ def quantize_cmd(
 def bench_cmd(
     model: Annotated[str, typer.Argument(help="registry name, run or model folder")],
     backends: Annotated[
-        str, typer.Option(help="comma-separated: eager,compile,torchscript,ort_fp32,ort_int8")
+        str, choice(Backend, "--backends", help="comma-separated", many=True)
     ] = "eager,torchscript,ort_fp32,ort_int8",
     devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda")] = "cpu",
-    batch_sizes: Annotated[str, typer.Option(help="comma-separated")] = "1",
+    batch_sizes: Annotated[
+        str, typer.Option(help="comma-separated, e.g. 1,8", parser=int_list, metavar="<int>[,...]")
+    ] = "1",
     threads: int | None = None,
     calib: Annotated[str | None, typer.Option(help="calibration images for ort_int8")] = None,
     seconds: Annotated[float, typer.Option(help="minimum timed seconds per row")] = 1.0,
@@ -268,15 +264,11 @@ def bench_cmd(
     """Latency table across backends and devices (warm-up, p50/p90/p99, cold start)."""
     from zoo.deploy.bench import run_bench
 
-    try:
-        sizes = [int(b) for b in batch_sizes.split(",")]
-    except ValueError as exc:
-        raise InputError(f"--batch-sizes must be integers, got {batch_sizes!r}") from exc
     report = run_bench(
         model,
         backends=backends.split(","),
         devices=devices.split(","),
-        batch_sizes=sizes,
+        batch_sizes=[int(b) for b in batch_sizes.split(",")],
         threads=threads,
         calib=calib,
         min_seconds=seconds,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Column, Table
 
 from zoo.cli.common import JsonOpt, err, out, print_json
-from zoo.metadata import ModelInfo
-from zoo.registry import list_models, model_info
+
+if TYPE_CHECKING:
+    from zoo.metadata import ModelInfo
 
 
 def _row(info: ModelInfo) -> dict[str, Any]:
@@ -40,6 +40,9 @@ def list_cmd(
     """List registered models, local runs and pulled models (fine-tuned variants with their parent)."""
     import fnmatch
 
+    from rich.table import Column, Table
+
+    from zoo.catalog import list_models, model_info
     from zoo.local_models import discover
 
     rows = [_row(model_info(n)) for n in list_models(pattern)]
@@ -52,7 +55,7 @@ def list_cmd(
             ):
                 rows.append({**_row(info), "name": name, "lineage": list(info.lineage)})
     if base is not None:
-        from zoo.registry import canonical_name
+        from zoo.catalog import canonical_name
 
         root = canonical_name(base)
         rows = [

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from zoo.cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, choice_argument, err, out, print_json
+from zoo.samples import Example
 
 
 class StrategyName(str, Enum):
@@ -26,11 +27,6 @@ class ScheduleName(str, Enum):
     cosine = "cosine"
     onecycle = "onecycle"
     constant = "constant"
-
-
-class ExampleName(str, Enum):
-    digits = "digits"
-    photos = "photos"
 
 
 class AmpName(str, Enum):
@@ -150,6 +146,7 @@ def finetune_cmd(
         if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     )
     values = {_FIELD.get(k, k): (v.value if isinstance(v, Enum) else v) for k, v in params.items()}
+    del values["nproc"]  # how many processes run it, not part of the run's config
     values["model"] = values.get("model") or ""
     values["data"] = values.get("data") or ""
     if values["data"]:
@@ -222,7 +219,7 @@ def check_cmd(
 
 
 def example_cmd(
-    name: Annotated[ExampleName, typer.Argument(help="built-in data set")],
+    name: Annotated[Example, choice_argument(Example, "name", help="built-in data set")],
     dest: Annotated[Path, typer.Argument(help="folder to write the image folder into")],
     size: Annotated[int, typer.Option(help="digits: image side in pixels")] = 32,
     per_class: Annotated[
@@ -236,7 +233,7 @@ def example_cmd(
     """
     from zoo.samples import write_digits_folder, write_photo_folder
 
-    if name is ExampleName.photos:
+    if name == "photos":
         out.print(str(write_photo_folder(dest, per_class=per_class or 300)))
     else:
         out.print(str(write_digits_folder(dest, size=size, per_class=per_class)))

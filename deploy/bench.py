@@ -13,9 +13,8 @@ from typing import Any
 import torch
 
 from zoo.deploy.bench_harness import time_session
-from zoo.errors import BackendUnavailableError, InputError
-
-BACKENDS = ("eager", "compile", "torchscript", "ort_fp32", "ort_int8")
+from zoo.deploy.choices import BACKENDS
+from zoo.errors import BackendUnavailableError, ChoiceError
 
 
 def _param_mb(model: torch.nn.Module) -> float:
@@ -120,11 +119,8 @@ def run_bench(
 ) -> dict[str, Any]:
     from zoo.system import available_cpus
 
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        raise InputError(
-            f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}."
-        )
+    for b in backends:
+        ChoiceError.check("backend", b, BACKENDS)
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []

@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.deploy.choices import EXPORTERS, FORMATS, JIT_MODES, Exporter, JitMode
 from zoo.deploy.lint import lint_graph
 from zoo.deploy.parity import ParityReport, check_parity, real_images
-from zoo.errors import ExportError, InputError, ParityError
+from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of, resolve
 from zoo.metadata import ModelInfo
 
 DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
 MIN_OPSET, MAX_OPSET = 13, 23
-FORMATS = ("onnx", "torchscript", "pt2", "triton")
 EXPORT_BATCH = 2  # the example batch of a dynamic-batch export (checked again at 1, 2, 5)
 
 
@@ -149,7 +149,7 @@ def export_onnx(
     dynamic_batch: bool = True,
     dynamic_size: bool = False,
     opset: int = DEFAULT_OPSET,
-    exporter: str = "auto",
+    exporter: Exporter = "auto",
     data: str | None = None,
     allow_mismatch: bool = False,
     model: nn.Module | None = None,
@@ -192,8 +192,7 @@ def export_onnx(
             f"--opset {opset} is outside the supported range {MIN_OPSET}–{MAX_OPSET} "
             f"(default {DEFAULT_OPSET})."
         )
-    if exporter not in ("auto", "dynamo", "legacy"):
-        raise InputError(f"--exporter {exporter!r}: use dynamo, legacy or auto.")
+    ChoiceError.check("exporter", exporter, EXPORTERS)
     src_model, info, weights_sha = load_for_export(name, weights)
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
@@ -282,7 +281,7 @@ def export_metadata(
         "num_classes": info.num_classes,
         "multi_label": info.multi_label,
         "thresholds": list(info.thresholds) if info.thresholds else None,
-        "preprocessing": info.preprocessing(),
+        "preprocessing": info.preprocessing().to_dict(),
         "opset": result.opset,
         "exporter": result.exporter,
         "dynamic_batch": result.dynamic_batch,
@@ -302,10 +301,13 @@ def export_metadata(
 
 
 def export_torch(
-    name: str, out: Path, *, fmt: str, jit: str = "trace", weights: str | None = None
+    name: str, out: Path, *, fmt: str, jit: JitMode = "trace", weights: str | None = None
 ) -> ExportResult:
     """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check."""
     from zoo.deploy.parity import compare
+
+    ChoiceError.check("format", fmt, ("torchscript", "pt2"))
+    ChoiceError.check("jit", jit, JIT_MODES)
 
     model, info, _ = load_for_export(name, weights)
     x = _dummy(info, EXPORT_BATCH)

@@ -11,6 +11,7 @@ from typing import Any
 import onnx
 
 from zoo.errors import InputError
+from zoo.preprocessing import Preprocessing
 
 META_KEY = "zoo"
 
@@ -36,3 +37,15 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         if prop.key == META_KEY:
             return dict(json.loads(prop.value))
     return {}
+
+
+def read_preprocessing(meta: dict[str, Any], path: str | Path) -> Preprocessing:
+    """The typed preprocessing in an ONNX file's zoo metadata (from :func:`read_metadata`).
+
+    Raises:
+        InputError: the file carries no zoo metadata (it was not exported by zoo).
+        ArtifactError: the stored preprocessing is incomplete or inconsistent.
+    """
+    if not meta.get("preprocessing"):
+        raise InputError(f"{path} carries no zoo metadata: export it with `zoo export`.")
+    return Preprocessing.from_dict(meta["preprocessing"], where=f"{path} zoo metadata")

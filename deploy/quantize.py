@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.bench_harness import time_session
-from zoo.deploy.onnx_meta import read_metadata, set_metadata
+from zoo.deploy.choices import CALIB_METHODS, QUANT_MODES, CalibMethod, QuantMode
+from zoo.deploy.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.deploy.parity import real_images
 from zoo.deploy.preprocess import preprocess
 from zoo.deploy.runtime import make_session
-from zoo.errors import InputError, QuantizationError
+from zoo.errors import ChoiceError, InputError, QuantizationError
 from zoo.images import open_image
 
 HEAVY_OPS = ("Conv", "Gemm", "MatMul")
@@ -76,9 +77,9 @@ def quantize(
     model: Path,
     out: Path,
     *,
-    mode: str,
+    mode: QuantMode,
     calib: str | None = None,
-    method: str = "minmax",
+    method: CalibMethod = "minmax",
     per_channel: bool = True,
     eval_data: str | None = None,
     max_accuracy_drop: float | None = None,
@@ -94,14 +95,12 @@ def quantize(
     )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    if mode not in ("dynamic", "static"):
-        raise InputError(f"--mode {mode!r}: use dynamic or static.")
+    ChoiceError.check("mode", mode, QUANT_MODES)
+    ChoiceError.check("method", method, CALIB_METHODS)
     meta = read_metadata(model)
-    if not meta.get("preprocessing"):
-        raise InputError(f"{model} has no zoo metadata; export it with `zoo export` first.")
+    pre = read_preprocessing(meta, model)
     fp32_ops = op_counts(model)
     advice = advice_before(model.name, fp32_ops, mode)
-    pre = meta["preprocessing"]
     eval_imgs = real_images(eval_data, limit=200)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in eval_imgs])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -120,13 +119,7 @@ def quantize(
             if not calib_imgs:
                 raise InputError(f"No images found for calibration in {calib}.")
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
-            methods = {
-                "minmax": CalibrationMethod.MinMax,
-                "entropy": CalibrationMethod.Entropy,
-                "percentile": CalibrationMethod.Percentile,
-            }
-            if method not in methods:
-                raise InputError(f"--method {method!r}: use minmax, entropy or percentile.")
+            methods = {m.name.lower(): m for m in CalibrationMethod}  # MinMax -> minmax
             sess_in = make_session(model).get_inputs()[0].name
             quantize_static(
                 str(prepped),

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.deploy.onnx_meta import read_metadata
+from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
 from zoo.deploy.preprocess import preprocess, scores
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.images import open_image
@@ -98,8 +98,7 @@ class OnnxClassifier:
     ) -> None:
         self.path = Path(path)
         self.meta = read_metadata(self.path)
-        if not self.meta.get("preprocessing"):
-            raise InputError(f"{self.path} carries no zoo metadata: export it with `zoo export`.")
+        self.pre = read_preprocessing(self.meta, self.path)
         t0 = time.perf_counter()
         self.session = make_session(self.path, device=device, threads=threads)
         self.load_s = time.perf_counter() - t0
@@ -107,7 +106,6 @@ class OnnxClassifier:
         self.static_batch = static_batch_of(self.session)
         self.output_name = self.session.get_outputs()[0].name
         self.classes: list[str] = list(self.meta.get("class_names") or [])
-        self.pre = self.meta["preprocessing"]
         self.multi_label = bool(self.meta.get("multi_label", False))
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:

@@ -71,7 +71,7 @@ def export_triton(
     name: str | None = None,
     weights: str | None = None,
 ) -> ExportResult:
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
 
     repo.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo) as tmp:
@@ -86,7 +86,7 @@ def export_triton(
         shutil.move(str(onnx_path), stage / "1" / "model.onnx")
         text = build_config(
             name,
-            input_dims=list(meta["preprocessing"]["input_size"]),
+            input_dims=list(read_preprocessing(meta, onnx_path).input_size),
             num_classes=meta["num_classes"],
             max_batch=max_batch,
         )

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from zoo.cards import registry_card
-from zoo.registry import list_models, model_info
+from zoo.catalog import list_models, model_info
 
 out = Path(__file__).resolve().parent.parent / "model_cards"
 out.mkdir(exist_ok=True)

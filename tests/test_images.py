@@ -78,7 +78,7 @@ def rotated_pair(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_training_dataset_sees_the_upright_image(rotated_pair: tuple[Path, Path]) -> None:
-    from zoo.registry import model_info
+    from zoo.catalog import model_info
     from zoo.train.data import ImageFolderDataset
     from zoo.transforms import eval_transform, train_transform
 

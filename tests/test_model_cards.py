@@ -23,7 +23,7 @@ def test_card_exists_and_matches(name: str) -> None:
     assert data["gflops"] == info.gflops
     assert data["input_size"] == list(info.input_size)
     assert data["num_classes"] == info.num_classes
-    assert data["preprocessing"] == info.preprocessing()
+    assert data["preprocessing"] == info.preprocessing().to_dict()
     assert data["weights_pinned"] == info.weights.pinned
     published = {(r.metric_name, r.metric_value) for r in card.data.eval_results or []}
     assert published == {(k.split("/")[1], v) for k, v in info.metrics}

@@ -38,6 +38,7 @@ def test_wheel_has_only_the_zoo_package(tmp_path: Path) -> None:
         "zoo/deploy/serve/app.py",
         "zoo/cli/app.py",
         "zoo/sample_images/coffee.jpg",
+        "zoo/archs/imagenet_classes.txt",
         "zoo/py.typed",
     ):
         assert module in names

@@ -136,3 +136,14 @@ def test_hub_weights_offline_error_names_repo() -> None:
 
     with pytest.raises(WeightsNotFoundError, match=r"hf:timm/resnet18.a1_in1k@main.*zoo pull"):
         zoo.create_model("resnet18.a1_in1k")
+
+
+def test_imagenet_class_names_are_torchvisions() -> None:
+    """The static copy (read without importing torchvision) is torchvision's list, in order."""
+    import torchvision
+
+    from zoo.archs.torchvision_models import imagenet_categories
+
+    meta = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"]
+    assert imagenet_categories() == tuple(meta)
+    assert zoo.model_info("resnet50.a1_in1k").label_names == tuple(meta)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+from zoo.errors import ConfigError
 
 Strategy = Literal["linear", "full", "gradual"]
 
@@ -78,5 +81,22 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """Read what :meth:`to_dict` wrote (or the CLI's options).
+
+        Raises:
+            ConfigError: a key is not a field of TrainConfig (named, with the near miss), or
+                a required one (``model``, ``data``) is missing.
+        """
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"Unknown training config key {unknown[0]!r}.{hint} Known keys: "
+                f"{', '.join(names)}. (A run's config.json written by a newer zoo?)"
+            )
+        missing = [k for k in ("model", "data") if k not in d]
+        if missing:
+            raise ConfigError(f"The training config lacks the required key {missing[0]!r}.")
+        return cls(**d)

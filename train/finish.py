@@ -34,7 +34,7 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
         "multi_label": t.cfg.multi_label,
         "thresholds": val.get("thresholds"),
         "params": sum(p.numel() for p in t.model.parameters()),
-        "preprocessing": t.info.preprocessing(),
+        "preprocessing": t.info.preprocessing().to_dict(),
         "parent_weights": parent_weights.describe() if t.load_report else "random initialisation",
         "parent_weights_sha256": parent_weights.sha256,
         "lineage": lineage,

@@ -10,13 +10,14 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-from safetensors.torch import save_file
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from zoo.errors import ArtifactError
 from zoo.metadata import ModelInfo, WeightSource
+from zoo.preprocessing import Preprocessing
+
+if TYPE_CHECKING:  # reading a folder's config must not import torch
+    from torch import nn
 
 SCHEMA_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -103,18 +104,17 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> ModelInfo:
     """The registry view of a fine-tuned folder: its parent's metadata, its own head/labels."""
-    pre = config.get("preprocessing", {})
+    if "preprocessing" in config:  # absent only in folders written before it was recorded
+        pre = Preprocessing.from_dict(
+            config["preprocessing"], where=f"{folder / CONFIG_FILE} 'preprocessing'"
+        )
+        base = base.with_preprocessing(pre)
     return replace(
         base,
         tag=config.get("tag") or f"ft-{folder.name}",
         num_classes=config["num_classes"],
         label_names=tuple(config["class_names"]),
         params=config.get("params", base.params),
-        mean=tuple(pre.get("mean", base.mean)),
-        std=tuple(pre.get("std", base.std)),
-        crop_pct=pre.get("crop_pct", base.crop_pct),
-        interpolation=pre.get("interpolation", base.interpolation),
-        input_size=tuple(pre.get("input_size", base.input_size)),
         weights=WeightSource(
             kind="local", path=str(folder / WEIGHTS_FILE), sha256=config["weights_sha256"]
         ),
@@ -146,6 +146,8 @@ def save_model_folder(
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    from safetensors.torch import save_file
+
     try:
         tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})

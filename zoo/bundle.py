@@ -11,10 +11,10 @@ import torch
 
 from zoo.artifact import ALLOWED_FILES, model_folder_of, read_config, save_model_folder
 from zoo.cards import finetuned_card
+from zoo.catalog import get_entry
 from zoo.errors import InputError, UnsafeWeightsError
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
-from zoo.registry import get_entry
 from zoo.weights import read_state_dict, sha256_file
 
 
@@ -30,7 +30,7 @@ def _config_for(
         "class_names": list(info.label_names) if info.label_names else [str(i) for i in range(n)],
         "multi_label": False,
         "params": info.params,
-        "preprocessing": info.preprocessing(),
+        "preprocessing": info.preprocessing().to_dict(),
         "parent_weights": info.weights.describe(),
         "parent_weights_sha256": info.weights.sha256,
         "lineage": lineage,

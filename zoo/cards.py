@@ -46,7 +46,7 @@ def _card_data(
         gflops=info.gflops,
         input_size=list(info.input_size),
         num_classes=info.num_classes,
-        preprocessing=info.preprocessing(),
+        preprocessing=info.preprocessing().to_dict(),
         weights_source=info.weights.describe(),
         weights_pinned=info.weights.pinned,
         weights_sha256=info.weights.sha256,
@@ -86,7 +86,7 @@ def registry_card(info: ModelInfo) -> ModelCard:
 - Architecture: `{info.arch}`, weight tag `{info.tag}`
 - Parameters: {info.params:,} at {info.num_classes} classes
 - GFLOPs: {info.gflops:g} at {"×".join(map(str, info.input_size))}, batch 1 (1 multiply-add = 1 FLOP, torchvision's convention)
-- Input: {"×".join(map(str, info.input_size))}; preprocessing: resize short side to {pre["resize_size"]} ({info.interpolation}), center crop {info.input_size[-1]} (crop pct {info.crop_pct}), scale to [0, 1], normalise with mean {list(info.mean)} and std {list(info.std)}
+- Input: {"×".join(map(str, info.input_size))}; preprocessing: resize short side to {pre.resize_size} ({pre.interpolation}), center crop {pre.crop_size} (crop pct {pre.crop_pct}), scale to [0, 1], normalise with mean {list(pre.mean)} and std {list(pre.std)}
 - Output: raw logits for {info.num_classes} classes (no softmax in the head)
 
 ## Weights

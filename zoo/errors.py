@@ -7,7 +7,8 @@ working). Messages quote the bad value and say what to do next.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Sequence
 
 
 class ZooError(Exception):
@@ -63,6 +64,10 @@ class ArtifactError(ZooError, ValueError):
     """A model folder does not follow the artifact contract."""
 
 
+class ConfigError(ZooError, ValueError):
+    """A configuration (options, or a run's ``config.json``) has an unknown or missing key."""
+
+
 class DataError(ZooError, ValueError):
     """An image folder or split cannot be used for training or evaluation."""
 
@@ -92,7 +97,29 @@ class BackendUnavailableError(ZooError, RuntimeError):
 
 
 class InputError(ZooError, ValueError):
-    """A file given by the user is missing, unreadable or of the wrong kind."""
+    """Something the user gave is unusable: a file or folder that is missing, unreadable or
+    of the wrong kind, or an argument or option value that is out of range or inconsistent."""
+
+
+class ChoiceError(InputError):
+    """A value is not one of a fixed set of choices (the message suggests the near miss).
+
+    The CLI refuses such values itself (exit code 2, same message); this is raised when the
+    library is called directly.
+    """
+
+    def __init__(self, what: str, value: object, choices: Sequence[str]) -> None:
+        self.what, self.value, self.choices = what, value, tuple(choices)
+        close = difflib.get_close_matches(str(value), self.choices, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        super().__init__(f"{what} {value!r} is not one of {', '.join(self.choices)}.{hint}")
+
+    @classmethod
+    def check(cls, what: str, value: str, choices: Sequence[str]) -> str:
+        """``value`` if it is one of ``choices``, else raise this error."""
+        if value not in choices:
+            raise cls(what, value, choices)
+        return value
 
 
 class ServerBusyError(ZooError, RuntimeError):

@@ -6,16 +6,18 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from zoo.artifact import WEIGHTS_FILE, info_from_config, model_folder_of, read_config
+from zoo.catalog import get_entry
 from zoo.errors import InputError
-from zoo.loading import LoadReport, load_strict
 from zoo.metadata import ModelInfo, WeightSource
-from zoo.registry import Entry, get_entry
-from zoo.weights import load_weights, read_state_dict
+from zoo.registry import Entry
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not when a name is resolved
+    from torch import nn
+
+    from zoo.loading import LoadReport
 
 RANDOM = ("none", "random", "scratch")
 
@@ -49,7 +51,29 @@ def create_model_with_report(
     label_names: tuple[str, ...] | list[str] | None = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, ModelInfo, LoadReport | None]:
-    """Like :func:`create_model`, also returning the effective metadata and the load report."""
+    """Like :func:`create_model`, but the model is left in the builder's mode and the
+    effective metadata and load report are returned beside it, not attached.
+
+    Args:
+        name: as for :func:`create_model`.
+        num_classes: as for :func:`create_model`.
+        weights: as for :func:`create_model`.
+        label_names: class names of a new head (default: the entry's when the class count
+            is unchanged, else none).
+        **kwargs: passed to the architecture's builder.
+
+    Returns:
+        ``(model, info, report)``: the module; its effective :class:`ModelInfo` (class count,
+        labels and weight source as built; ``parent`` set when the head was replaced); the
+        :class:`LoadReport`, or ``None`` for random initialisation.
+
+    Raises:
+        InputError: ``num_classes`` < 1, or ``label_names`` of the wrong length.
+        Everything :func:`create_model` raises.
+    """
+    from zoo.loading import load_strict
+    from zoo.weights import fetch_weights, load_weights, read_state_dict
+
     entry, _ = resolve(name)
     info = entry.info
     source: WeightSource = info.weights
@@ -70,7 +94,7 @@ def create_model_with_report(
         state = (
             load_weights(source)
             if source.kind != "local"
-            else read_state_dict(_verified_local(source))
+            else read_state_dict(fetch_weights(source))
         )
         report = load_strict(
             model,
@@ -92,12 +116,6 @@ def create_model_with_report(
     return model, eff, report
 
 
-def _verified_local(source: WeightSource) -> Path:
-    from zoo.weights import fetch_weights
-
-    return fetch_weights(source)
-
-
 def create_model(
     name: str,
     *,
@@ -109,11 +127,13 @@ def create_model(
     folder or ``hf:ORG/REPO[@REV]``, with its weights loaded strictly.
 
     Args:
-        name: what to build.
+        name: what to build: ``arch``, ``arch.tag``, ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
+            ``hf-hub:ORG/NAME``, or a model/run folder.
         num_classes: a different number of classes re-initialises the classifier head;
             every other tensor still loads strictly.
         weights: ``None`` for the entry's own weights (random init when it has none),
             ``"none"`` for random initialisation, or a path to a safetensors file / folder.
+        **kwargs: passed to the architecture's builder.
 
     Returns:
         The model in eval mode, with ``zoo_info`` (effective :class:`ModelInfo`) and
@@ -121,8 +141,11 @@ def create_model(
 
     Raises:
         UnknownModelError: the name is not registered (with did-you-mean suggestions).
+        ArtifactError: a model folder breaks the artifact contract.
         WeightsNotFoundError / WeightsIntegrityError: weights missing or failing their hash.
+        UnsafeWeightsError: the weights could only be loaded by unpickling.
         StateDictMismatchError: weights do not fit outside the declared head.
+        InputError: ``num_classes`` < 1.
     """
     model, info, report = create_model_with_report(
         name, num_classes=num_classes, weights=weights, **kwargs
@@ -133,7 +156,11 @@ def create_model(
 
 
 def info_of(model: nn.Module) -> ModelInfo:
-    """The effective :class:`ModelInfo` that :func:`create_model` attached to ``model``."""
+    """The effective :class:`ModelInfo` that :func:`create_model` attached to ``model``.
+
+    Raises:
+        InputError: the model was not built by :func:`create_model`.
+    """
     info = getattr(model, "zoo_info", None)
     if not isinstance(info, ModelInfo):
         raise InputError("This model was not built by zoo.create_model (it has no zoo_info).")

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from zoo.artifact import info_from_config, is_model_folder, read_config
+from zoo.catalog import get_entry
 from zoo.errors import ZooError
 from zoo.metadata import ModelInfo
-from zoo.registry import get_entry
 
 
 def _info(folder: Path) -> ModelInfo | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+from zoo.preprocessing import Preprocessing
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -35,11 +37,13 @@ class WeightSource:
 
     @property
     def pinned(self) -> bool:
+        """Whether the exact bytes are fixed (a hash, or a full Hub commit)."""
         if self.kind == "hub":
             return self.revision is not None and len(self.revision) == 40
         return self.kind != "none"
 
     def describe(self) -> str:
+        """One line for humans: where the weights come from and what pins them."""
         if self.kind == "torchvision":
             pin = f"sha256 {self.sha256}" if self.sha256 else f"sha256 prefix {self.hash_prefix}"
             return f"torchvision {self.url} ({pin})"
@@ -53,10 +57,14 @@ class WeightSource:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Everything known about one registry entry without building it.
+    """Everything known about one registry entry without building it (static data: reading
+    it never imports torch).
 
     ``gflops`` follows torchvision's convention: one multiply-accumulate counts as one FLOP,
-    measured at ``input_size`` with batch 1 (ResNet-18: 1.81).
+    measured at ``input_size`` with batch 1 (ResNet-18: 1.81). ``input_size``, ``mean``,
+    ``std``, ``interpolation`` and ``crop_pct`` make up :meth:`preprocessing`. ``classifier``
+    names the head module that a different class count replaces; ``parent`` and ``lineage``
+    say what a fine-tuned entry descends from.
     """
 
     arch: str
@@ -78,7 +86,6 @@ class ModelInfo:
     metrics: tuple[tuple[str, float], ...] = ()
     metrics_source: str | None = None
     classifier: str | None = None
-    has_batchnorm: bool = False
     parent: str | None = None
     lineage: tuple[str, ...] = ()
     multi_label: bool = False
@@ -88,12 +95,8 @@ class ModelInfo:
     def name(self) -> str:
         return f"{self.arch}.{self.tag}"
 
-    @property
-    def resize_size(self) -> int:
-        """Short-side resize before the center crop (e.g. 224 / 0.875 = 256)."""
-        return int(self.input_size[-1] / self.crop_pct)
-
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (``zoo info --json``), with the weights' ``pinned`` and ``description``."""
         d = asdict(self)
         d["name"] = self.name
         d["label_names"] = list(self.label_names) if self.label_names else None
@@ -102,13 +105,28 @@ class ModelInfo:
         d["weights"]["description"] = self.weights.describe()
         return d
 
-    def preprocessing(self) -> dict[str, Any]:
-        """The eval preprocessing as plain data (written into configs and ONNX metadata)."""
-        return {
-            "input_size": list(self.input_size),
-            "resize_size": self.resize_size,
-            "crop_pct": self.crop_pct,
-            "interpolation": self.interpolation,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
+    def preprocessing(self) -> Preprocessing:
+        """The eval preprocessing of this entry (written into configs and ONNX metadata with
+        :meth:`Preprocessing.to_dict`).
+
+        Raises:
+            ValueError: the entry's input is not an image ``(C, H, W)``.
+        """
+        return Preprocessing(
+            input_size=self.input_size,  # type: ignore[arg-type]
+            crop_pct=self.crop_pct,
+            interpolation=self.interpolation,
+            mean=self.mean,
+            std=self.std,
+        )
+
+    def with_preprocessing(self, pre: Preprocessing) -> ModelInfo:
+        """A copy whose input size, crop, interpolation and normalisation are ``pre``'s."""
+        return replace(
+            self,
+            input_size=pre.input_size,
+            crop_pct=pre.crop_pct,
+            interpolation=pre.interpolation,
+            mean=pre.mean,
+            std=pre.std,
+        )

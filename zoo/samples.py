@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
+from typing import Literal
 
 from zoo.errors import InputError
 
 SAMPLE_IMAGES = {"chelsea": "chelsea.jpg", "coffee": "coffee.jpg"}
+Example = Literal["digits", "photos"]
+"""Built-in data sets ``zoo example`` writes."""
 
 
 def sample_image_paths() -> list[Path]:

@@ -60,6 +60,5 @@ def timm_entry(name: str) -> Entry:
         description=f"timm model {full}; metadata from timm's pretrained config. Hub revision not pinned.",
         weights=weights,
         classifier=cfg.classifier if isinstance(cfg.classifier, str) else None,
-        has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in probe.modules()),
     )
     return Entry(info, builder)

@@ -1,5 +1,9 @@
-"""torchvision transforms derived from a model's metadata (train: online augmentation;
-eval: resize + center crop with the model's crop pct, mean/std)."""
+"""torchvision transforms built from a model's :class:`~zoo.preprocessing.Preprocessing`
+(train: online augmentation; eval: resize + center crop + normalise).
+
+The eval transform is the reference the numpy implementation for exported models
+(:mod:`zoo.deploy.preprocess`) is tested against, per interpolation, on real images.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,7 @@ from torchvision import transforms as T
 
 from zoo.images import to_channels
 from zoo.metadata import ModelInfo
-
-_INTERP = {
-    "bilinear": T.InterpolationMode.BILINEAR,
-    "bicubic": T.InterpolationMode.BICUBIC,
-    "nearest": T.InterpolationMode.NEAREST,
-}
+from zoo.preprocessing import Preprocessing
 
 
 class ConvertMode:
@@ -30,34 +29,51 @@ class ConvertMode:
         return f"ConvertMode(channels={self.channels})"
 
 
-def _to_mode(info: ModelInfo) -> ConvertMode:
-    return ConvertMode(info.input_size[0])
+def _pre(source: Preprocessing | ModelInfo) -> Preprocessing:
+    return source.preprocessing() if isinstance(source, ModelInfo) else source
 
 
-def eval_transform(info: ModelInfo) -> T.Compose:
-    size = info.input_size[-1]
-    interp = _INTERP.get(info.interpolation, T.InterpolationMode.BILINEAR)
+def interpolation_mode(name: str) -> T.InterpolationMode:
+    """torchvision's mode for a name in :data:`zoo.preprocessing.INTERPOLATIONS`."""
+    return T.InterpolationMode(name)
+
+
+def eval_transform(source: Preprocessing | ModelInfo) -> T.Compose:
+    """PIL image → normalised ``(C, H, W)`` float tensor, as the model expects at eval.
+
+    Args:
+        source: the preprocessing, or a model's metadata (meaning its ``preprocessing()``).
+    """
+    pre = _pre(source)
     return T.Compose(
         [
-            _to_mode(info),
-            T.Resize(info.resize_size, interpolation=interp),
-            T.CenterCrop(size),
+            ConvertMode(pre.channels),
+            T.Resize(pre.resize_size, interpolation=interpolation_mode(pre.interpolation)),
+            T.CenterCrop(pre.crop_size),
             T.ToTensor(),
-            T.Normalize(info.mean, info.std),
+            T.Normalize(pre.mean, pre.std),
         ]
     )
 
 
-def train_transform(info: ModelInfo, *, augment: bool = True) -> T.Compose:
+def train_transform(source: Preprocessing | ModelInfo, *, augment: bool = True) -> T.Compose:
+    """The training transform: random resized crop, flip and (RGB) colour jitter, or the eval
+    transform when ``augment`` is false.
+
+    Args:
+        source: the preprocessing, or a model's metadata (meaning its ``preprocessing()``).
+        augment: online augmentation on or off.
+    """
+    pre = _pre(source)
     if not augment:
-        return eval_transform(info)
-    size = info.input_size[-1]
-    interp = _INTERP.get(info.interpolation, T.InterpolationMode.BILINEAR)
+        return eval_transform(pre)
     steps = [
-        _to_mode(info),
-        T.RandomResizedCrop(size, scale=(0.5, 1.0), interpolation=interp),
+        ConvertMode(pre.channels),
+        T.RandomResizedCrop(
+            pre.crop_size, scale=(0.5, 1.0), interpolation=interpolation_mode(pre.interpolation)
+        ),
         T.RandomHorizontalFlip(),
     ]
-    if info.input_size[0] == 3:
+    if pre.channels == 3:
         steps.append(T.ColorJitter(0.2, 0.2, 0.2))
-    return T.Compose([*steps, T.ToTensor(), T.Normalize(info.mean, info.std)])
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(pre.mean, pre.std)])

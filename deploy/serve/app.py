@@ -71,8 +71,7 @@ class ModelServer:
             )
             shape = clf.input.shape
             sample = [
-                d if isinstance(d, int) else clf.pre["input_size"][i - 1]
-                for i, d in enumerate(shape)
+                d if isinstance(d, int) else clf.pre.input_size[i - 1] for i, d in enumerate(shape)
             ][1:]
             self.sample_shape = tuple(sample)
             for b in sorted({1, self.cfg.max_batch}):
@@ -245,7 +244,7 @@ class ModelServer:
                 "static_batch": self.clf.static_batch,
                 "multi_label": self.clf.multi_label,
                 "classes": self.clf.classes,
-                "preprocessing": self.clf.pre,
+                "preprocessing": self.clf.pre.to_dict(),
             },
         )
         return Response(msgspec.json.encode(meta), media_type="application/json")

@@ -4,25 +4,30 @@ Two weight tags per ResNet: ``tv_in1k`` (torchvision's IMAGENET1K_V1 files, load
 torch hub's cache) and ``a1_in1k`` (timm's "ResNet strikes back" A1 recipe, resolved through
 the Hugging Face Hub; timm's ResNet uses the same parameter names as torchvision's, and the
 load is strict, so any difference is reported). Fine-tuned variants replace ``fc``.
+The metadata is static data; the builders import torchvision when they are called.
 """
 
 from __future__ import annotations
 
 from functools import cache
-
-import torchvision
-from torch import nn
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zoo.metadata import ModelInfo, WeightSource
 from zoo.registry import register_model
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _TV_RECIPE = "https://github.com/pytorch/vision/tree/main/references/classification"
 
 
 @cache
 def imagenet_categories() -> tuple[str, ...]:
-    """The 1,000 ImageNet-1k class names, in index order (shipped inside torchvision)."""
-    return tuple(torchvision.models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+    """The 1,000 ImageNet-1k class names, in index order (torchvision's list, copied into
+    ``imagenet_classes.txt`` so that listing models does not import torchvision)."""
+    text = (Path(__file__).with_name("imagenet_classes.txt")).read_text(encoding="utf-8")
+    return tuple(text.splitlines())
 
 
 def _tv_weights(filename: str, sha256: str | None = None) -> WeightSource:
@@ -64,7 +69,6 @@ def _tv_info(
         metrics=(("imagenet-1k/top1", top1), ("imagenet-1k/top5", top5)),
         metrics_source="torchvision Weights.meta (IMAGENET1K_V1)",
         classifier=classifier,
-        has_batchnorm=True,
     )
 
 
@@ -90,7 +94,6 @@ def _timm_a1_info(arch: str, params: int, gflops: float) -> ModelInfo:
             kind="hub", repo_id=f"timm/{arch}.a1_in1k", filename="model.safetensors", revision=None
         ),
         classifier="fc",
-        has_batchnorm=True,
     )
 
 
@@ -102,6 +105,8 @@ _RESNET_PAPER = "arXiv:1512.03385"
     _timm_a1_info("resnet18", 11_689_512, 1.814),
 )
 def resnet18(num_classes: int = 1000, **kw: object) -> nn.Module:
+    import torchvision
+
     return torchvision.models.resnet18(num_classes=num_classes, **kw)
 
 
@@ -110,6 +115,8 @@ def resnet18(num_classes: int = 1000, **kw: object) -> nn.Module:
     _timm_a1_info("resnet34", 21_797_672, 3.664),
 )
 def resnet34(num_classes: int = 1000, **kw: object) -> nn.Module:
+    import torchvision
+
     return torchvision.models.resnet34(num_classes=num_classes, **kw)
 
 
@@ -118,6 +125,8 @@ def resnet34(num_classes: int = 1000, **kw: object) -> nn.Module:
     _timm_a1_info("resnet50", 25_557_032, 4.089),
 )
 def resnet50(num_classes: int = 1000, **kw: object) -> nn.Module:
+    import torchvision
+
     return torchvision.models.resnet50(num_classes=num_classes, **kw)
 
 
@@ -135,4 +144,6 @@ def resnet50(num_classes: int = 1000, **kw: object) -> nn.Module:
     )
 )
 def mobilenet_v2(num_classes: int = 1000, **kw: object) -> nn.Module:
+    import torchvision
+
     return torchvision.models.mobilenet_v2(num_classes=num_classes, **kw)

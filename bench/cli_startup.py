@@ -1,0 +1,116 @@
+"""CLI start-up: wall time and peak memory of `zoo --help`, `zoo list` and `zoo info resnet18`
+against `python -c "import typer, rich"`, measured side by side in one run (rounds alternate
+the commands; medians). Goals: `zoo --help` ≤ 3× the typer+rich start-up, peak RSS < 150 MiB.
+
+    python bench/cli_startup.py [--rounds 30]
+
+Writes the raw samples to docs/bench/cli_startup.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = str(Path(sys.executable).parent / "zoo")  # the console script the user runs
+
+COMMANDS: dict[str, list[str]] = {
+    "typer+rich": [sys.executable, "-c", "import typer, rich"],
+    "zoo --help": [ZOO, "--help"],
+    "zoo list": [ZOO, "list"],
+    "zoo info resnet18": [ZOO, "info", "resnet18"],
+}
+BASELINE, HELP = "typer+rich", "zoo --help"
+
+
+def run_once(cmd: list[str], cwd: str) -> tuple[float, float]:
+    """(seconds, peak RSS in MiB) of one run of ``cmd``, from the child's own rusage."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+    return seconds, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def provenance() -> dict[str, object]:
+    """Commit, versions and machine. (A local stand-in until bench/ has a shared helper.)"""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(),
+        "versions": {p: version(p) for p in ("typer", "rich", "zoo")},
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "cli_startup.json")
+    args = p.parse_args()
+    samples: dict[str, dict[str, list[float]]] = {k: {"s": [], "mib": []} for k in COMMANDS}
+    with tempfile.TemporaryDirectory() as cwd:  # no ./runs folder to scan
+        for cmd in COMMANDS.values():  # warm the file cache once
+            run_once(cmd, cwd)
+        for r in range(args.rounds):
+            order = list(COMMANDS) if r % 2 == 0 else list(reversed(COMMANDS))
+            for name in order:
+                s, mib = run_once(COMMANDS[name], cwd)
+                samples[name]["s"].append(round(s, 4))
+                samples[name]["mib"].append(round(mib, 1))
+    base = statistics.median(samples[BASELINE]["s"])
+    summary = {
+        name: {
+            "median_s": round(statistics.median(v["s"]), 4),
+            "ratio_vs_typer_rich": round(statistics.median(v["s"]) / base, 2),
+            "peak_rss_mib_median": round(statistics.median(v["mib"]), 1),
+            "peak_rss_mib_max": max(v["mib"]),
+        }
+        for name, v in samples.items()
+    }
+    help_ = summary[HELP]
+    result = {
+        "goal": "zoo --help <= 3x the start-up of `python -c 'import typer, rich'`; peak RSS < 150 MiB",
+        "met": help_["ratio_vs_typer_rich"] <= 3 and help_["peak_rss_mib_max"] < 150,
+        "rounds": args.rounds,
+        "summary": summary,
+        "samples": samples,
+        "provenance": provenance(),
+    }
+    print(f"{'command':<20} {'median s':>9} {'× typer+rich':>13} {'peak MiB':>9}")
+    for name, row in summary.items():
+        print(
+            f"{name:<20} {row['median_s']:>9.3f} {row['ratio_vs_typer_rich']:>13.2f} "
+            f"{row['peak_rss_mib_max']:>9.1f}"
+        )
+    print(f"goal met: {result['met']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

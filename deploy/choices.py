@@ -1,0 +1,31 @@
+"""The named choices of the deploy functions, each defined once as a ``Literal`` type.
+
+The functions' signatures, their own checks and the CLI's options all read these; the CLI turns
+each into an option that lists the values in its help and refuses anything else with exit code
+2 and a did-you-mean. Nothing here imports torch or onnxruntime, so the CLI can read it at
+start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Format = Literal["onnx", "torchscript", "pt2", "triton"]
+"""``zoo export --format``."""
+Exporter = Literal["auto", "dynamo", "legacy"]
+"""ONNX exporter: torch.export-based (dynamo), TorchScript-based (legacy), or dynamo first."""
+JitMode = Literal["trace", "script"]
+"""How ``--format torchscript`` builds its graph."""
+QuantMode = Literal["dynamic", "static"]
+"""int8 quantization: weights only (dynamic) or weights and activations, calibrated (static)."""
+CalibMethod = Literal["minmax", "entropy", "percentile"]
+"""How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
+Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_int8"]
+"""``zoo bench --backends``."""
+
+FORMATS: tuple[str, ...] = get_args(Format)
+EXPORTERS: tuple[str, ...] = get_args(Exporter)
+JIT_MODES: tuple[str, ...] = get_args(JitMode)
+QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
+CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
+BACKENDS: tuple[str, ...] = get_args(Backend)
