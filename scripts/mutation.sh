@@ -42,6 +42,8 @@ MODULES=(
   "loading|zoo/loading.py|tests/test_gates_loading.py|"
   "quantize|zoo/deploy/quantize.py|tests/test_gates_quantize.py|zoo.deploy.quantize.x_op_counts__mutmut_* zoo.deploy.quantize.x_conv_heavy__mutmut_* zoo.deploy.quantize.x_coverage__mutmut_* zoo.deploy.quantize.x__labels_for__mutmut_* zoo.deploy.quantize.x_accuracy_report__mutmut_* zoo.deploy.quantize.x_accuracy_gate__mutmut_* zoo.deploy.quantize.x_advice_before__mutmut_* zoo.deploy.quantize.x_advice_after__mutmut_* zoo.deploy.quantize.xǁ_CalibReaderǁ*"
   "data|zoo/train/data.py zoo/train/check.py|tests/test_gates_data.py|zoo.train.data.x_* zoo.train.data.xǁSplitsǁ* zoo.train.check.*"
+  "protocol|zoo/deploy/serve/protocol.py|tests/test_protocol.py tests/test_gates_protocol.py|"
+  "batcher|zoo/deploy/serve/batcher.py|tests/test_batcher.py tests/test_gates_batcher.py|"
 )
 
 stage() {  # $1 = folder; the installed layout as plain copies (mutmut copies, never links)

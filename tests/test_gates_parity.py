@@ -224,7 +224,8 @@ def _eager(model: nn.Module):
 
 
 def _pre(path: Path) -> np.ndarray:
-    from zoo.deploy.preprocess import open_image, preprocess
+    from zoo.deploy.preprocess import preprocess
+    from zoo.images import open_image
 
     return preprocess(open_image(path), INFO.preprocessing())
 

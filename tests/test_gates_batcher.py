@@ -1,0 +1,146 @@
+"""DynamicBatcher edges that mutation testing found unchecked (scripts/mutation.sh batcher):
+the delay's unit, the one named worker thread, stop() draining what is queued and in flight,
+and the metrics each batch records. Plain arrays, no server, well under a second each."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from tests.test_batcher import Recorder, _samples, expected
+from zoo.deploy.serve.batcher import DynamicBatcher
+from zoo.deploy.serve.metrics import ServerMetrics
+
+Setup = Callable[[DynamicBatcher], Awaitable[list[asyncio.Future[np.ndarray]]]]
+
+
+def _batcher(rec: Recorder, metrics: ServerMetrics | None = None, **kw: float) -> DynamicBatcher:
+    args = {"max_batch": 4, "max_delay_ms": 0.0, "max_queue": 16, **kw}
+    return DynamicBatcher(
+        rec,
+        max_batch=int(args["max_batch"]),
+        max_delay_ms=args["max_delay_ms"],
+        max_queue=int(args["max_queue"]),
+        metrics=metrics or ServerMetrics(),
+    )
+
+
+def test_max_delay_is_milliseconds_and_a_lone_request_still_runs() -> None:
+    rec = Recorder()
+    out: list[np.ndarray] = []
+
+    async def main() -> None:
+        b = _batcher(rec, max_delay_ms=50)
+        assert b.max_delay == 0.05  # seconds
+        b.start()
+        out.append(await b.submit(_samples(3, 1), 5))  # nobody joins: it runs after the delay
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[3.0]]
+    np.testing.assert_array_equal(out[0], expected(_samples(3, 1)))
+
+
+def test_inference_runs_in_one_thread_named_ort() -> None:
+    names: list[str] = []
+
+    class Named(Recorder):
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            names.append(threading.current_thread().name)
+            return super().__call__(x)
+
+    rec = Named()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=1)
+        b.start()
+        await asyncio.gather(*(b.submit(_samples(i, 1), 5) for i in range(3)))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(names) == 3 and len(set(rec.threads)) == 1
+    assert all(n.startswith("ort_") for n in names), names
+
+
+def test_stop_finishes_queued_and_running_jobs_first() -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+
+    async def queued_only(b: DynamicBatcher) -> list[asyncio.Future[np.ndarray]]:
+        jobs = [asyncio.ensure_future(b.submit(_samples(10 * i, 1), 10)) for i in range(5)]
+        await asyncio.sleep(0)  # all queued; the loop has not run yet
+        b.start()
+        assert len(b.queue) == 5 and b.in_flight == 0
+        gate.set()
+        return jobs
+
+    async def running_only(b: DynamicBatcher) -> list[asyncio.Future[np.ndarray]]:
+        gate.clear()
+        rec.called.clear()
+        b.start()
+        jobs = [asyncio.ensure_future(b.submit(_samples(7, 1), 10))]
+        while not rec.called.is_set():
+            await asyncio.sleep(0.001)
+        assert b.in_flight == 1 and not b.queue  # nothing waits, one batch still runs
+        threading.Timer(0.05, gate.set).start()
+        return jobs
+
+    async def main(setup: Setup) -> list[asyncio.Future[np.ndarray]]:
+        b = _batcher(rec, max_batch=2)
+        jobs = await setup(b)
+        await b.stop()  # returns only once everything queued or running has finished
+        # their results are set; the awaiting tasks need a loop turn (never come if dropped)
+        await asyncio.wait(jobs, timeout=2)
+        assert all(j.done() for j in jobs)
+        assert b._task is not None
+        await asyncio.gather(b._task, return_exceptions=True)
+        assert b._task.cancelled()  # the loop was stopped, not left waiting
+        return jobs
+
+    jobs = asyncio.run(asyncio.wait_for(main(queued_only), 10))
+    for i, j in enumerate(jobs):
+        np.testing.assert_array_equal(j.result(), expected(_samples(10 * i, 1)))
+    assert rec.batches == [[0.0, 10.0], [20.0, 30.0], [40.0]]
+    jobs = asyncio.run(asyncio.wait_for(main(running_only), 10))
+    np.testing.assert_array_equal(jobs[0].result(), expected(_samples(7, 1)))
+
+
+def _sample(metrics: ServerMetrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
+def test_each_batch_records_its_size_wait_and_compute_time() -> None:
+    metrics = ServerMetrics()
+    rec = Recorder()
+    depths: list[float] = []
+
+    async def main() -> None:
+        b = _batcher(rec, metrics, max_batch=8)
+        tasks = [asyncio.ensure_future(b.submit(_samples(i, n), 5)) for i, n in [(0, 2), (5, 3)]]
+        await asyncio.sleep(0)
+        depths.append(_sample(metrics, "zoo_queue_depth"))  # both queued, not started
+        b.start()
+        await asyncio.gather(*tasks)
+        depths.append(_sample(metrics, "zoo_queue_depth"))
+        await b.submit(_samples(9, 1), 5)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert depths == [2.0, 0.0]
+    assert rec.batches == [[0.0, 1.0, 5.0, 6.0, 7.0], [9.0]]
+    # one observation per ORT call (its sample count), one wait per request
+    assert _sample(metrics, "zoo_batch_size_count") == 2
+    assert _sample(metrics, "zoo_batch_size_sum") == 6
+    assert metrics.registry.get_sample_value("zoo_batch_size_bucket", {"le": "1.0"}) == 1
+    assert metrics.registry.get_sample_value("zoo_batch_size_bucket", {"le": "4.0"}) == 1
+    assert metrics.registry.get_sample_value("zoo_batch_size_bucket", {"le": "8.0"}) == 2
+    assert _sample(metrics, "zoo_queue_seconds_count") == 3
+    assert _sample(metrics, "zoo_compute_seconds_count") == 2
+    # durations, not clock readings: the whole test is bounded by its 10 s wait_for
+    assert 0 <= _sample(metrics, "zoo_queue_seconds_sum") < 3 * 10
+    assert 0 <= _sample(metrics, "zoo_compute_seconds_sum") < 2 * 10

@@ -1,0 +1,176 @@
+"""Request validation edges that mutation testing found unchecked (scripts/mutation.sh
+protocol): each test pins one boundary or one message exactly, on plain bytes, in ms."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import msgspec
+import numpy as np
+import pytest
+
+from zoo.deploy.serve import protocol
+from zoo.deploy.serve.protocol import (
+    MAX_RANK,
+    OutputSpec,
+    classification,
+    decode_request,
+    encode_response,
+    parse_request,
+)
+from zoo.errors import InputError, PayloadTooLargeError
+
+
+def _req(**over: object) -> bytes:
+    tensor = {"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}
+    return json.dumps({"inputs": [tensor], **over}).encode()
+
+
+def _nest(value: object, depth: int) -> object:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, MAX_RANK])
+def test_tensor_data_nests_exactly_depth_deep(depth: int) -> None:
+    schema = protocol._nested_data(depth)
+    for leaf in (1, 2.5, True):
+        inside = json.dumps(_nest(leaf, depth)).encode()
+        assert msgspec.json.decode(inside, type=schema) == _nest(leaf, depth)
+    assert msgspec.json.decode(b"[1, 2.5, false]", type=schema) == [1, 2.5, False]
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(json.dumps(_nest(1, depth + 1)).encode(), type=schema)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'["1"]', type=schema)
+
+
+def test_request_data_accepts_max_rank_nesting_and_refuses_one_more() -> None:
+    shape = [1] * MAX_RANK
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": shape, "datatype": "FP32", "data": _nest(3.0, MAX_RANK)}
+            ]
+        }
+    ).encode()
+    assert parse_request(body, None).inputs[0][1].shape == tuple(shape)
+    deeper = body.replace(b"[[", b"[[[", 1).replace(b"]]", b"]]]", 1)
+    with pytest.raises(InputError, match=r"\$\.inputs\[0\]\.data"):
+        parse_request(deeper, None)
+
+
+def test_header_length_may_be_one_byte_or_the_whole_body() -> None:
+    body = _req()
+    assert parse_request(body, str(len(body))).inputs[0][0] == "input"  # JSON only, no binary
+    with pytest.raises(InputError) as info:
+        parse_request(body, "1")  # fits the body; b"{" is not a JSON document
+    assert str(info.value).startswith("request body is not valid JSON: ")
+
+
+def test_decode_errors_carry_their_hint_only_when_it_applies() -> None:
+    bad_type = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1], "datatype": "FP8", "data": [1]}]}
+    ).encode()
+    with pytest.raises(msgspec.ValidationError) as raw:
+        msgspec.json.decode(bad_type, type=protocol.InferenceRequest)
+    with pytest.raises(InputError) as info:
+        decode_request(bad_type)
+    assert str(info.value) == (
+        f"invalid inference request: {raw.value} "
+        "(use one of FP32, FP64, FP16, INT8, INT16, INT32, INT64, UINT8, BOOL)"
+    )
+    wrong_id = _req(id=5)
+    with pytest.raises(msgspec.ValidationError) as raw:
+        msgspec.json.decode(wrong_id, type=protocol.InferenceRequest)
+    with pytest.raises(InputError) as info:
+        decode_request(wrong_id)
+    assert str(info.value) == f"invalid inference request: {raw.value}"
+
+
+@pytest.mark.parametrize(
+    ("body", "hint"),
+    [
+        (b'{"inputs": [NaN]}', " (NaN and Infinity are not JSON numbers)"),
+        (b'{"inputs": [Infinity]}', " (NaN and Infinity are not JSON numbers)"),
+        (b'{"inputs": [-Infinity, NaN]}', " (NaN and Infinity are not JSON numbers)"),
+        (b'{"inputs": [nan]}', ""),
+        (b'{"inputs": [', ""),
+    ],
+)
+def test_not_json_names_nan_and_infinity_only_when_sent(body: bytes, hint: str) -> None:
+    with pytest.raises(msgspec.DecodeError) as raw:
+        msgspec.json.decode(body)
+    with pytest.raises(InputError) as info:
+        decode_request(body)
+    assert str(info.value) == f"request body is not valid JSON{hint}: {raw.value}"
+
+
+def test_exact_messages_of_the_plain_errors() -> None:
+    with pytest.raises(InputError) as info:
+        parse_request(b"", None)
+    assert str(info.value) == "empty request body: send a KServe v2 JSON inference request"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(InputError) as info:
+        parse_request(_req()[:-1] + b', "parameters": {"other": ' + deep + b"}}", None)
+    assert str(info.value) == "request JSON is nested too deeply: send a KServe v2 request"
+
+
+def test_binary_size_messages_give_the_right_numbers() -> None:
+    a = np.arange(6, dtype=np.float32)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "px",
+                    "shape": [2, 3],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 20},
+                }
+            ]
+        }
+    ).encode()
+    with pytest.raises(InputError) as info:
+        parse_request(head + a.tobytes()[:20], str(len(head)))
+    assert str(info.value) == "input 'px': 20 bytes for shape [2, 3] FP32 (expected 24)"
+    full = head.replace(b"20", b"24")
+    with pytest.raises(InputError) as info:
+        parse_request(full + a.tobytes()[:23], str(len(full)))
+    assert str(info.value).startswith(
+        "input 'px': binary_data_size 24 overruns the 23 bytes left in the body"
+    )
+
+
+def test_too_large_names_the_input() -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "pixels", "shape": [3, 4], "datatype": "FP32", "data": [0] * 12}]}
+    ).encode()
+    with pytest.raises(PayloadTooLargeError, match=r"^input 'pixels': shape \[3, 4\] has 12 "):
+        parse_request(body, None, max_elements=11)
+
+
+def test_outputs_without_parameters_take_the_defaults() -> None:
+    req = parse_request(_req(outputs=[{"name": "y"}, {"name": "z", "parameters": {}}]), None)
+    assert req.outputs == [OutputSpec("y", False, 0), OutputSpec("z", False, 0)]
+
+
+def test_classification_labels_missing_classes_by_index() -> None:
+    logits = np.array([[0.0, 5.0, 1.0], [9.0, 0.0, 2.0]], np.float32)
+    assert classification(logits, 2, ["a"]).tolist() == [
+        ["5.000000:1:1", "1.000000:2:2"],
+        ["9.000000:0:a", "2.000000:2:2"],
+    ]
+    assert classification(logits, 10, []).shape == (2, 3)  # k capped at the class count
+
+
+def test_binary_bytes_tensor_frames_every_string() -> None:
+    top = np.array([["x", "yz"], ["", "éé"]], dtype=object)
+    body, headers = encode_response("m", None, [(OutputSpec("t", binary=True), top)])
+    blob = body[int(headers[protocol.HEADER]) :]
+    out, pos = [], 0
+    while pos < len(blob):
+        (n,) = struct.unpack("<I", blob[pos : pos + 4])
+        out.append(blob[pos + 4 : pos + 4 + n].decode())
+        pos += 4 + n
+    assert out == ["x", "yz", "", "éé"]
