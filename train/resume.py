@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from zoo.errors import CheckpointError
@@ -15,6 +16,8 @@ from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import RUNTIME_KEYS, TrainConfig
 from zoo.train.console import say
 from zoo.train.run_dir import RunDir
+
+STAT_KEYS = ("loss", "correct", "n")  # an epoch's running sums, per rank
 
 
 def prepare_resume(
@@ -118,3 +121,30 @@ def _finished(run: RunDir, state: dict[str, Any]) -> bool:
     if "global_step" not in report:  # a run from before report.json named its checkpoint
         return (run.path / "model").exists()
     return bool(report["global_step"] == state["global_step"])
+
+
+def gather_epoch_stats(
+    stats: dict[str, Any], world: int, device: torch.device
+) -> list[dict[str, Any]]:
+    """Every rank's running sums of the epoch so far, for the checkpoint. A collective under
+    DDP: every rank saves at the same step."""
+    if world == 1:
+        return [dict(stats)]
+    mine = torch.tensor([float(stats[k]) for k in STAT_KEYS], dtype=torch.float64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(rows, mine)
+    return [{"loss": float(r[0]), "correct": int(r[1]), "n": int(r[2])} for r in rows]
+
+
+def own_epoch_stats(
+    saved: list[dict[str, Any]] | dict[str, Any], rank: int, world: int
+) -> dict[str, Any]:
+    """This rank's running sums from a checkpoint: its own row when the world size is the
+    same (the epoch's totals then add up in the same order as without the interruption);
+    otherwise rank 0 takes their sum and the others start from zero."""
+    rows = saved if isinstance(saved, list) else [saved]  # a checkpoint from before per-rank sums
+    if len(rows) == world:
+        return dict(rows[rank])
+    if rank > 0:
+        return {"loss": 0.0, "correct": 0, "n": 0}
+    return {k: sum(r[k] for r in rows) for k in STAT_KEYS}

@@ -36,7 +36,7 @@ from zoo.train.console import say
 from zoo.train.evaluate import collect_logits, gather_by_index
 from zoo.train.features import FeatureDataset, extract_features, head_module
 from zoo.train.metrics import summarize, summarize_multilabel
-from zoo.train.resume import prepare_resume, repair_run
+from zoo.train.resume import gather_epoch_stats, own_epoch_stats, prepare_resume, repair_run
 from zoo.train.rng import get_rng_state, seed_everything, set_rng_state
 from zoo.train.run_dir import RunDir, create_run_dir
 from zoo.train.schedule import build_scheduler
@@ -307,7 +307,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ state
-    def state(self) -> dict[str, Any]:
+    def state(self, epoch_stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """Everything a resume needs; ``epoch_stats``: every rank's running sums."""
         return {
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
@@ -322,7 +323,7 @@ class Trainer:
             "lr_scale": self.lr_scale,
             "nonfinite_skipped": self.nonfinite_skipped,
             "rollbacks": self.rollbacks,
-            "epoch_stats": dict(self.epoch_stats),
+            "epoch_stats": epoch_stats,
             "history": self.history,
             "rng": get_rng_state(),
             "world_size": self.world,
@@ -345,7 +346,8 @@ class Trainer:
             s["nonfinite_skipped"],
             s["rollbacks"],
         )
-        self.epoch_stats, self.history = dict(s["epoch_stats"]), list(s["history"])
+        self.epoch_stats = own_epoch_stats(s["epoch_stats"], self.rank, self.world)
+        self.history = list(s["history"])
         self.stopped = bool(s.get("stopped", False))
         set_rng_state(s["rng"])
         saved_world = int(s.get("world_size", 1))
@@ -369,9 +371,10 @@ class Trainer:
 
     def save(self) -> None:
         """Commit the run's state to last.pt (best/top-k/metrics follow from it at an epoch's
-        end). Only rank 0 writes; no collective inside save code."""
+        end). Every rank calls it at the same step; only rank 0 writes."""
+        stats = gather_epoch_stats(self.epoch_stats, self.world, self.device)
         if self.is_main:
-            self.run.commit(self.state())
+            self.run.commit(self.state(stats))
 
     # ------------------------------------------------------------------ preflight
     def preflight(self) -> dict[str, Any]:
@@ -571,6 +574,9 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         module = self.head if self.cfg.cache_features else self.model
+        if self.world > 1:  # every shard judged with rank 0's BatchNorm statistics: the saved ones
+            for b in module.buffers():
+                dist.broadcast(b, src=0)
         was = module.training
         module.eval()
         try:
