@@ -29,12 +29,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from zoo.errors import ModelRefError, UnknownModelError
 
 RefKind = Literal["registry", "timm", "hf", "hf-hub", "run", "model-folder", "onnx"]
-KINDS: tuple[RefKind, ...] = get_args(RefKind)
 PATH_KINDS: frozenset[RefKind] = frozenset({"run", "model-folder", "onnx"})
 
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -205,4 +204,4 @@ def _parse_path(s: str, *, text: str) -> ModelRef:
     return ModelRef("run" if (p / "model").is_dir() else "model-folder", s, text=text)
 
 
-__all__ = ["KINDS", "ModelRef", "RefKind", "is_repo_id"]
+__all__ = ["ModelRef", "RefKind", "is_repo_id"]
