@@ -465,3 +465,17 @@ def test_pulled_model_replaced_in_cache_with_a_consistent_config_is_refused(
         zoo.create_model(f"hf:me/swap@{C1}")
     assert exc.value.expected == weights.sha256_file(first / "model.safetensors")
     assert exc.value.actual == weights.sha256_file(second / "model.safetensors")
+
+
+def test_safetensors_never_go_through_torch_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.14's torch.load reads safetensors too, so only this test tells the two readers
+    apart: zoo uses safetensors' own reader, whatever torch version is installed."""
+    save_file(_sd(), tmp_path / "w.safetensors")
+
+    def no_torch_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.load called on a safetensors file")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
+    assert _same(weights.read_state_dict(tmp_path / "w.safetensors"), _sd())
