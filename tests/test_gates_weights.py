@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -479,3 +480,21 @@ def test_safetensors_never_go_through_torch_load(
 
     monkeypatch.setattr(torch, "load", no_torch_load)
     assert _same(weights.read_state_dict(tmp_path / "w.safetensors"), _sd())
+
+
+def test_torch_s_escape_hatch_does_not_reopen_unpickling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 flips torch.load's *default* to full unpickling; zoo
+    passes weights_only=True explicitly, so a pickle's code never runs."""
+    ran = tmp_path / "unpickling-ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.mkdir, (str(ran),))  # what a malicious file would do, harmlessly
+
+    torch.save({"w": torch.ones(1), "x": Payload()}, tmp_path / "evil.pth")
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(UnsafeWeightsError):
+        weights.read_state_dict(tmp_path / "evil.pth")
+    assert not ran.exists()
