@@ -217,3 +217,37 @@ def test_a_full_batch_does_not_wait_out_the_delay() -> None:
 
     asyncio.run(asyncio.wait_for(main(), 10))
     assert rec.batches == [[0.0, 1.0]]
+
+
+def test_a_failing_batch_of_two_is_retried_one_by_one() -> None:
+    bad = _samples(7, 1)
+    bad[0, 0] = np.nan
+    rec = Recorder()
+    results: list[object] = []
+
+    async def main() -> None:
+        b = _batcher(rec)
+        jobs = [asyncio.ensure_future(b.submit(x, 5)) for x in (_samples(1, 1), bad)]
+        await asyncio.sleep(0)
+        b.start()
+        results.extend(await asyncio.gather(*jobs, return_exceptions=True))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(rec.batches) == 3 and rec.batches[0][0] == 1.0  # together, then each alone
+    np.testing.assert_array_equal(results[0], expected(_samples(1, 1)))
+    assert isinstance(results[1], ValueError)
+
+
+def test_stop_joins_the_worker_thread() -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        b = _batcher(rec)
+        b.start()
+        await b.submit(_samples(0, 1), 5)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(rec.threads) == 1
+    assert rec.threads[0] not in {t.ident for t in threading.enumerate()}  # joined, not leaked
