@@ -144,3 +144,110 @@ def test_each_batch_records_its_size_wait_and_compute_time() -> None:
     # durations, not clock readings: the whole test is bounded by its 10 s wait_for
     assert 0 <= _sample(metrics, "zoo_queue_seconds_sum") < 3 * 10
     assert 0 <= _sample(metrics, "zoo_compute_seconds_sum") < 2 * 10
+
+
+def test_a_timed_out_job_in_the_middle_is_skipped_not_a_stop() -> None:
+    rec = Recorder()
+    results: list[object] = []
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=8)
+        jobs = [
+            asyncio.ensure_future(b.submit(_samples(v, 1), t))
+            for v, t in [(0, 5), (1, 0.01), (2, 5)]
+        ]
+        await asyncio.wait([jobs[1]], timeout=5)  # the middle one times out while queued
+        b.start()
+        results.extend(await asyncio.gather(*jobs, return_exceptions=True))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0, 2.0]]  # the jobs after it still join the batch
+    assert isinstance(results[1], TimeoutError)
+
+
+def test_the_loop_survives_a_queue_that_held_only_a_timed_out_job() -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+    out: list[np.ndarray] = []
+
+    async def main() -> None:
+        b = _batcher(rec)
+        b.start()
+        first = asyncio.ensure_future(b.submit(_samples(0, 1), 5))
+        while not rec.called.is_set():
+            await asyncio.sleep(0.001)
+        late = asyncio.ensure_future(b.submit(_samples(1, 1), 0.01))
+        await asyncio.wait([late], timeout=5)  # timed out while the first batch runs
+        gate.set()
+        await first
+        out.append(await b.submit(_samples(2, 1), 5))  # the loop must still be serving
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0], [2.0]]
+    np.testing.assert_array_equal(out[0], expected(_samples(2, 1)))
+
+
+def test_a_sub_second_delay_still_gathers() -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=3, max_delay_ms=900)
+        b.start()
+        tasks = []
+        for i in range(3):  # one request every 20 ms, well inside the delay
+            tasks.append(asyncio.ensure_future(b.submit(_samples(i, 1), 5)))
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*tasks)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0, 1.0, 2.0]]
+
+
+def test_a_full_batch_does_not_wait_out_the_delay() -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=2, max_delay_ms=60_000)  # a minute: the submits time out first
+        b.start()
+        await asyncio.gather(b.submit(_samples(0, 1), 5), b.submit(_samples(1, 1), 5))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0, 1.0]]
+
+
+def test_a_failing_batch_of_two_is_retried_one_by_one() -> None:
+    bad = _samples(7, 1)
+    bad[0, 0] = np.nan
+    rec = Recorder()
+    results: list[object] = []
+
+    async def main() -> None:
+        b = _batcher(rec)
+        jobs = [asyncio.ensure_future(b.submit(x, 5)) for x in (_samples(1, 1), bad)]
+        await asyncio.sleep(0)
+        b.start()
+        results.extend(await asyncio.gather(*jobs, return_exceptions=True))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(rec.batches) == 3 and rec.batches[0][0] == 1.0  # together, then each alone
+    np.testing.assert_array_equal(results[0], expected(_samples(1, 1)))
+    assert isinstance(results[1], ValueError)
+
+
+def test_stop_joins_the_worker_thread() -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        b = _batcher(rec)
+        b.start()
+        await b.submit(_samples(0, 1), 5)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(rec.threads) == 1
+    assert rec.threads[0] not in {t.ident for t in threading.enumerate()}  # joined, not leaked

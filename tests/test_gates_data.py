@@ -622,3 +622,45 @@ def test_format_report_cuts_long_sections(tmp_path: Path) -> None:
     exactly = chk.CheckReport(root="/r", tiny=report.tiny[:3])
     assert chk.format_report(exactly, limit=3)[-1] == "  t2.png [1, 1]"
     assert chk.format_report(chk.CheckReport(root="/r")) == ["checked 0 images in /r"]
+
+
+# ---- edges found by mutation testing (scripts/mutation.sh data) ---------------------------
+
+
+def test_flat_split_orders_ten_and_more_files_naturally(tmp_path: Path) -> None:
+    root = _flat(tmp_path / "d", {"a": 12, "b": 12})
+    s = scan(root, val_fraction=0.5, seed=3)
+    per_split = [[r for r, c in s.files[split] if c == "a"] for split in ("train", "val")]
+    for names in per_split:
+        assert len(names) == 6 and names == sorted(names, key=natural_key), names
+    # a/10.png sits with at least two of a/2..a/9 (5 others drawn from 11): not text order
+    assert any(names != sorted(names) for names in per_split)
+
+
+def test_flat_empty_class_message(tmp_path: Path) -> None:
+    _img(tmp_path / "d" / "a" / "x.png")
+    (tmp_path / "d" / "b").mkdir()
+    with pytest.raises(DataError) as exc:
+        scan(tmp_path / "d")
+    exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+    assert str(exc.value) == (
+        f"Class folder(s) with no images in {(tmp_path / 'd').resolve()}/: b. Add images "
+        f"(extensions: {exts}) or remove the folder."
+    )
+
+
+def test_multilabel_label_seen_once_goes_to_train(tmp_path: Path) -> None:
+    root = tmp_path / "ml"
+    rows = ["img/0.png,cat", "img/1.png,cat", "img/2.png,cat", "img/3.png,cat", "img/4.png,owl"]
+    for i in range(5):
+        _img(root / "img" / f"{i}.png")
+    _labels_csv(root, rows)
+    s = scan_multilabel(root, val_fraction=0.25, seed=0)
+    assert ("img/4.png", "owl") in s.files["train"]
+    assert len(s.files["val"]) == 1 and s.files["val"][0][1] == "cat"
+
+
+def test_check_splits_without_cache_writes_none(cache_home: Path, tmp_path: Path) -> None:
+    s = _dataset(tmp_path / "d")
+    assert chk.check_splits(s, use_cache=False).n_files == 14
+    assert not chk._cache_file(s.root).exists()

@@ -134,11 +134,23 @@ def test_binary_size_messages_give_the_right_numbers() -> None:
     with pytest.raises(InputError) as info:
         parse_request(head + a.tobytes()[:20], str(len(head)))
     assert str(info.value) == "input 'px': 20 bytes for shape [2, 3] FP32 (expected 24)"
-    full = head.replace(b"20", b"24")
-    with pytest.raises(InputError) as info:
-        parse_request(full + a.tobytes()[:23], str(len(full)))
+    two = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": f"p{i}",
+                    "shape": [6],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 24},
+                }
+                for i in range(2)
+            ]
+        }
+    ).encode()
+    with pytest.raises(InputError) as info:  # the second input starts 24 bytes in
+        parse_request(two + a.tobytes() + a.tobytes()[:20], str(len(two)))
     assert str(info.value).startswith(
-        "input 'px': binary_data_size 24 overruns the 23 bytes left in the body"
+        "input 'p1': binary_data_size 24 overruns the 20 bytes left in the body"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -465,3 +466,35 @@ def test_pulled_model_replaced_in_cache_with_a_consistent_config_is_refused(
         zoo.create_model(f"hf:me/swap@{C1}")
     assert exc.value.expected == weights.sha256_file(first / "model.safetensors")
     assert exc.value.actual == weights.sha256_file(second / "model.safetensors")
+
+
+def test_safetensors_never_go_through_torch_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.14's torch.load reads safetensors too, so only this test tells the two readers
+    apart: zoo uses safetensors' own reader, whatever torch version is installed."""
+    save_file(_sd(), tmp_path / "w.safetensors")
+
+    def no_torch_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.load called on a safetensors file")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
+    assert _same(weights.read_state_dict(tmp_path / "w.safetensors"), _sd())
+
+
+def test_torch_s_escape_hatch_does_not_reopen_unpickling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 flips torch.load's *default* to full unpickling; zoo
+    passes weights_only=True explicitly, so a pickle's code never runs."""
+    ran = tmp_path / "unpickling-ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.mkdir, (str(ran),))  # what a malicious file would do, harmlessly
+
+    torch.save({"w": torch.ones(1), "x": Payload()}, tmp_path / "evil.pth")
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(UnsafeWeightsError):
+        weights.read_state_dict(tmp_path / "evil.pth")
+    assert not ran.exists()
