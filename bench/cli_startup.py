@@ -4,24 +4,23 @@ the commands; medians). Goals: `zoo --help` ≤ 3× the typer+rich start-up, pea
 
     python bench/cli_startup.py [--rounds 30]
 
-Writes the raw samples to docs/bench/cli_startup.json.
+Writes the raw samples, with provenance, to docs/bench/cli_startup.json (bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_path import ROOT  # noqa: F401
+from provenance import Recording, headline
+
 ZOO = str(Path(sys.executable).parent / "zoo")  # the console script the user runs
 
 COMMANDS: dict[str, list[str]] = {
@@ -45,32 +44,12 @@ def run_once(cmd: list[str], cwd: str) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
 
 
-def provenance() -> dict[str, object]:
-    """Commit, versions and machine. (A local stand-in until bench/ has a shared helper.)"""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "python": platform.python_version(),
-        "versions": {p: version(p) for p in ("typer", "rich", "zoo")},
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpus": os.cpu_count(),
-        "loadavg": os.getloadavg(),
-    }
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "cli_startup.json")
+    p.add_argument("--out", type=Path, default=None, help="default: docs/bench/cli_startup.json")
     args = p.parse_args()
+    rec = Recording("cli_startup")
     samples: dict[str, dict[str, list[float]]] = {k: {"s": [], "mib": []} for k in COMMANDS}
     with tempfile.TemporaryDirectory() as cwd:  # no ./runs folder to scan
         for cmd in COMMANDS.values():  # warm the file cache once
@@ -93,12 +72,25 @@ def main() -> None:
     }
     help_ = summary[HELP]
     result = {
-        "goal": "zoo --help <= 3x the start-up of `python -c 'import typer, rich'`; peak RSS < 150 MiB",
-        "met": help_["ratio_vs_typer_rich"] <= 3 and help_["peak_rss_mib_max"] < 150,
         "rounds": args.rounds,
         "summary": summary,
         "samples": samples,
-        "provenance": provenance(),
+        "headlines": [
+            headline(
+                "`zoo --help` start-up vs `python -c 'import typer, rich'`",
+                f"summary.{HELP}.ratio_vs_typer_rich",
+                help_["ratio_vs_typer_rich"],
+                "<=",
+                3.0,
+            ),
+            headline(
+                "`zoo --help` peak memory (MiB, worst round)",
+                f"summary.{HELP}.peak_rss_mib_max",
+                help_["peak_rss_mib_max"],
+                "<",
+                150.0,
+            ),
+        ],
     }
     print(f"{'command':<20} {'median s':>9} {'× typer+rich':>13} {'peak MiB':>9}")
     for name, row in summary.items():
@@ -106,10 +98,8 @@ def main() -> None:
             f"{name:<20} {row['median_s']:>9.3f} {row['ratio_vs_typer_rich']:>13.2f} "
             f"{row['peak_rss_mib_max']:>9.1f}"
         )
-    print(f"goal met: {result['met']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print("goals met: " + ", ".join(str(h["met"]) for h in result["headlines"]))
+    rec.write(result, args.out)
 
 
 if __name__ == "__main__":

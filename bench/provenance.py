@@ -220,14 +220,14 @@ class Recording:
         return path
 
 
-OPS = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t}
+OPS = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t, "<": lambda v, t: v < t}
 
 
 def headline(
     what: str, key: str, value: float | None, op: str, target: float, note: str = ""
 ) -> dict[str, Any]:
     """One row of the summary table: ``value`` (found at ``key`` in ``results``) against the
-    goal ``op target`` (``op`` is "<=" or ">="); the verdict is computed here, once."""
+    goal ``op target`` (``op`` is "<=", ">=" or "<"); the verdict is computed here, once."""
     met = None if value is None else bool(OPS[op](value, target))
     return {
         "what": what,

@@ -383,12 +383,26 @@ def gpu_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(name, "command", "median wall clock (s)", "× typer + rich", "peak RSS (MiB, max)")
+    for cmd, row in r["summary"].items():
+        t.add(
+            f"`{cmd}`" if cmd.startswith("zoo") else "`python -c 'import typer, rich'`",
+            fmt(row["median_s"], 3),
+            fmt(row["ratio_vs_typer_rich"]),
+            fmt(row["peak_rss_mib_max"], 1),
+        )
+    return [f"{r['rounds']} rounds, the order of the commands alternating.", "", *t.lines(out), ""]
+
+
 RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "trainer_overhead": trainer_overhead,
     "feature_cache": feature_cache,
     "deploy_bench": deploy_bench,
     "serve_load": serve_load,
     "gpu_bench": gpu_bench,
+    "cli_startup": cli_startup,
 }
 
 
@@ -401,7 +415,7 @@ def busy(d: dict[str, Any]) -> bool:
 
 def summary(results: dict[str, dict[str, Any]], out: Doc) -> list[str]:
     """One row per goal (each file's ``results.headlines``), marked when the file is stale."""
-    ops = {"<=": "≤", ">=": "≥"}
+    ops = {"<=": "≤", ">=": "≥", "<": "<"}
     t = Table("", "goal", "target", "measured", "met?", "raw")
     for name, d in results.items():
         for h in d["results"].get("headlines", []):
