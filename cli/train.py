@@ -151,8 +151,12 @@ def finetune_cmd(
     values["data"] = values.get("data") or ""
     if values["data"]:
         values["data"] = str(Path(values["data"]).expanduser().resolve())
-    if values["model"] and Path(values["model"]).exists():
-        values["model"] = str(Path(values["model"]).resolve())
+    if values["model"]:
+        from zoo.ref import ModelRef
+
+        ref = ModelRef.parse(values["model"])  # the same precedence as every other command
+        if ref.is_path:
+            values["model"] = str(ref.path.resolve())
     cfg = TrainConfig.from_dict(values)
     from zoo.train.trainer import fit
 

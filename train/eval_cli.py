@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
+from zoo.ref import ModelRef
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.evaluate import evaluate_model
 from zoo.train.metrics import summarize, summarize_multilabel
@@ -19,9 +20,9 @@ from zoo.transforms import eval_transform
 
 
 def _splits_for(model_arg: str, data: str | None) -> Splits:
-    run = Path(model_arg)
-    split_file = run / "split.json"
-    if split_file.exists():
+    ref = ModelRef.parse(model_arg)
+    split_file = ref.path / "split.json" if ref.kind == "run" else None
+    if split_file is not None and split_file.exists():
         import json
 
         saved = Splits.from_json(json.loads(split_file.read_text()))
