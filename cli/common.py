@@ -10,11 +10,17 @@ from typing import Annotated, Any, get_args
 import typer
 from rich.console import Console
 
-from zoo.errors import ChoiceError
+from zoo.errors import MODEL_FORMS, ChoiceError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON object.")]
 OutOpt = Annotated[str | None, typer.Option("-o", "--output", help="Where to write the result.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_FORMS)]
+"""A command's model reference (parsed by :meth:`zoo.ref.ModelRef.parse`), not an ONNX file."""
+ModelOrOnnxArg = Annotated[
+    str, typer.Argument(metavar="MODEL", help=MODEL_FORMS + ", or an exported .onnx file")
+]
+"""Like :data:`ModelArg`, for the commands that also take an exported ``.onnx`` file."""
 WeightsOpt = Annotated[
     str | None,
     typer.Option(

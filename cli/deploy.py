@@ -3,27 +3,43 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from zoo.cli.common import JsonOpt, WeightsOpt, choice, err, int_list, out, print_json
+from zoo.cli.common import (
+    JsonOpt,
+    ModelArg,
+    ModelOrOnnxArg,
+    WeightsOpt,
+    choice,
+    err,
+    int_list,
+    out,
+    print_json,
+)
 from zoo.deploy.choices import Backend, CalibMethod, Exporter, Format, JitMode, QuantMode
 
+if TYPE_CHECKING:
+    from zoo.ref import ModelRef
 
-def _default_output(model: str, fmt: str) -> Path:
-    from zoo.artifact import model_folder_of
 
-    folder = model_folder_of(model)
+def _default_output(ref: ModelRef, fmt: str) -> Path:
     ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": ""}[fmt]
-    if folder is not None and fmt == "onnx":
-        return folder / "model.onnx"  # part of the artifact contract
-    stem = (folder.parent.name if folder is not None else model).replace(":", "_").replace("/", "_")
-    return Path(f"{stem}{ext}" if fmt != "triton" else "model_repository")
+    if fmt == "triton":
+        return Path("model_repository")
+    if ref.kind in ("run", "model-folder"):
+        folder = ref.model_folder
+        if fmt == "onnx":
+            return folder / "model.onnx"  # part of the artifact contract
+        stem = (folder.parent if folder.name == "model" else folder).resolve().name
+    else:
+        stem = ref.shown.replace(":", "_").replace("/", "_").replace("@", "_")
+    return Path(f"{stem}{ext}")
 
 
 def export_cmd(
-    model: Annotated[str, typer.Argument(help="registry name, run folder or model folder")],
+    model: ModelArg,
     fmt: Annotated[Format, choice(Format, "--format", "-f", help="output format")] = "onnx",
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="output file (triton: repository folder)")
@@ -63,6 +79,7 @@ def export_cmd(
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
     from zoo.deploy.export import DEFAULT_OPSET, export_onnx, export_torch
+    from zoo.ref import ModelRef
 
     if dynamic_batch and static_batch is not None:
         raise typer.BadParameter(
@@ -74,10 +91,11 @@ def export_cmd(
         raise typer.BadParameter(
             f"--static-batch applies to --format onnx, not {fmt!r}", param_hint="--static-batch"
         )
-    path = output or _default_output(model, fmt)
+    ref = ModelRef.parse(model)
+    path = output or _default_output(ref, fmt)
     if fmt == "onnx":
         result = export_onnx(
-            model,
+            ref,
             path,
             static_batch=static_batch,
             dynamic_size=dynamic_size,
@@ -91,7 +109,7 @@ def export_cmd(
         from zoo.deploy.triton import export_triton
 
         result = export_triton(
-            model,
+            ref,
             path,
             max_batch=max_batch,
             opset=opset or DEFAULT_OPSET,
@@ -99,7 +117,7 @@ def export_cmd(
             weights=weights,
         )
     else:
-        result = export_torch(model, path, fmt=fmt, jit=jit, weights=weights)
+        result = export_torch(ref, path, fmt=fmt, jit=jit, weights=weights)
     d = result.to_dict()
     if as_json:
         print_json(d)
@@ -130,9 +148,7 @@ def export_cmd(
 
 
 def predict_cmd(
-    model: Annotated[
-        str, typer.Argument(help="an exported .onnx file, registry name, run or model folder")
-    ],
+    model: ModelOrOnnxArg,
     images: Annotated[list[Path], typer.Argument(help="image files")],
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = 5,
     device: str = "cpu",
@@ -152,7 +168,7 @@ def predict_cmd(
 
 
 def compare_jit_cmd(
-    model: Annotated[str, typer.Argument(help="registry name, run or model folder")],
+    model: ModelArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare torch.jit.trace, torch.jit.script and torch.export against eager."""
@@ -247,7 +263,7 @@ def quantize_cmd(
 
 
 def bench_cmd(
-    model: Annotated[str, typer.Argument(help="registry name, run or model folder")],
+    model: ModelArg,
     backends: Annotated[
         str, choice(Backend, "--backends", help="comma-separated", many=True)
     ] = "eager,torchscript,ort_fp32,ort_int8",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from zoo.cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, ModelArg, err, out, print_json
 
 
 def pull_cmd(
@@ -17,11 +17,13 @@ def pull_cmd(
     """Fetch a zoo model folder from the Hub into the HF cache, verify it and load it."""
     from zoo.factory import create_model, info_of
     from zoo.hub import pull
+    from zoo.ref import ModelRef
 
-    if not name.startswith("hf:"):
-        raise typer.BadParameter("give hf:ORG/REPO[@REVISION]")
-    folder = pull(name)
-    model = create_model(str(folder))
+    ref = ModelRef.parse(name)
+    if ref.kind != "hf":
+        raise typer.BadParameter(f"{name!r} is a {ref.kind} reference; give hf:ORG/REPO[@REVISION]")
+    folder = pull(ref)
+    model = create_model(ModelRef("model-folder", str(folder)))
     info = info_of(model)
     result = {
         "name": name,
@@ -59,7 +61,7 @@ def push_cmd(
 
 
 def bundle_cmd(
-    model: Annotated[str, typer.Argument(help="registry name or run folder")],
+    model: ModelArg,
     dest: Annotated[Path, typer.Argument(help="output folder")],
 ) -> None:
     """Write a model folder: model.safetensors + config.json + README.md (+ model.onnx)."""

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from zoo.cli.common import JsonOpt, err, out, print_json
+from zoo.cli.common import JsonOpt, ModelArg, err, out, print_json
 
 if TYPE_CHECKING:
     from zoo.metadata import ModelInfo
@@ -84,7 +84,7 @@ def list_cmd(
 
 
 def info_cmd(
-    name: Annotated[str, typer.Argument(help="arch, arch.tag, timm:<name> or a model folder")],
+    name: ModelArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Show everything known about one model."""

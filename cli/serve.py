@@ -6,14 +6,11 @@ from typing import Annotated
 
 import typer
 
+from zoo.cli.common import ModelOrOnnxArg
+
 
 def serve_cmd(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help=".onnx file, run/model folder, or registry entry (exported on the fly)"
-        ),
-    ],
+    model: ModelOrOnnxArg,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
     name: Annotated[
@@ -38,7 +35,9 @@ def serve_cmd(
         int, typer.Option(min=1, help="413 above this many decoded pixels")
     ] = 40_000_000,
 ) -> None:
-    """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching."""
+    """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching.
+
+    A model that is not an .onnx file (nor a folder holding model.onnx) is exported first."""
     from zoo.deploy.serve.run import serve
 
     serve(

@@ -159,7 +159,7 @@ def finetune_cmd(
     run = fit(cfg, explicit=explicit)
     from zoo.train.console import is_main_process
 
-    if is_main_process():
+    if run is not None and is_main_process():  # None: --dry-run writes no run folder
         out.print(str(run))
 
 

@@ -15,6 +15,7 @@ import torch
 from zoo.deploy.bench_harness import time_session
 from zoo.deploy.choices import BACKENDS
 from zoo.errors import BackendUnavailableError, ChoiceError
+from zoo.ref import ModelRef
 
 
 def _param_mb(model: torch.nn.Module) -> float:
@@ -43,14 +44,14 @@ class _Builder:
     """Builds each backend once per device (cold start timed), shared across batch sizes."""
 
     def __init__(
-        self, name: str, workdir: Path, threads: int, calib: str | None, weights: str | None = None
+        self, ref: ModelRef, workdir: Path, threads: int, calib: str | None, weights: str | None
     ) -> None:
         from zoo.factory import create_model, info_of
 
         self.weights = weights
-        self.model = create_model(name, weights=weights).eval()
+        self.model = create_model(ref, weights=weights).eval()
         self.info = info_of(self.model)
-        self.name, self.workdir, self.threads, self.calib = name, workdir, threads, calib
+        self.ref, self.workdir, self.threads, self.calib = ref, workdir, threads, calib
         self._onnx: dict[str, Path] = {}
 
     def onnx_file(self, kind: str) -> Path:
@@ -59,7 +60,7 @@ class _Builder:
 
             fp32 = self.workdir / "fp32.onnx"
             if "fp32" not in self._onnx:
-                export_onnx(self.name, fp32, dynamic_batch=True, weights=self.weights)
+                export_onnx(self.ref, fp32, dynamic_batch=True, weights=self.weights)
                 self._onnx["fp32"] = fp32
             if kind == "int8":
                 from zoo.deploy.quantize import quantize
@@ -107,7 +108,7 @@ class _Builder:
 
 
 def run_bench(
-    name: str,
+    name: str | ModelRef,
     *,
     backends: list[str],
     devices: list[str],
@@ -117,15 +118,38 @@ def run_bench(
     min_seconds: float = 1.0,
     weights: str | None = None,
 ) -> dict[str, Any]:
+    """Time one model through each backend, device and batch size, with one protocol.
+
+    Args:
+        name: a model reference (registry, ``timm:`` or Hub name, run or model folder).
+        backends: any of ``eager``, ``compile``, ``torchscript``, ``ort_fp32``, ``ort_int8``.
+        devices: ``cpu``, ``cuda``, ``cuda:N``.
+        batch_sizes: batch sizes to time.
+        threads: torch and ORT intra-op threads (default: available CPUs).
+        calib: calibration images for ``ort_int8`` (default: the bundled samples).
+        min_seconds: time each row for at least this long.
+        weights: as for :func:`zoo.create_model`.
+
+    Returns:
+        ``{"model", "fingerprint", "rows", "torch_threads", "ort_threads"}``; each row has
+        latency percentiles, images/s, cold start and the speed-up over eager, or status ❌
+        with the reason it could not run (a missing backend is a row, not an exception).
+
+    Raises:
+        ChoiceError: an unknown backend.
+        ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
+        Everything :func:`zoo.create_model` raises while loading the model.
+    """
     from zoo.system import available_cpus
 
     for b in backends:
         ChoiceError.check("backend", b, BACKENDS)
+    ref = ModelRef.parse(name)
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        builder = _Builder(name, Path(tmp), threads, calib, weights)
+        builder = _Builder(ref, Path(tmp), threads, calib, weights)
         c, h, w = builder.info.input_size
         for dev_name in devices:
             if dev_name.startswith("cuda") and not torch.cuda.is_available():
@@ -191,7 +215,7 @@ def run_bench(
                         row["speedup_vs_eager"] = round(eager_p50[bs] / stats["p50_ms"], 2)
                     rows.append(row)
     return {
-        "model": name,
+        "model": ref.shown,
         "fingerprint": fingerprint(threads),
         "rows": rows,
         "torch_threads": torch.get_num_threads(),

@@ -21,8 +21,9 @@ from zoo.deploy.choices import EXPORTERS, FORMATS, JIT_MODES, Exporter, JitMode
 from zoo.deploy.lint import lint_graph
 from zoo.deploy.parity import ParityReport, check_parity, real_images
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
-from zoo.factory import create_model, info_of, resolve
+from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
+from zoo.ref import ModelRef
 
 DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
 MIN_OPSET, MAX_OPSET = 13, 23
@@ -63,7 +64,7 @@ def atomic_output(out: Path) -> Iterator[Path]:
 
 
 def load_for_export(
-    name: str, weights: str | None = None
+    name: str | ModelRef, weights: str | None = None
 ) -> tuple[nn.Module, ModelInfo, str | None]:
     """The model in eval mode, its metadata and the sha256 of its source weights."""
     model = create_model(name, weights=weights)
@@ -142,7 +143,7 @@ def _ort_runner(sess: Any) -> Any:
 
 
 def export_onnx(
-    name: str,
+    name: str | ModelRef,
     out: Path,
     *,
     static_batch: int | None = None,
@@ -159,7 +160,8 @@ def export_onnx(
     ``out`` atomically (nothing is written when any step fails).
 
     Args:
-        name: registry name, run folder or model folder.
+        name: what to export, a model reference (:class:`zoo.ref.ModelRef` or its text):
+            a registry, ``timm:`` or Hub name, or a run / model folder.
         out: the ``.onnx`` file to write.
         static_batch: fix the batch dimension at this size (``zoo predict`` and ``zoo serve``
             pad and chunk to it); None (default) exports a dynamic batch axis.
@@ -173,6 +175,8 @@ def export_onnx(
 
     Raises:
         InputError: contradictory or out-of-range options.
+        ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
+        Everything :func:`zoo.create_model` raises while loading the model.
         ExportError: every exporter failed, or the graph failed lint.
         ParityError: the graph does not match PyTorch (unless ``allow_mismatch``).
     """
@@ -193,7 +197,9 @@ def export_onnx(
             f"(default {DEFAULT_OPSET})."
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
-    src_model, info, weights_sha = load_for_export(name, weights)
+    ref = ModelRef.parse(name)
+    name = ref.shown
+    src_model, info, weights_sha = load_for_export(ref, weights)
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
     images = real_images(data)
@@ -260,20 +266,28 @@ def export_onnx(
                 + ". Nothing was written; --allow-mismatch writes it anyway."
             )
         graph = onnx.load(str(tmp))
-        set_metadata(graph, export_metadata(info, name, result, weights_sha))
+        set_metadata(graph, export_metadata(info, ref, result, weights_sha))
         onnx.save(graph, str(tmp))
     result.size_mb = round(out.stat().st_size / 2**20, 2)
     return result
 
 
 def export_metadata(
-    info: ModelInfo, name: str, result: ExportResult, weights_sha: str | None
+    info: ModelInfo, ref: ModelRef, result: ExportResult, weights_sha: str | None
 ) -> dict[str, Any]:
+    """The metadata embedded in an exported graph: everything ``zoo predict`` and ``zoo serve``
+    need (classes, preprocessing) and the evidence (parity, versions, source weights)."""
     import onnx
 
-    _, folder = resolve(name)
     return {
-        "registry_id": info.name if folder is None else str(folder),
+        # the name to build it again by: the entry, the Hub reference, or the model folder
+        "registry_id": (
+            str(ref.model_folder)
+            if ref.kind in ("run", "model-folder")
+            else str(ref)
+            if ref.kind == "hf"
+            else info.name
+        ),
         "arch": info.arch,
         "tag": info.tag,
         "parent": info.parent,
@@ -301,15 +315,32 @@ def export_metadata(
 
 
 def export_torch(
-    name: str, out: Path, *, fmt: str, jit: JitMode = "trace", weights: str | None = None
+    name: str | ModelRef, out: Path, *, fmt: str, jit: JitMode = "trace", weights: str | None = None
 ) -> ExportResult:
-    """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check."""
+    """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check.
+
+    Args:
+        name: what to export, a model reference (as for :func:`export_onnx`).
+        out: the file to write (atomically).
+        fmt: ``torchscript`` or ``pt2``.
+        jit: ``trace`` or ``script`` (TorchScript only).
+        weights: as for :func:`zoo.create_model`.
+
+    Returns:
+        What was written, with the eager-vs-exported comparison.
+
+    Raises:
+        ChoiceError: an unknown ``fmt`` or ``jit``.
+        ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
+        ParityError: the exported module differs from eager (nothing is written).
+    """
     from zoo.deploy.parity import compare
 
     ChoiceError.check("format", fmt, ("torchscript", "pt2"))
     ChoiceError.check("jit", jit, JIT_MODES)
-
-    model, info, _ = load_for_export(name, weights)
+    ref = ModelRef.parse(name)
+    name = ref.shown
+    model, info, _ = load_for_export(ref, weights)
     x = _dummy(info, EXPORT_BATCH)
     result = ExportResult(
         path=str(out),

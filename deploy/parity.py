@@ -38,6 +38,8 @@ class TensorDiff:
 
 
 def compare(ref: np.ndarray, out: np.ndarray, atol: float = ATOL, rtol: float = RTOL) -> TensorDiff:
+    """Element-wise ``|out - ref| <= atol + rtol·|ref|`` everywhere and cosine ≥ MIN_COSINE;
+    a shape mismatch fails with infinite differences."""
     ref64, out64 = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
     if ref.shape != out.shape:
         return TensorDiff(list(out.shape), float("inf"), float("inf"), 0.0, False)
@@ -116,6 +118,25 @@ def check_parity(
     dynamic_size: bool,
     images: list[Path],
 ) -> ParityReport:
+    """Prove that ``run`` (an exported graph) reproduces ``model``, at the three levels above.
+
+    Args:
+        model: the PyTorch model in eval mode (the reference side).
+        info: its metadata (input size, preprocessing for both sides).
+        run: the exported side: a float32 NCHW batch in, logits out.
+        export_batch: the batch size the graph was exported with (a fixed-batch graph is fed
+            padded chunks of it).
+        dynamic_batch: also check batch sizes 1, 2 and an odd one.
+        dynamic_size: also check two other resolutions (±32 px).
+        images: real images for the tensor and prediction checks.
+
+    Returns:
+        The report; ``report.passed`` is the verdict, ``report.failures()`` says why not.
+        A shape the exported side rejects is a failed dynamic check, not an exception.
+
+    Raises:
+        InputError: an image cannot be opened.
+    """
     report = ParityReport()
     torch_tf = eval_transform(info)
     pre = info.preprocessing()

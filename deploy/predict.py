@@ -9,15 +9,34 @@ import torch
 
 from zoo.deploy.preprocess import scores
 from zoo.images import open_image
+from zoo.ref import ModelRef
 
 
 def predict(
-    model: str, images: list[str], *, k: int = 5, device: str = "cpu"
+    model: str | ModelRef, images: list[str], *, k: int = 5, device: str = "cpu"
 ) -> list[dict[str, Any]]:
-    if model.endswith(".onnx"):
+    """Top-``k`` labels of each image.
+
+    Args:
+        model: a model reference: an ``.onnx`` file runs in ONNX Runtime from its embedded
+            metadata alone; anything else is built with :func:`zoo.create_model`.
+        images: image files.
+        k: labels per image.
+        device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+
+    Returns:
+        One ``{"image", "top": [{"label", "index", "score"}, ...]}`` per image, in order.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse.
+        InputError: an image is missing or unreadable.
+        Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
+    """
+    ref = ModelRef.parse(model)
+    if ref.kind == "onnx":
         from zoo.deploy.runtime import OnnxClassifier
 
-        clf = OnnxClassifier(model, device=device)
+        clf = OnnxClassifier(str(ref.path), device=device)
         preds = clf.classify([open_image(p) for p in images], k=k)
         return [
             {"image": img, "top": [p.__dict__ for p in ps]}
@@ -28,7 +47,7 @@ def predict(
     from zoo.transforms import eval_transform
 
     dev = pick_device(device)
-    net = create_model(model).to(dev)
+    net = create_model(ref).to(dev)
     info = info_of(net)
     tf = eval_transform(info)
     x = torch.stack([tf(open_image(p)) for p in images]).to(dev)

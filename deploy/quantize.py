@@ -86,6 +86,34 @@ def quantize(
     threads: int | None = None,
     calib_size: int = 64,
 ) -> dict[str, Any]:
+    """Quantize an exported fp32 ONNX model to int8, measure it against fp32, and write it
+    atomically (nothing is written when a step or the accuracy gate fails).
+
+    Args:
+        model: an fp32 ``.onnx`` file exported by zoo (its metadata gives preprocessing and
+            class names).
+        out: the int8 ``.onnx`` file to write.
+        mode: ``dynamic`` (weights only) or ``static`` (QDQ, activations calibrated).
+        calib: static: a folder of representative real images (required).
+        method: static: how activation ranges are calibrated (``minmax``, ``entropy``, ...).
+        per_channel: per-channel weight scales.
+        eval_data: images (class folders give labels) for the accuracy comparison; default:
+            the bundled samples.
+        max_accuracy_drop: fail if accuracy drops (or, without labels, top-1 changes) by
+            more than this fraction.
+        threads: ORT intra-op threads for the timing (default: available CPUs).
+        calib_size: static: at most this many calibration images.
+
+    Returns:
+        The report: sizes, p50 latencies and their ratios, top-1 agreement (and accuracy
+        with labels), op coverage, advice, the gate, and ``path``.
+
+    Raises:
+        ChoiceError: an unknown ``mode`` or ``method``.
+        InputError: ``model`` is missing, not ONNX or without zoo metadata; static mode
+            without ``calib`` or with no images in it.
+        QuantizationError: the accuracy gate failed.
+    """
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,

@@ -16,6 +16,7 @@ from typing import Any
 
 from zoo.deploy.export import ExportResult, export_onnx
 from zoo.errors import ExportError, InputError
+from zoo.ref import ModelRef
 
 
 def _schema() -> Any:
@@ -62,7 +63,7 @@ def validate_config(text: str) -> Any:
 
 
 def export_triton(
-    model: str,
+    model: str | ModelRef,
     repo: Path,
     *,
     max_batch: int = 32,

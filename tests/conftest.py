@@ -59,6 +59,17 @@ def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def four_digits(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four of the real digit classes (1, 3, 7, 8: 120 images), for tests that start many
+    training processes: few images to load and a small confusion plot keep each one short."""
+    root = tmp_path_factory.mktemp("four") / "digits"
+    root.mkdir()
+    for d in (1, 3, 7, 8):
+        (root / f"digit_{d}").symlink_to(small_digits / f"digit_{d}")
+    return root
+
+
+@pytest.fixture(scope="session")
 def multilabel_digits(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real digits with three labels each: the digit, even/odd, and small (<5)/large."""
     root = tmp_path_factory.mktemp("ml")

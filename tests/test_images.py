@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,32 @@ def test_list_images_natural_order_skips_hidden_and_other_files(tmp_path: Path) 
         "c10.jpg",
         "sub/c3.jpeg",
     ]
+
+
+@pytest.mark.serve
+def test_server_sees_the_upright_image(
+    rotated_pair: tuple[Path, Path], mobilenet_onnx: Path
+) -> None:
+    import httpx
+
+    from tests.serving import NAME, free_port, in_process_server
+    from zoo.deploy.serve.config import ServeConfig
+
+    cfg = ServeConfig(str(mobilenet_onnx), NAME, port=free_port(), max_batch=1)
+    with in_process_server(cfg) as (url, srv):
+        for _ in range(600):  # warm-up at batch 1
+            if srv.ready:
+                break
+            time.sleep(0.1)
+        tops = []
+        for path in rotated_pair:
+            r = httpx.post(
+                f"{url}/v2/models/{NAME}/predict?top_k=5",
+                content=path.read_bytes(),
+                headers={"content-type": "image/png"},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            tops.append(r.json()["predictions"])
+    assert tops[0] == tops[1]
+    assert tops[0][0]["label"] == "Egyptian cat"

@@ -1,37 +1,34 @@
 """Resumable checkpoints: tensors and plain data only, written atomically.
 
-``torch.save`` goes to a temporary file in the same folder, is flushed and fsynced, then
-``os.replace``-d over the old one: a kill at any moment leaves the previous good checkpoint.
-Loading uses ``torch.load(weights_only=True)``: nothing is unpickled.
+``torch.save`` goes through :mod:`zoo.train.durable` (a temporary file in the same folder,
+flushed and fsynced, then ``os.replace``-d over the old one): a kill at any moment leaves the
+previous good checkpoint. Loading uses ``torch.load(weights_only=True)``: nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zoo.errors import CheckpointError
+from zoo.train import durable
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically write ``state`` (tensors and plain data) to ``path``."""
+    durable.write_with(
+        path, lambda f: torch.save(state, f), label=f"{path.parent.name}/{path.name}"
+    )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` without unpickling anything.
+
+    Raises:
+        CheckpointError: no file, an unreadable file, or not a zoo training checkpoint.
+    """
     if not path.exists():
         raise CheckpointError(f"No checkpoint at {path}. Was the run started with this folder?")
     try:

@@ -1,12 +1,20 @@
-"""End of a run: best weights → ``model/`` artifact folder, ``report.json`` and plots."""
+"""End of a run: best weights → plots, the ``model/`` artifact folder and ``report.json``.
+
+Order for crash consistency: the plots (each atomic), then ``model/`` (built in a hidden
+folder and swapped in whole: a kill leaves the old complete folder, none, or the new one),
+then ``report.json``, the finishing step's commit. It names the checkpoint it finished
+(``global_step``); ``--resume`` finishes any run whose report does not.
+"""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from zoo.artifact import save_model_folder, write_json
+from zoo.artifact import save_model_folder
 from zoo.cards import finetuned_card
+from zoo.train import durable
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.weights import sha256_file
 
@@ -74,16 +82,31 @@ def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[s
         t.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
     )
     card = finetuned_card(info, config)
-    model_dir = save_model_folder(t.model, t.run.path / "model", config, str(card))
+    run = t.run.path
+    if t.history:
+        plot_curves(t.history, run / "curves.png")
+    if "confusion_matrix" in val:  # single-label only
+        plot_confusion(val["confusion_matrix"], t.classes, run / "confusion_matrix.png")
+    model_dir = run / "model"
+    staging = durable.temp_path(model_dir, folder=True)
+    try:
+        built = save_model_folder(t.model, staging / "model", config, str(card))
+        weights_sha256 = sha256_file(built / "model.safetensors")
+        durable.replace_dir(built, model_dir, label="model")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     report = {
-        "run": str(t.run.path),
+        "run": str(run),
         "model_dir": str(model_dir),
-        "weights_sha256": sha256_file(model_dir / "model.safetensors"),
+        "weights_sha256": weights_sha256,
+        "epochs": t.epoch,
+        "global_step": t.global_step,  # the checkpoint this report finished (see --resume)
         "final": {
             k: last_val.get(k)
             for k in ("val/acc", "val/loss", "val/top5", "train/acc", "train/loss")
         },
         "best": {
+            "epoch": t.epoch - t.epochs_since_best,
             "val/acc": val["acc"],
             "val/top5": val.get("top5"),
             "val/loss": val["loss"],
@@ -105,9 +128,5 @@ def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[s
         },
         "load_report": t.load_report.to_dict() if t.load_report else None,
     }
-    write_json(t.run.path / "report.json", report)
-    if t.history:
-        plot_curves(t.history, t.run.path / "curves.png")
-    if "confusion_matrix" in val:  # single-label only
-        plot_confusion(val["confusion_matrix"], t.classes, t.run.path / "confusion_matrix.png")
+    durable.write_json(run / "report.json", report, label="report.json")
     print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", file=sys.stderr, flush=True)

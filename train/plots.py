@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from zoo.train import durable
+
+
+def _save(fig: Any, out: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    durable.write_bytes(out, buf.getvalue(), label=out.name)
 
 
 def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
@@ -24,8 +34,7 @@ def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def plot_confusion(cm: list[list[int]], classes: list[str], out: Path) -> None:
@@ -57,5 +66,4 @@ def plot_confusion(cm: list[list[int]], classes: list[str], out: Path) -> None:
                 )
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(fig, out)

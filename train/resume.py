@@ -3,24 +3,37 @@ user typed, and ``--extend N`` as an explicit new schedule segment."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from zoo.errors import CheckpointError
+from zoo.train import durable
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import RUNTIME_KEYS, TrainConfig
 from zoo.train.console import say
 from zoo.train.run_dir import RunDir
 
+STAT_KEYS = ("loss", "correct", "n")  # an epoch's running sums, per rank
+
 
 def prepare_resume(
     cfg: TrainConfig, explicit: frozenset[str]
-) -> tuple[TrainConfig, RunDir, dict[str, Any]]:
-    """(the run's config with runtime options applied, its folder, its last checkpoint)."""
-    run = RunDir(Path(cfg.resume or ""))
-    if not run.config_path.exists():
-        raise CheckpointError(f"{run.path} is not a zoo run folder (no config.json).")
-    saved = TrainConfig.from_dict(run.read_json("config.json"))
+) -> tuple[TrainConfig, RunDir, dict[str, Any] | None]:
+    """(the run's config with runtime options applied, its folder, its last checkpoint — None
+    when the run was killed before its first one: it then starts over in the same folder).
+
+    Raises:
+        CheckpointError: not a run folder, a changed option, or a run that already finished.
+    """
+    path = Path(cfg.resume or "")
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{path} is not a zoo run folder (no config.json).")
+    saved = TrainConfig.from_dict(json.loads((path / "config.json").read_text()))
+    run = RunDir(path, top_k=saved.top_k_checkpoints)
     # Only what the user typed is compared; everything else comes from the run itself.
     before, asked = saved.to_dict(), cfg.to_dict()
     diff = {
@@ -35,7 +48,14 @@ def prepare_resume(
             "settings, use --extend N to add epochs, or start a new run."
         )
     saved.resume, saved.num_workers, saved.progress = str(run.path), cfg.num_workers, cfg.progress
-    state = load_checkpoint(run.path / "checkpoints" / "last.pt")
+    state = load_checkpoint(run.last_path) if run.last_path.exists() else None
+    if state is None:
+        if cfg.extend:
+            raise CheckpointError(
+                f"Run {run.path} has no checkpoint yet, so there is nothing to extend: resume it "
+                "without --extend first."
+            )
+        return saved, run, None
     if cfg.extend:
         saved.schedule_segments.append(
             {
@@ -50,9 +70,81 @@ def prepare_resume(
             f"extending the run by {cfg.extend} epoch(s) to {saved.epochs}; the new schedule is "
             "recorded in config.json"
         )
-    elif state["epoch"] >= saved.epochs and (run.path / "model").exists():
-        # (epochs done but no model/: the run died while finishing; resuming finishes it)
+    segments = saved.schedule_segments
+    if (
+        state.get("stopped")
+        and len(segments) > 1
+        and segments[-1]["from_step"] >= state["global_step"]
+    ):
+        state["stopped"] = False  # an extension recorded after the early stop overrides it
+    done = state["epoch"] >= saved.epochs or bool(state.get("stopped"))
+    if done and _finished(run, state):
         raise CheckpointError(
-            f"Run {run.path} already finished its {saved.epochs} epochs. Use --extend N to train longer."
+            f"Run {run.path} already finished ({state['epoch']} of {saved.epochs} epochs"
+            f"{', stopped early' if state.get('stopped') else ''}). Use --extend N to train longer."
         )
     return saved, run, state
+
+
+def repair_run(
+    run: RunDir,
+    cfg: TrainConfig,
+    state: dict[str, Any] | None,
+    *,
+    extended: bool,
+    is_main: bool,
+    world: int,
+) -> None:
+    """Once the resumed state is restored: record an ``--extend`` (``extended``) in the run's
+    config.json, and (rank 0) make the folder what its last commit implies
+    (:meth:`RunDir.recover`)."""
+    if extended:
+        if world > 1:
+            dist.barrier()  # every rank has read the run's config before rank 0 rewrites it
+        if is_main:  # the new schedule segment and epoch count
+            durable.write_json(run.config_path, cfg.to_dict(), label="config.json")
+    if state is None:
+        say(f"resuming {run.path} from its start: it stopped before its first checkpoint")
+    if is_main:
+        stale = run.recover(state)
+        if stale:
+            say(f"removed {len(stale)} temporary file(s) a killed process left in {run.path}")
+
+
+def _finished(run: RunDir, state: dict[str, Any]) -> bool:
+    """Whether the finishing step (model folder, then report.json naming the checkpoint it
+    finished, as its commit) completed for this checkpoint; if not, resuming finishes it."""
+    try:
+        report = run.read_json("report.json")
+    except (OSError, ValueError):
+        return False
+    if "global_step" not in report:  # a run from before report.json named its checkpoint
+        return (run.path / "model").exists()
+    return bool(report["global_step"] == state["global_step"])
+
+
+def gather_epoch_stats(
+    stats: dict[str, Any], world: int, device: torch.device
+) -> list[dict[str, Any]]:
+    """Every rank's running sums of the epoch so far, for the checkpoint. A collective under
+    DDP: every rank saves at the same step."""
+    if world == 1:
+        return [dict(stats)]
+    mine = torch.tensor([float(stats[k]) for k in STAT_KEYS], dtype=torch.float64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(rows, mine)
+    return [{"loss": float(r[0]), "correct": int(r[1]), "n": int(r[2])} for r in rows]
+
+
+def own_epoch_stats(
+    saved: list[dict[str, Any]] | dict[str, Any], rank: int, world: int
+) -> dict[str, Any]:
+    """This rank's running sums from a checkpoint: its own row when the world size is the
+    same (the epoch's totals then add up in the same order as without the interruption);
+    otherwise rank 0 takes their sum and the others start from zero."""
+    rows = saved if isinstance(saved, list) else [saved]  # a checkpoint from before per-rank sums
+    if len(rows) == world:
+        return dict(rows[rank])
+    if rank > 0:
+        return {"loss": 0.0, "correct": 0, "n": 0}
+    return {k: sum(r[k] for r in rows) for k in STAT_KEYS}

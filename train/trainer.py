@@ -1,6 +1,8 @@
 """The trainer: transfer learning on an image folder, with the field guide's habits as
-defaults. Reads top to bottom: set-up (run dir, data, model, optimizer), preflight, the epoch
-loop (train → validate → checkpoint), and the final model folder + report.
+defaults. Reads top to bottom: set-up (data, model, optimizer: every check before anything is
+written), preflight, the run folder, the epoch loop (train → validate → commit), and the final
+model folder + report. What a kill at any point leaves, and how a resume completes it, is
+described in ``run_dir.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from zoo.artifact import write_json
 from zoo.device import move_to, pick_device
 from zoo.errors import DataError, InputError, TrainingError
 from zoo.factory import create_model_with_report, resolve
@@ -29,15 +30,15 @@ from zoo.profile import count_params
 from zoo.system import available_cpus
 from zoo.train import data as data_mod
 from zoo.train.check import check_splits, format_report
-from zoo.train.checkpoint import load_checkpoint, save_checkpoint
+from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.evaluate import collect_logits, gather_by_index
 from zoo.train.features import FeatureDataset, extract_features, head_module
 from zoo.train.metrics import summarize, summarize_multilabel
-from zoo.train.resume import prepare_resume
+from zoo.train.resume import gather_epoch_stats, own_epoch_stats, prepare_resume, repair_run
 from zoo.train.rng import get_rng_state, seed_everything, set_rng_state
-from zoo.train.run_dir import create_run_dir
+from zoo.train.run_dir import RunDir, create_run_dir
 from zoo.train.schedule import build_scheduler
 from zoo.train.strategy import (
     ParamGroups,
@@ -59,6 +60,14 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.is_main = self.rank == 0
+        self._run: RunDir | None = None
+
+    @property
+    def run(self) -> RunDir:
+        """The run folder: it exists only once every check has passed and training starts."""
+        if self._run is None:
+            raise RuntimeError("internal: the run folder is created when training starts")
+        return self._run
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -78,33 +87,31 @@ class Trainer:
             torch.backends.cudnn.benchmark = True  # fixed input shapes
         self.resume_state: dict[str, Any] | None = None
         if cfg.resume:
-            self.cfg, self.run, self.resume_state = prepare_resume(cfg, self.explicit)
-        else:
-            self.run = create_run_dir(cfg, is_main=self.is_main, world=self.world)
-            cfg.run_dir = str(self.run.path)
+            self.cfg, self._run, self.resume_state = prepare_resume(cfg, self.explicit)
         seed_everything(self.cfg.seed)
         self._setup_data()
         self._setup_model()
         self._setup_loaders()
         self._setup_optim()
-        if self.world > 1:
-            dist.barrier()  # every rank has read the run's config before rank 0 rewrites it
-        if self.is_main:  # the resolved configuration: strategy, LR and schedule filled in
-            write_json(self.run.config_path, self.cfg.to_dict())
-        if self.resume_state is not None:
-            self._restore(self.resume_state)
+        if self._run is not None:  # --resume (a new run's folder is created in fit)
+            if self.resume_state is not None:
+                self._restore(self.resume_state)
+            repair_run(
+                self.run,
+                self.cfg,
+                self.resume_state,
+                extended=bool(cfg.extend),
+                is_main=self.is_main,
+                world=self.world,
+            )
 
     def _setup_data(self) -> None:
-        cfg, run = self.cfg, self.run
-        split_file = run.path / "split.json"
-        if split_file.exists():
-            self.splits = data_mod.Splits.from_json(run.read_json("split.json"))
-        else:
+        cfg = self.cfg
+        if self._run is not None and (self._run.path / "split.json").exists():
+            self.splits = data_mod.Splits.from_json(self._run.read_json("split.json"))
+        else:  # written with the run folder, once every check has passed
             scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
             self.splits = scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
-            if self.is_main:
-                write_json(split_file, self.splits.to_json())
-                write_json(run.path / "classes.json", self.splits.classes)
         self.classes = self.splits.classes
         report = check_splits(self.splits)
         self.check_report = report
@@ -294,12 +301,14 @@ class Trainer:
         self.epochs_since_best = 0
         self.nonfinite_skipped = 0
         self.rollbacks = 0
+        self.stopped = False  # early stopping: part of the committed state
         self.consecutive_nonfinite = 0
         self.epoch_stats = {"loss": 0.0, "correct": 0, "n": 0}
         self.history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ state
-    def state(self) -> dict[str, Any]:
+    def state(self, epoch_stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """Everything a resume needs; ``epoch_stats``: every rank's running sums."""
         return {
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
@@ -310,10 +319,11 @@ class Trainer:
             "step_in_epoch": self.step_in_epoch,
             "best": self.best,
             "epochs_since_best": self.epochs_since_best,
+            "stopped": self.stopped,
             "lr_scale": self.lr_scale,
             "nonfinite_skipped": self.nonfinite_skipped,
             "rollbacks": self.rollbacks,
-            "epoch_stats": dict(self.epoch_stats),
+            "epoch_stats": epoch_stats,
             "history": self.history,
             "rng": get_rng_state(),
             "world_size": self.world,
@@ -336,7 +346,9 @@ class Trainer:
             s["nonfinite_skipped"],
             s["rollbacks"],
         )
-        self.epoch_stats, self.history = dict(s["epoch_stats"]), list(s["history"])
+        self.epoch_stats = own_epoch_stats(s["epoch_stats"], self.rank, self.world)
+        self.history = list(s["history"])
+        self.stopped = bool(s.get("stopped", False))
         set_rng_state(s["rng"])
         saved_world = int(s.get("world_size", 1))
         if saved_world != self.world and self.step_in_epoch:
@@ -357,9 +369,12 @@ class Trainer:
             f"{self.steps_per_epoch} (global step {self.global_step})"
         )
 
-    def save(self, name: str = "last") -> None:
-        if self.is_main:  # only rank 0 writes; no collective inside save code
-            save_checkpoint(self.state(), self.run.path / "checkpoints" / f"{name}.pt")
+    def save(self) -> None:
+        """Commit the run's state to last.pt (best/top-k/metrics follow from it at an epoch's
+        end). Every rank calls it at the same step; only rank 0 writes."""
+        stats = gather_epoch_stats(self.epoch_stats, self.world, self.device)
+        if self.is_main:
+            self.run.commit(self.state(stats))
 
     # ------------------------------------------------------------------ preflight
     def preflight(self) -> dict[str, Any]:
@@ -454,7 +469,7 @@ class Trainer:
             else []
         )
         where = f"epoch {self.epoch}, step {self.step_in_epoch} (global {self.global_step})"
-        ckpt = self.run.path / "checkpoints" / "last.pt"
+        ckpt = self.run.last_path
         if self.rollbacks >= self.cfg.max_rollbacks or not ckpt.exists():
             raise TrainingError(
                 f"Loss is not finite at {where} after {self.rollbacks} rollback(s) with halved LR. "
@@ -467,6 +482,8 @@ class Trainer:
         state = load_checkpoint(ckpt)
         rollbacks = self.rollbacks + 1
         self._restore(state)
+        if self.is_main:
+            self.run.drop_pending()  # the replay logs these steps again
         self.rollbacks = rollbacks
         self.lr_scale *= 0.5
         self.consecutive_nonfinite = 0
@@ -557,6 +574,9 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         module = self.head if self.cfg.cache_features else self.model
+        if self.world > 1:  # every shard judged with rank 0's BatchNorm statistics: the saved ones
+            for b in module.buffers():
+                dist.broadcast(b, src=0)
         was = module.training
         module.eval()
         try:
@@ -574,7 +594,12 @@ class Trainer:
             return summarize_multilabel(logits, targets, self.classes)
         return summarize(logits, targets, self.classes)
 
-    def fit(self) -> Path:
+    def fit(self) -> Path | None:
+        """Train, then write the model folder and report.
+
+        Returns:
+            The run folder; None for ``--dry-run``, which writes nothing.
+        """
         from zoo.train.finish import finish_run
         from zoo.train.progress import make_progress
 
@@ -582,12 +607,14 @@ class Trainer:
         cfg = self.cfg  # after setup: --resume replaces it with the run's own
         estimate = self.preflight()
         if cfg.dry_run:
-            say("dry run: stopping before training")
-            return self.run.path
+            say("dry run: stopping before training (no run folder written)")
+            return None
+        if self._run is None:  # every check passed: the run folder appears, complete
+            files = {"split.json": self.splits.to_json(), "classes.json": self.classes}
+            self._run = create_run_dir(cfg, files, is_main=self.is_main, world=self.world)
         t_start = time.perf_counter()
-        stop = False
         with make_progress(enabled=self.is_main and cfg.progress) as progress:
-            while self.epoch < cfg.epochs and not stop:
+            while self.epoch < cfg.epochs and not self.stopped:
                 self.task = (
                     progress.add_task(
                         f"epoch {self.epoch + 1}/{cfg.epochs}",
@@ -630,11 +657,11 @@ class Trainer:
                 self.epoch += 1
                 self.step_in_epoch = 0
                 self.epoch_stats = {"loss": 0.0, "correct": 0, "n": 0}
-                self.save("last")
-                if improved:
-                    self.save("best")
+                self.stopped = cfg.patience is not None and self.epochs_since_best >= cfg.patience
                 if self.is_main:
-                    self.run.log_epoch(row, val, keep_top_k=cfg.top_k_checkpoints, state=self.state)
+                    self.run.log_epoch_scalars(row)
+                # The epoch's commit: last.pt carries the row, the best flag and the stop.
+                self.save()
                 say(
                     f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
                     f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
@@ -646,20 +673,19 @@ class Trainer:
                         f"hint: {row['data_wait']:.0%} of the time went to waiting for data: the loader is "
                         f"the bottleneck. Raise --num-workers (now {self.workers}) or lower the image size."
                     )
-                if cfg.patience is not None and self.epochs_since_best >= cfg.patience:
+                if self.stopped:
                     say(
                         f"early stopping: no improvement of {cfg.monitor} for {cfg.patience} epoch(s)"
                     )
-                    stop = True
         total_s = time.perf_counter() - t_start
         if self.world > 1:
             dist.barrier()  # rank 0 has written best.pt
-        best = self.run.path / "checkpoints" / "best.pt"
-        if best.exists():
-            self.model.load_state_dict(load_checkpoint(best)["model"])
+        if self.run.best_path.exists():
+            self.model.load_state_dict(load_checkpoint(self.run.best_path)["model"])
         val = self.validate()  # per-class metrics of the weights we ship (collective under DDP)
         if self.is_main:
             finish_run(self, val, total_s, estimate)
+            self.run.close()
         if self.world > 1:
             dist.barrier()
         return self.run.path
@@ -669,7 +695,7 @@ class _Rollback(Exception):
     """Internal: the epoch restarts from the restored checkpoint."""
 
 
-def fit(cfg: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path:
+def fit(cfg: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | None:
     trainer = Trainer(cfg, explicit=explicit)
     ctx = torch.autograd.detect_anomaly() if cfg.detect_anomaly else nullcontext()
     try:

@@ -15,11 +15,13 @@ if TYPE_CHECKING:
     from zoo.factory import create_model, create_model_with_report
     from zoo.loading import LoadReport
     from zoo.metadata import ModelInfo, WeightSource
+    from zoo.ref import ModelRef
     from zoo.registry import register_model
 
 _LAZY = {
     "LoadReport": "zoo.loading",
     "ModelInfo": "zoo.metadata",
+    "ModelRef": "zoo.ref",
     "WeightSource": "zoo.metadata",
     "ZooError": "zoo.errors",
     "create_model": "zoo.factory",
@@ -32,6 +34,7 @@ _LAZY = {
 __all__ = [
     "LoadReport",
     "ModelInfo",
+    "ModelRef",
     "WeightSource",
     "ZooError",
     "create_model",

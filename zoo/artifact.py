@@ -53,16 +53,6 @@ def is_model_folder(path: str | os.PathLike[str]) -> bool:
     return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
 
 
-def model_folder_of(path: str | os.PathLike[str]) -> Path | None:
-    """The model folder a path names: the folder itself, or a training run's ``model/``."""
-    p = Path(path)
-    if is_model_folder(p):
-        return p
-    if is_model_folder(p / "model"):
-        return p / "model"
-    return None
-
-
 def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     folder = Path(folder)
     missing = sorted(f for f in REQUIRED_FILES if not (folder / f).is_file())

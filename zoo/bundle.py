@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from zoo.artifact import ALLOWED_FILES, model_folder_of, read_config, save_model_folder
+from zoo.artifact import ALLOWED_FILES, read_config, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.catalog import get_entry
 from zoo.errors import InputError, UnsafeWeightsError
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
+from zoo.ref import ModelRef
 from zoo.weights import read_state_dict, sha256_file
 
 
@@ -39,11 +40,26 @@ def _config_for(
     }
 
 
-def bundle(name: str, out: str | Path) -> Path:
-    """Write the artifact folder of a registry entry or a run/model folder to ``out``."""
-    folder = model_folder_of(name)
+def bundle(name: str | ModelRef, out: str | Path) -> Path:
+    """Write the artifact folder of a model to ``out`` (atomically).
+
+    Args:
+        name: a model reference: a run or model folder is copied (after its contract is
+            checked); a registry, ``timm:`` or Hub name is built and saved.
+        out: the model folder to write (replaced if it exists).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse, or is an ONNX file.
+        ArtifactError: the source folder breaks the artifact contract.
+        Everything :func:`zoo.create_model` raises, for a built model.
+    """
+    ref = ModelRef.parse(name)
     out = Path(out)
-    if folder is not None:
+    if ref.kind in ("run", "model-folder"):
+        folder = ref.model_folder
         read_config(folder)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
@@ -54,7 +70,7 @@ def bundle(name: str, out: str | Path) -> Path:
             shutil.rmtree(out)
         tmp.rename(out)
         return out
-    model = create_model(name)
+    model = create_model(ref)
     info = info_of(model)
     config = _config_for(info, base=info.name, lineage=[], extra={"tag": info.tag})
     return save_model_folder(model, out, config, str(finetuned_card(info, config)))

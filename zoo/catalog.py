@@ -17,6 +17,20 @@ from zoo.metadata import ModelInfo
 from zoo.registry import DEFAULT_TAG, ENTRIES, Entry
 
 
+def try_canonical_name(name: str) -> str | None:
+    """``arch.tag`` of a registry name or bare ``arch``; None when it is not registered."""
+    if name in ENTRIES:
+        return name
+    if name in DEFAULT_TAG:
+        return f"{name}.{DEFAULT_TAG[name]}"
+    return None
+
+
+def suggest(name: str) -> list[str]:
+    """Up to three registered names close to ``name`` (for "did you mean")."""
+    return difflib.get_close_matches(name, [*ENTRIES, *DEFAULT_TAG], n=3, cutoff=0.6)
+
+
 def canonical_name(name: str) -> str:
     """The full registry name of ``name``.
 
@@ -29,12 +43,10 @@ def canonical_name(name: str) -> str:
     Raises:
         UnknownModelError: the name is not registered (with did-you-mean suggestions).
     """
-    if name in ENTRIES:
-        return name
-    if name in DEFAULT_TAG:
-        return f"{name}.{DEFAULT_TAG[name]}"
-    candidates = list(ENTRIES) + list(DEFAULT_TAG)
-    raise UnknownModelError(name, difflib.get_close_matches(name, candidates, n=3, cutoff=0.6))
+    canonical = try_canonical_name(name)
+    if canonical is None:
+        raise UnknownModelError(name, suggest(name))
+    return canonical
 
 
 def get_entry(name: str) -> Entry:

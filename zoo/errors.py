@@ -15,10 +15,26 @@ class ZooError(Exception):
     """Base class of all errors raised by zoo on purpose."""
 
 
-class UnknownModelError(ZooError, KeyError):
-    """A model name is not in the registry."""
+MODEL_FORMS = (
+    "a registry name arch[.tag] (`zoo list`), timm:NAME, hf:ORG/REPO[@REVISION], "
+    "hf-hub:ORG/NAME, a run or model folder"
+)
+"""The spellings of a PyTorch model reference (:mod:`zoo.ref`); the CLI's help uses them too."""
+MODEL_REF_FORMS = MODEL_FORMS + ", or an .onnx file"
+"""Every accepted spelling of a model reference, quoted by its errors."""
 
-    def __init__(self, name: str, suggestions: Iterable[str] = ()) -> None:
+
+class UnknownModelError(ZooError, KeyError):
+    """A model name is not in the registry (or, for ``timm:`` names, not in timm).
+
+    Args:
+        name: the unknown name, quoted in the message.
+        suggestions: near misses, offered as "Did you mean ...?".
+        forms: also list every accepted spelling of a model reference (the name was not
+            recognised as any of them: a bare word that names no folder either).
+    """
+
+    def __init__(self, name: str, suggestions: Iterable[str] = (), *, forms: bool = False) -> None:
         self.name = name
         self.suggestions = list(suggestions)
         hint = (
@@ -26,7 +42,13 @@ class UnknownModelError(ZooError, KeyError):
             if self.suggestions
             else ""
         )
-        super().__init__(f"Unknown model {name!r}.{hint} Run `zoo list` to see every entry.")
+        tail = (
+            f" A model is named by {MODEL_REF_FORMS}."
+            if forms
+            else " Run `zoo list` to see every entry."
+        )
+        what = "no registry entry and no folder of that name" if forms else ""
+        super().__init__(f"Unknown model {name!r}{': ' + what if what else ''}.{hint}{tail}")
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])
@@ -99,6 +121,15 @@ class BackendUnavailableError(ZooError, RuntimeError):
 class InputError(ZooError, ValueError):
     """Something the user gave is unusable: a file or folder that is missing, unreadable or
     of the wrong kind, or an argument or option value that is out of range or inconsistent."""
+
+
+class ModelRefError(InputError):
+    """A model reference is malformed or names nothing (a bad Hub id or revision, a missing
+    path); the message quotes it and lists the accepted forms."""
+
+    def __init__(self, text: str, problem: str) -> None:
+        self.text, self.problem = text, problem
+        super().__init__(f"Model {text!r} {problem}. A model is named by {MODEL_REF_FORMS}.")
 
 
 class ChoiceError(InputError):

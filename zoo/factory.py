@@ -3,15 +3,15 @@ reports what it did."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zoo.artifact import WEIGHTS_FILE, info_from_config, model_folder_of, read_config
+from zoo.artifact import WEIGHTS_FILE, info_from_config, read_config
 from zoo.catalog import get_entry
-from zoo.errors import InputError
+from zoo.errors import InputError, ModelRefError
 from zoo.metadata import ModelInfo, WeightSource
+from zoo.ref import ModelRef
 from zoo.registry import Entry
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not when a name is resolved
@@ -22,29 +22,48 @@ if TYPE_CHECKING:  # torch is imported when a model is built, not when a name is
 RANDOM = ("none", "random", "scratch")
 
 
-def resolve(name: str) -> tuple[Entry, Path | None]:
-    """Registry entry for ``name``; a model folder or ``hf:ORG/REPO[@REV]`` resolves to its
-    base entry, with the folder returned beside it."""
-    if name.startswith(("hf:", "hf-hub:")):
+def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
+    """The registry entry a model reference builds.
+
+    Args:
+        name: a model reference (see :mod:`zoo.ref`), as text or parsed.
+
+    Returns:
+        ``(entry, folder)``: for a registry, ``timm:`` or ``hf-hub:`` name its entry and
+        None; for a run, a model folder or ``hf:ORG/REPO[@REV]`` (pulled and verified), the
+        base entry adapted by the folder's config (head, labels, weights, lineage), and the
+        model folder beside it.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse (see
+            :meth:`ModelRef.parse`), or names an ONNX file (no PyTorch model to build).
+        ArtifactError: a model folder breaks the artifact contract.
+        WeightsNotFoundError / WeightsIntegrityError / UnsafeWeightsError: pulling ``hf:``.
+    """
+    ref = ModelRef.parse(name)
+    if ref.kind == "registry":
+        return get_entry(ref.name), None
+    if ref.kind in ("timm", "hf-hub"):
+        return get_entry(f"timm:{ref.timm_name}"), None
+    if ref.kind == "onnx":
+        raise ModelRefError(
+            ref.shown,
+            "is an ONNX file, and this needs a PyTorch model: give the registry name or model "
+            "folder it was exported from",
+        )
+    if ref.kind == "hf":
         from zoo.hub import pull
 
-        folder = pull(name)
-        if folder is None:  # a timm Hub name: hf-hub:timm/resnet18.a1_in1k
-            return get_entry("timm:" + name.split("/", 1)[1]), None
-        name = str(folder)
-    path = Path(name)
-    if os.sep in name or name.startswith(".") or path.is_dir():
-        if not path.exists():
-            raise InputError(f"Model folder {name!r} does not exist.")
-        path = model_folder_of(path) or path  # a training run names its model/
-        config = read_config(path)  # raises with the precise contract violation
-        base = get_entry(config["base"])
-        return Entry(info_from_config(path, config, base.info), base.builder), path
-    return get_entry(name), None
+        folder = pull(ref)
+    else:
+        folder = ref.model_folder
+    config = read_config(folder)  # raises with the precise contract violation
+    base = get_entry(config["base"])
+    return Entry(info_from_config(folder, config, base.info), base.builder), folder
 
 
 def create_model_with_report(
-    name: str,
+    name: str | ModelRef,
     *,
     num_classes: int | None = None,
     weights: str | None = None,
@@ -117,7 +136,7 @@ def create_model_with_report(
 
 
 def create_model(
-    name: str,
+    name: str | ModelRef,
     *,
     num_classes: int | None = None,
     weights: str | None = None,
@@ -127,8 +146,9 @@ def create_model(
     folder or ``hf:ORG/REPO[@REV]``, with its weights loaded strictly.
 
     Args:
-        name: what to build: ``arch``, ``arch.tag``, ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
-            ``hf-hub:ORG/NAME``, or a model/run folder.
+        name: what to build, a model reference (:class:`zoo.ref.ModelRef` or its text):
+            ``arch``, ``arch.tag``, ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
+            ``hf-hub:ORG/NAME``, or a run / model folder (not an ONNX file).
         num_classes: a different number of classes re-initialises the classifier head;
             every other tensor still loads strictly.
         weights: ``None`` for the entry's own weights (random init when it has none),
@@ -141,11 +161,12 @@ def create_model(
 
     Raises:
         UnknownModelError: the name is not registered (with did-you-mean suggestions).
+        ModelRefError: a malformed reference, a missing path, or an ONNX file.
         ArtifactError: a model folder breaks the artifact contract.
         WeightsNotFoundError / WeightsIntegrityError: weights missing or failing their hash.
         UnsafeWeightsError: the weights could only be loaded by unpickling.
         StateDictMismatchError: weights do not fit outside the declared head.
-        InputError: ``num_classes`` < 1.
+        InputError: ``num_classes`` < 1 (ModelRefError is one too).
     """
     model, info, report = create_model_with_report(
         name, num_classes=num_classes, weights=weights, **kwargs

@@ -3,7 +3,8 @@
 - ``hf:ORG/REPO[@REVISION]`` pulls a model folder into the standard HF cache. A pinned commit
   already in the cache is used without touching the network; with ``HF_HUB_OFFLINE=1`` and
   nothing cached, the error names the repo and revision and says how to fetch it.
-- ``hf-hub:ORG/NAME`` (timm's spelling) resolves to the matching ``timm:`` entry.
+- ``hf-hub:ORG/NAME`` (timm's spelling) is not pulled here: it names the ``timm:`` entry
+  (:func:`zoo.factory.resolve`).
 - Only safetensors are pulled; every weights file's sha256 goes into a local lock the first
   time it is seen and is verified on every later load (and against ``config.json``).
 - Push uploads exactly the artifact files in one commit, after the contract and the card
@@ -18,28 +19,18 @@ import re
 from pathlib import Path
 from typing import Any
 
-from zoo.artifact import ALLOWED_FILES, CARD_FILE, WEIGHTS_FILE, model_folder_of, read_config
+from zoo.artifact import ALLOWED_FILES, CARD_FILE, WEIGHTS_FILE, read_config
 from zoo.errors import (
     ArtifactError,
     InputError,
+    ModelRefError,
     UnsafeWeightsError,
     WeightsIntegrityError,
 )
+from zoo.ref import ModelRef, is_repo_id
 
-_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PICKLE_SUFFIXES = (".bin", ".pth", ".pt", ".pkl", ".ckpt")
-
-
-def parse_hf(name: str) -> tuple[str, str | None]:
-    """``hf:ORG/REPO@REV`` → (``ORG/REPO``, ``REV`` or None)."""
-    spec = name.removeprefix("hf:")
-    repo, _, rev = spec.partition("@")
-    if not _REPO.match(repo):
-        raise InputError(
-            f"Hub repo id must be in the form 'namespace/repo_name': {repo!r} (from {name!r})"
-        )
-    return repo, rev or None
 
 
 def lock_path() -> Path:
@@ -69,16 +60,30 @@ def verify_locked(key: str, path: Path) -> str:
     return actual
 
 
-def pull(name: str) -> Path | None:
-    """Local folder of ``hf:ORG/REPO[@REV]`` (verified), or None for a timm ``hf-hub:`` name."""
-    if name.startswith("hf-hub:"):
-        return None
+def pull(name: str | ModelRef) -> Path:
+    """The local model folder of ``hf:ORG/REPO[@REV]``, pulled if needed and verified.
+
+    Args:
+        name: an ``hf`` model reference (text or :class:`ModelRef`).
+
+    Returns:
+        The snapshot folder in the HF cache (safetensors + config + card only).
+
+    Raises:
+        ModelRefError: ``name`` is not an ``hf:`` reference (or does not parse).
+        WeightsNotFoundError: offline, or the repo/revision does not exist.
+        UnsafeWeightsError: the repo only holds pickle weights.
+        ArtifactError / WeightsIntegrityError: see :func:`verify_snapshot`.
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from zoo.weights import hub_errors
 
-    repo, rev = parse_hf(name)
+    ref = ModelRef.parse(name)
+    if ref.kind != "hf":
+        raise ModelRefError(ref.shown, "is not a Hub model folder: give hf:ORG/REPO[@REVISION]")
+    repo, rev = ref.name, ref.revision
     shown = f"hf:{repo}@{rev or 'main'}"
     patterns = sorted(ALLOWED_FILES)  # never download pickle files
     folder: str | None = None
@@ -148,14 +153,31 @@ def push(
     api: Any = None,
     token: str | None = None,
 ) -> dict[str, Any]:
-    """Upload a model folder in one commit. Returns what was sent (operations, card, commit)."""
+    """Upload a model folder in one commit, after checking its contract and card locally.
+
+    Args:
+        folder: a model folder, or a training run (its ``model/`` is pushed).
+        repo_id: ``ORG/REPO`` to push to (created if missing).
+        private, revision, create_pr: as for ``HfApi.create_commit``; a revision other than
+            ``main`` is created as a branch unless ``create_pr``.
+        api, token: an ``HfApi`` to use (tests), or the token for a new one.
+
+    Returns:
+        What was sent: repo id, file names, revision, and the commit or PR URL.
+
+    Raises:
+        InputError: a malformed ``repo_id``; ModelRefError: ``folder`` is missing or not a
+            folder.
+        ArtifactError: the folder breaks the artifact contract or its card is invalid.
+        UnsafeWeightsError: the folder holds pickle files.
+    """
     from huggingface_hub import CommitOperationAdd, HfApi
 
     from zoo.cards import validate_card_locally
 
-    if not _REPO.match(repo_id):
+    if not is_repo_id(repo_id):
         raise InputError(f"Repo id must be in the form 'namespace/repo_name': {repo_id!r}")
-    src = model_folder_of(folder) or Path(folder)  # a run folder pushes its model/
+    src = ModelRef.parse(Path(folder)).model_folder  # a run folder pushes its model/
     read_config(src)  # the contract: exact file set, schema, class count
     bad = [p.name for p in src.iterdir() if p.suffix in PICKLE_SUFFIXES]
     if bad:

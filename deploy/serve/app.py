@@ -352,6 +352,20 @@ class ModelServer:
 
 
 def create_app(cfg: ServeConfig) -> Starlette:
+    """The ASGI app serving ``cfg.model_path`` (Open Inference Protocol v2 + ``/predict``).
+
+    Args:
+        cfg: the server settings; the ONNX session is created and warmed up in the app's
+            lifespan (in a thread), so the app answers ``/v2/health/live`` at once and
+            ``/v2/health/ready`` with 503 until the model is loaded.
+
+    Returns:
+        A Starlette app; ``app.state.server`` is its :class:`ModelServer`.
+
+    Raises:
+        Nothing: a model that fails to load is logged, ``/v2/health/ready`` stays 503 and
+        the model endpoints answer 503 with the reason, and the server keeps answering.
+    """
     s = ModelServer(cfg)
     routes = [
         Route("/v2/health/live", s.live),

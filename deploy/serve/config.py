@@ -18,5 +18,5 @@ class ServeConfig:
     threads: int | None = None  # ORT intra-op threads; default: the CPUs actually available
     device: str = "cpu"
     max_body_mb: float = 32.0
-    max_image_pixels: int = 40_000_000
+    max_image_pixels: int = 40_000_000  # below zoo.images.MAX_PIXELS: a server is exposed
     graceful_timeout_s: float = 30.0

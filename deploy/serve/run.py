@@ -10,26 +10,41 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig
-from zoo.errors import InputError
+from zoo.ref import ModelRef
 
 
-def resolve_onnx(model: str, workdir: Path) -> Path:
-    p = Path(model)
-    if p.suffix == ".onnx":
-        if not p.is_file():
-            raise InputError(f"ONNX file {p} does not exist.")
-        return p
-    for candidate in (p / "model.onnx", p / "model" / "model.onnx"):
+def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
+    """The ONNX file to serve for a model reference.
+
+    Args:
+        model: a model reference: an ``.onnx`` file is served as is; a run or model folder
+            holding ``model.onnx`` serves that file; anything else (a registry, timm or Hub
+            name, a folder without ONNX) is exported to ``workdir`` first.
+        workdir: where an on-the-fly export is written.
+
+    Returns:
+        The path of the ONNX file.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse.
+        Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
+    """
+    ref = ModelRef.parse(model)
+    if ref.kind == "onnx":
+        return ref.path
+    if ref.kind in ("run", "model-folder"):
+        candidate = ref.model_folder / ONNX_FILE
         if candidate.is_file():
             return candidate
     from zoo.deploy.export import export_onnx
 
-    out = workdir / "model.onnx"
+    out = workdir / ONNX_FILE
     logging.getLogger("zoo.serve").warning(
-        "exporting %s to ONNX (dynamic batch) before serving", model
+        "exporting %s to ONNX (dynamic batch) before serving", ref.shown
     )
-    export_onnx(model, out)
+    export_onnx(ref, out)
     return out
 
 
@@ -64,7 +79,18 @@ def _graceful_server_class() -> type:
     return GracefulServer
 
 
-def serve(model: str, cfg_kwargs: dict[str, object]) -> None:
+def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
+    """Serve a model under uvicorn until SIGTERM/SIGINT, then shut down gracefully.
+
+    Args:
+        model: a model reference (see :func:`resolve_onnx` for what is served).
+        cfg_kwargs: the :class:`ServeConfig` fields other than ``model_path``; ``name``
+            None (or absent) means the ONNX metadata's ``arch.tag``.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse.
+        Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
+    """
     import uvicorn
 
     from zoo.deploy.serve.app import create_app

@@ -1,0 +1,221 @@
+"""``ModelRef.parse``: every accepted form, the precedence between them, and the refusals.
+
+Plain strings and small folders only (milliseconds); the commands that consume a reference
+are tested end to end in their own files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zoo
+from tests.conftest import run_zoo
+from zoo.errors import MODEL_REF_FORMS, InputError, ModelRefError, UnknownModelError
+from zoo.ref import ModelRef
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _model_folder(p: Path) -> Path:
+    p.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors", "README.md"):
+        (p / f).write_text("{}")
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "name", "revision", "canonical"),
+    [
+        ("resnet18", "registry", "resnet18.tv_in1k", None, "resnet18.tv_in1k"),
+        ("resnet18.a1_in1k", "registry", "resnet18.a1_in1k", None, "resnet18.a1_in1k"),
+        ("timm:vit_tiny_patch16_224", "timm", "vit_tiny_patch16_224", None, None),
+        ("timm:resnet18.a1_in1k", "timm", "resnet18.a1_in1k", None, None),
+        ("hf:me/my-model", "hf", "me/my-model", None, None),
+        ("hf:me/my-model@main", "hf", "me/my-model", "main", None),
+        (f"hf:me/m@{SHA}", "hf", "me/m", SHA, None),
+        ("hf:me/m@refs/pr/1", "hf", "me/m", "refs/pr/1", None),
+        ("hf:me/m@v1.0", "hf", "me/m", "v1.0", None),
+        ("hf-hub:timm/resnet18.a1_in1k", "hf-hub", "timm/resnet18.a1_in1k", None, None),
+        ("  resnet18 ", "registry", "resnet18.tv_in1k", None, "resnet18.tv_in1k"),
+    ],
+)
+def test_names_parse_to_their_kind_and_back(
+    text: str, kind: str, name: str, revision: str | None, canonical: str | None, cwd: Path
+) -> None:
+    ref = ModelRef.parse(text)
+    assert (ref.kind, ref.name, ref.revision) == (kind, name, revision)
+    assert str(ref) == (canonical or text.strip())
+    assert ModelRef.parse(str(ref)) == ref  # the string form is the serialisation
+    assert ref.shown == text.strip() and not ref.is_path
+    with pytest.raises(ModelRefError, match="not a file or folder"):
+        _ = ref.path
+
+
+def test_equality_ignores_the_spelling() -> None:
+    assert ModelRef.parse("resnet18") == ModelRef.parse("resnet18.tv_in1k")
+    assert ModelRef.parse("resnet18") != ModelRef.parse("resnet18.a1_in1k")
+    assert ModelRef.parse("hf:me/m") != ModelRef.parse("hf:me/m@main")
+    ref = ModelRef.parse("mlp")
+    assert ModelRef.parse(ref) is ref
+    assert ModelRef.parse("hf-hub:timm/resnet18.a1_in1k").timm_name == "resnet18.a1_in1k"
+    assert ModelRef.parse("timm:resnet18").timm_name == "resnet18"
+    with pytest.raises(ModelRefError, match="not a timm model"):
+        _ = ref.timm_name
+
+
+def test_folders_runs_and_onnx_files(cwd: Path) -> None:
+    _model_folder(cwd / "exported")
+    run = cwd / "runs" / "cats"
+    _model_folder(run / "model")
+    (cwd / "m.onnx").write_bytes(b"not checked here")
+
+    ref = ModelRef.parse("./exported")
+    assert (ref.kind, ref.path, ref.model_folder) == (
+        "model-folder",
+        Path("exported"),
+        Path("exported"),
+    )
+    ref = ModelRef.parse("runs/cats")
+    assert (ref.kind, ref.model_folder) == ("run", Path("runs/cats/model"))
+    assert ModelRef.parse(str(run.resolve())).kind == "run"  # absolute
+    assert ModelRef.parse(run / "model").kind == "model-folder"  # a Path is always a path
+    ref = ModelRef.parse("m.onnx")
+    assert (ref.kind, ref.path, ref.is_path) == ("onnx", Path("m.onnx"), True)
+    with pytest.raises(ModelRefError, match="not a model folder"):
+        _ = ref.model_folder
+    # a bare word that is no registry name but an existing folder is that folder
+    assert ModelRef.parse("exported").kind == "model-folder"
+    assert ModelRef.parse("runs").kind == "model-folder"  # loading it says what it lacks
+
+
+def test_home_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _model_folder(tmp_path / "m")
+    ref = ModelRef.parse("~/m")
+    assert ref.kind == "model-folder" and ref.path == tmp_path / "m" and str(ref) == "~/m"
+
+
+def test_precedence_registry_name_beats_a_folder_of_that_name(cwd: Path) -> None:
+    """A registry name means the same in every directory; ``./name`` is the folder."""
+    _model_folder(cwd / "resnet18")
+    assert ModelRef.parse("resnet18").kind == "registry"
+    assert ModelRef.parse("./resnet18").kind == "model-folder"
+    assert ModelRef.parse(Path("resnet18")).kind == "model-folder"
+
+
+def test_precedence_prefix_beats_a_folder_of_that_name(cwd: Path) -> None:
+    _model_folder(cwd / "timm:resnet18")
+    assert ModelRef.parse("timm:resnet18").kind == "timm"
+    assert ModelRef.parse("./timm:resnet18").kind == "model-folder"
+
+
+def test_precedence_onnx_suffix_is_a_file_even_when_missing(cwd: Path) -> None:
+    with pytest.raises(ModelRefError, match=r"^Model 'model\.onnx' does not exist"):
+        ModelRef.parse("model.onnx")
+    (cwd / "dir.onnx").mkdir()
+    with pytest.raises(ModelRefError, match=r"'dir\.onnx' is not a file"):
+        ModelRef.parse("dir.onnx")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("hf:me/m@", "has the revision ''"),
+        ("hf:me/m@two words", "has the revision 'two words'"),
+        ("hf:me/m@../../etc", "has the revision '../../etc'"),
+        ("hf:me/m@main/", "has the revision 'main/'"),
+        ("hf:me/m@/main", "has the revision '/main'"),
+        ("hf:me/m@a@b", "has the revision 'a@b'"),
+        ("hf:me/m@x..y", "has the revision 'x..y'"),
+        ("hf:resnet18", "has the Hub repo id 'resnet18'"),
+        ("hf:a/b/c", "has the Hub repo id 'a/b/c'"),
+        ("hf:", "has the Hub repo id ''"),
+        ("hf:/m", "has the Hub repo id '/m'"),
+        ("hf-hub:resnet18", "must be hf-hub:ORG/NAME"),
+        ("hf-hub:timm/resnet18@main", "must be hf-hub:ORG/NAME"),
+        ("timm:", "needs a timm model name"),
+        ("timm:res net", "needs a timm model name"),
+        ("", "is empty"),
+        ("   ", "is empty"),
+    ],
+)
+def test_malformed_references_are_refused_with_the_forms(text: str, problem: str) -> None:
+    with pytest.raises(ModelRefError) as exc:
+        ModelRef.parse(text)
+    msg = str(exc.value)
+    assert msg.startswith(f"Model {text!r} {problem}"), msg
+    assert msg.endswith(f"A model is named by {MODEL_REF_FORMS}.")
+    assert isinstance(exc.value, InputError) and isinstance(exc.value, ValueError)
+
+
+@pytest.mark.parametrize("text", ["./nope", "runs/nope", "/no/such/folder", "~/no-such-zoo-x"])
+def test_missing_paths_are_refused(text: str, cwd: Path) -> None:
+    with pytest.raises(ModelRefError) as exc:
+        ModelRef.parse(text)
+    assert str(exc.value).startswith(
+        f"Model {text!r} does not exist (no such run or model folder)."
+    )
+
+
+@pytest.mark.parametrize("text", ["weights.safetensors", "./weights.safetensors", "old.pth"])
+def test_a_file_that_is_not_onnx_is_refused(text: str, cwd: Path) -> None:
+    (cwd / Path(text).name).write_bytes(b"x")
+    with pytest.raises(ModelRefError) as exc:
+        ModelRef.parse(text)
+    assert str(exc.value).startswith(f"Model {text!r} is a file; ") and "zoo convert" in str(
+        exc.value
+    )
+
+
+def test_unknown_bare_word_suggests_and_lists_the_forms(cwd: Path) -> None:
+    with pytest.raises(UnknownModelError) as exc:
+        ModelRef.parse("resnt18")
+    msg = str(exc.value)
+    assert msg.startswith("Unknown model 'resnt18': no registry entry and no folder of that name.")
+    assert "Did you mean 'resnet18'" in msg and MODEL_REF_FORMS in msg
+    assert exc.value.suggestions[0] == "resnet18" and isinstance(exc.value, KeyError)
+    with pytest.raises(UnknownModelError, match="'zzzzzz': no registry entry") as exc:
+        ModelRef.parse("zzzzzz")
+    assert exc.value.suggestions == [] and "Did you mean" not in str(exc.value)
+
+
+def test_create_model_refuses_an_onnx_file(cwd: Path) -> None:
+    (cwd / "m.onnx").write_bytes(b"x")
+    with pytest.raises(ModelRefError, match=r"'m\.onnx' is an ONNX file, and this needs a PyTorch"):
+        zoo.create_model("m.onnx")
+
+
+def test_a_broken_run_folder_says_what_it_lacks(cwd: Path) -> None:
+    (cwd / "runs" / "r" / "model").mkdir(parents=True)
+    with pytest.raises(zoo.ZooError, match=r"runs/r/model is not a zoo model folder: missing"):
+        zoo.create_model("runs/r")
+
+
+def test_parsing_imports_no_heavy_library() -> None:
+    code = (
+        "import json, sys\nfrom zoo.ref import ModelRef\n"
+        "kinds = [ModelRef.parse(t).kind for t in ('resnet18', 'hf:a/b@main', 'timm:x', '.')]\n"
+        "print(json.dumps([kinds, [m for m in ('torch', 'timm', 'onnxruntime') if m in sys.modules]]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [["registry", "hf", "timm", "model-folder"], []]
+
+
+def test_cli_bad_reference_exits_1_and_pull_of_a_non_hub_name_exits_2(tmp_path: Path) -> None:
+    r = run_zoo("info", "hf:me/m@bad rev", cwd=tmp_path)
+    assert r.returncode == 1 and "Model 'hf:me/m@bad rev' has the revision" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_zoo("pull", "resnet18", cwd=tmp_path)
+    assert r.returncode == 2 and "is a registry reference" in r.stderr

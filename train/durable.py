@@ -1,0 +1,209 @@
+"""Every durable write of a run goes through this module: atomic, and countable.
+
+A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside its target,
+flushed and fsynced, then ``os.replace``-d over it: a kill at any moment leaves either the
+old file or the new one, never a half-written one, plus at most a stale temporary file that
+:func:`remove_stale_temps` deletes on resume.
+
+Each write passes two *fault points*: inside (the temporary file is complete, the target is
+not yet replaced) and after (the new content is visible). For crash tests,
+``ZOO_FAULT_KILL_AT=N`` makes the process SIGKILL itself right after the Nth durable write of
+the process (``N:inside``: between its temporary write and its rename), and
+``ZOO_FAULT_TRACE=FILE`` appends ``N<TAB>label`` for every write, which counts the write
+boundaries of a run exactly. Hand-written because no library offers a countable,
+killable atomic-write primitive; the atomic write itself is the standard temp + fsync + rename.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+KILL_ENV = "ZOO_FAULT_KILL_AT"
+TRACE_ENV = "ZOO_FAULT_TRACE"
+TMP_SUFFIX = ".tmp"
+
+_writes = 0  # durable writes done by this process
+
+
+def _fault_point(n: int, *, inside: bool) -> None:
+    """SIGKILL this process if ``ZOO_FAULT_KILL_AT`` names write ``n`` and this side of it."""
+    target = os.environ.get(KILL_ENV)
+    if not target:
+        return
+    at, _, where = target.partition(":")
+    if int(at) == n and (where == "inside") == inside:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def boundary(label: str) -> None:
+    """Count one durable write (already visible) and pass its 'after' fault point.
+
+    Args:
+        label: what was written, relative to the run folder (for the trace).
+    """
+    global _writes
+    _writes += 1
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a") as f:
+            f.write(f"{_writes}\t{label}\n")
+    _fault_point(_writes, inside=False)
+
+
+def inside() -> None:
+    """The 'inside' fault point of the write being made (the next one): call it once that
+    write has begun and before it is complete (for a temporary file: before its rename)."""
+    _fault_point(_writes + 1, inside=True)
+
+
+def _sync_dir(folder: Path) -> None:
+    """fsync a folder, so that a rename in it reaches the disk in order (a power cut, not
+    only a kill, then leaves the old or the new file)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_path(target: Path, *, folder: bool = False) -> Path:
+    """Create a fresh hidden temporary file (or folder) beside ``target``, with the usual
+    umask permissions (removed on resume if a kill leaves it)."""
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        try:
+            if folder:
+                os.mkdir(tmp)
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str) -> None:
+    """Atomically write ``path`` with what ``fill(file)`` writes into a binary file.
+
+    Raises:
+        Whatever ``fill`` raises; the temporary file is removed and ``path`` is untouched.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        inside()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_dir(path.parent)
+    boundary(label)
+
+
+def write_bytes(path: Path, data: bytes, *, label: str) -> None:
+    write_with(path, lambda f: f.write(data), label=label)
+
+
+def write_text(path: Path, text: str, *, label: str) -> None:
+    write_bytes(path, text.encode("utf-8"), label=label)
+
+
+def write_json(path: Path, obj: Any, *, label: str) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n", label=label)
+
+
+def copy_file(src: Path, dst: Path, *, label: str) -> None:
+    """Atomically make ``dst`` a byte copy of ``src``."""
+    with open(src, "rb") as s:
+        write_with(dst, lambda f: shutil.copyfileobj(s, f, 1 << 20), label=label)
+
+
+def remove(path: Path, *, label: str) -> None:
+    """Delete ``path`` (a durable write too: the run folder changes)."""
+    if path.exists():
+        path.unlink()
+        _sync_dir(path.parent)
+        boundary(label)
+
+
+def replace_dir(src: Path, dst: Path, *, label: str) -> None:
+    """Move the complete folder ``src`` to ``dst``, replacing an old ``dst``.
+
+    Between the two renames there is no ``dst`` at all: a kill leaves either the old
+    complete folder, no folder, or the new complete one.
+    """
+    inside()
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old{TMP_SUFFIX}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(src, dst)
+    _sync_dir(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    boundary(label)
+
+
+def publish_dir(src: Path, dst: Path, *, label: str) -> bool:
+    """Rename the complete folder ``src`` to the new name ``dst`` (one atomic step).
+
+    Returns:
+        False when ``dst`` is already taken (nothing moved): pick another name.
+    """
+    inside()
+    if dst.exists():
+        return False
+    try:
+        os.rename(src, dst)  # onto a non-empty folder fails: two runs never share one
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+    _sync_dir(dst.parent)
+    boundary(label)
+    return True
+
+
+def remove_stale_temps(root: Path) -> list[Path]:
+    """Delete the hidden ``.*.tmp`` files and folders a killed process left under ``root``.
+
+    Returns:
+        What was removed.
+    """
+    stale = sorted(root.rglob(f".*{TMP_SUFFIX}"), key=lambda p: len(p.parts), reverse=True)
+    for p in stale:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return stale
+
+
+__all__ = [
+    "KILL_ENV",
+    "TRACE_ENV",
+    "boundary",
+    "copy_file",
+    "inside",
+    "publish_dir",
+    "remove",
+    "remove_stale_temps",
+    "replace_dir",
+    "temp_path",
+    "write_bytes",
+    "write_json",
+    "write_text",
+    "write_with",
+]
