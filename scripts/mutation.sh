@@ -44,6 +44,7 @@ MODULES=(
   "data|zoo/train/data.py zoo/train/check.py|tests/test_gates_data.py|zoo.train.data.x_* zoo.train.data.xǁSplitsǁ* zoo.train.check.*"
   "protocol|zoo/deploy/serve/protocol.py|tests/test_protocol.py tests/test_gates_protocol.py|"
   "batcher|zoo/deploy/serve/batcher.py|tests/test_batcher.py tests/test_gates_batcher.py|"
+  "checkpoint|zoo/train/checkpoint.py zoo/train/resume.py|tests/test_gates_checkpoint.py tests/test_resume.py::test_each_rank_resumes_its_own_running_sums|"
 )
 
 stage() {  # $1 = folder; the installed layout as plain copies (mutmut copies, never links)
