@@ -267,3 +267,35 @@ def test_gather_epoch_stats_packs_each_rank_row(monkeypatch: pytest.MonkeyPatch)
     assert got == [stats, {"loss": 2.25, "correct": 5, "n": 7}]
     assert sent[0].dtype == torch.float64 and sent[0].tolist() == [1.5, 3.0, 8.0]
     assert all(isinstance(r["correct"], int) and isinstance(r["n"], int) for r in got)
+
+
+def test_rank_one_of_a_new_world_starts_from_zero() -> None:
+    rows = [{"loss": 1.5, "correct": 3, "n": 8}, {"loss": 2.25, "correct": 5, "n": 8}]
+    assert resume.own_epoch_stats(rows, 1, 3) == {"loss": 0.0, "correct": 0, "n": 0}
+    assert resume.own_epoch_stats(rows, 0, 3) == {"loss": 3.75, "correct": 8, "n": 16}
+
+
+def test_only_the_latest_extension_can_override_an_early_stop(tmp_path: Path) -> None:
+    run = _run(tmp_path, _state(epoch=2, global_step=12, stopped=True))
+    _report(run, global_step=12)
+    config = json.loads((run / "config.json").read_text())
+    config["schedule_segments"] = [
+        {"from_step": 0, "epochs": 3, "kind": "cosine"},
+        {"from_step": 6, "epochs": 1, "kind": "cosine", "peak_scale": 0.1},  # before the stop
+        {"from_step": 12, "epochs": 1, "kind": "cosine", "peak_scale": 0.1},  # after it
+    ]
+    config["epochs"] = 5
+    (run / "config.json").write_text(json.dumps(config))
+    state = resume.prepare_resume(_asked(run), frozenset())[2]
+    assert state is not None and state["stopped"] is False
+
+
+def test_repair_writes_config_as_a_named_durable_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "trace.tsv"
+    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
+    run = _run(tmp_path)
+    cfg = TrainConfig(model="mlp", data="digits", epochs=7)
+    resume.repair_run(RunDir(run), cfg, None, extended=True, is_main=True, world=1)
+    assert [line.split("\t")[1] for line in trace.read_text().splitlines()] == ["config.json"]
