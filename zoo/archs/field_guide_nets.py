@@ -36,6 +36,17 @@ def _conv_block(cin: int, cout: int, batchnorm: bool) -> list[nn.Module]:
     return layers
 
 
+def _dropout_head(features: int, hidden: int, num_classes: int) -> nn.Sequential:
+    """Flatten → Linear → ReLU → Dropout(0.5) → Linear: the head both CNNs share."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(hidden, num_classes),
+    )
+
+
 class SimpleCNN(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
@@ -43,13 +54,7 @@ class SimpleCNN(nn.Module):
             *_conv_block(3, 32, False), *_conv_block(32, 64, False), *_conv_block(64, 128, False)
         )
         # 32 -> 16 -> 8 -> 4 after three pools: (B, 128, 4, 4)
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(128 * 4 * 4, 256),
-            nn.ReLU(),
-            nn.Dropout(0.5),
-            nn.Linear(256, num_classes),
-        )
+        self.classifier = _dropout_head(128 * 4 * 4, 256, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -60,13 +65,7 @@ class CRNN(nn.Module):
         super().__init__()
         self.features = nn.Sequential(*_conv_block(3, 32, True), *_conv_block(32, 64, True))
         # 32 -> 16 -> 8 after two pools: (B, 64, 8, 8)
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(64 * 8 * 8, 512),
-            nn.ReLU(),
-            nn.Dropout(0.5),
-            nn.Linear(512, num_classes),
-        )
+        self.classifier = _dropout_head(64 * 8 * 8, 512, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
