@@ -87,8 +87,10 @@ def test_a_checkpoint_saved_on_a_gpu_loads_on_the_cpu(
 def _run(tmp_path: Path, state: dict[str, Any] | None = None, **cfg: Any) -> Path:
     run = tmp_path / "r"
     run.mkdir()
-    saved = TrainConfig(model="mlp", data="digits", epochs=3, lr=0.01, **cfg)
-    saved.schedule_segments = [{"from_step": 0, "epochs": 3, "kind": "cosine"}]  # as a run writes
+    segments = ({"from_step": 0, "epochs": 3, "kind": "cosine"},)  # as a run writes
+    saved = TrainConfig(
+        model="mlp", data="digits", epochs=3, lr=0.01, schedule_segments=segments, **cfg
+    )
     (run / "config.json").write_text(json.dumps(saved.to_dict()))
     if state is not None:
         save_checkpoint(state, run / "checkpoints" / "last.pt")
@@ -154,9 +156,9 @@ def test_extend_appends_a_segment_from_the_checkpoint_step(
     run = _run(tmp_path, _state(epoch=3, global_step=18))
     cfg, _, state = resume.prepare_resume(_asked(run, extend=2), frozenset({"extend"}))
     assert cfg.epochs == 5 and state is not None
-    assert cfg.schedule_segments[1:] == [
-        {"from_step": 18, "epochs": 2, "kind": "cosine", "peak_scale": 0.1}
-    ]
+    assert cfg.schedule_segments[1:] == (
+        {"from_step": 18, "epochs": 2, "kind": "cosine", "peak_scale": 0.1},
+    )
     assert capsys.readouterr().err == (
         "extending the run by 2 epoch(s) to 5; the new schedule is recorded in config.json\n"
     )

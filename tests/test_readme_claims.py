@@ -272,7 +272,7 @@ def test_convert_trust_reads_the_users_own_pickles(tmp_path: Path, layout: str) 
 
 
 def _train(data: Path, runs: Path, name: str) -> Path:
-    from zoo.train import TrainConfig, Trainer
+    from zoo.train import TrainConfig, fit
 
     cfg = TrainConfig(
         model=toy_models.NANBURST,
@@ -288,7 +288,7 @@ def _train(data: Path, runs: Path, name: str) -> Path:
         progress=False,
         seed=0,
     )
-    Trainer(cfg).fit()
+    fit(cfg)
     return runs / name
 
 

@@ -10,12 +10,12 @@ import torch
 
 from tests.conftest import read_safetensors, run_zoo
 from zoo.factory import create_model
-from zoo.train import TrainConfig, Trainer
-from zoo.train.strategy import train_mode
+from zoo.train import TrainConfig, build_run, fit, resolve_config
+from zoo.train.strategy import set_phase, train_mode
 
 
-def _trainer(data: Path, tmp: Path, **kw) -> Trainer:
-    cfg = TrainConfig(
+def _options(data: Path, tmp: Path, **kw) -> TrainConfig:
+    return TrainConfig(
         model="mobilenet_v2",
         data=str(data),
         runs_root=str(tmp),
@@ -25,45 +25,48 @@ def _trainer(data: Path, tmp: Path, **kw) -> Trainer:
         progress=False,
         **kw,
     )
-    return Trainer(cfg)
 
 
 def test_linear_probe_keeps_backbone_and_bn_stats_frozen(
     small_digits, tmp_path, mobilenet_weights
 ) -> None:
-    t = _trainer(small_digits, tmp_path, strategy="linear", epochs=1)
-    t.fit()
-    trained = read_safetensors(t.run.path / "model" / "model.safetensors")
+    options = _options(small_digits, tmp_path, strategy="linear", epochs=1)
+    run = fit(options)
+    assert run is not None
+    trained = read_safetensors(run / "model" / "model.safetensors")
     ref = create_model("mobilenet_v2").state_dict()
     for k, v in trained.items():
         if k.startswith("classifier.1"):
             assert v.shape[0] == 10
         else:  # weights *and* BatchNorm running stats untouched
             assert torch.equal(v, ref[k]), k
-    assert len(t.optimizer.param_groups) == 1
+    assert len(build_run(resolve_config(options)).optimizer.param_groups) == 1
 
 
 def test_frozen_bn_stays_in_eval_mode(small_digits, tmp_path, mobilenet_weights) -> None:
-    t = _trainer(small_digits, tmp_path, strategy="gradual", epochs=2)
-    t.setup()
-    assert t._set_phase(0) is True
-    train_mode(t.model, t.groups, True)
-    bns = [m for m in t.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    parts = build_run(
+        resolve_config(_options(small_digits, tmp_path, strategy="gradual", epochs=2))
+    )
+    assert set_phase(parts.groups, "gradual", 1, 0) is True
+    train_mode(parts.model, parts.groups, True)
+    bns = [m for m in parts.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert bns and not any(m.training for m in bns)
-    assert t.model.classifier.training
-    assert t._set_phase(1) is False
-    train_mode(t.model, t.groups, False)
+    assert parts.model.classifier.training
+    assert set_phase(parts.groups, "gradual", 1, 1) is False
+    train_mode(parts.model, parts.groups, False)
     assert all(m.training for m in bns)
 
 
 def test_gradual_creates_every_group_at_step_0(small_digits, tmp_path, mobilenet_weights) -> None:
-    t = _trainer(small_digits, tmp_path, strategy="gradual", epochs=2, freeze_epochs=1)
-    t.fit()
-    names = [g["name"] for g in t.optimizer.param_groups]
+    options = _options(small_digits, tmp_path, strategy="gradual", epochs=2, freeze_epochs=1)
+    groups = build_run(resolve_config(options)).optimizer.param_groups
+    names = [g["name"] for g in groups]
     assert names == ["backbone_early", "backbone_late", "head"]
-    lrs = {g["name"]: g["initial_lr"] for g in t.optimizer.param_groups}
+    lrs = {g["name"]: g["initial_lr"] for g in groups}
     assert lrs["backbone_early"] < lrs["backbone_late"] < lrs["head"]
-    trained = torch.load(t.run.path / "checkpoints" / "last.pt", weights_only=True)["model"]
+    run = fit(options)
+    assert run is not None
+    trained = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
     ref = create_model("mobilenet_v2").state_dict()
     assert not torch.equal(trained["features.0.0.weight"], ref["features.0.0.weight"])  # unfrozen
 

@@ -1,9 +1,14 @@
-"""The trainer's resolved configuration: one dataclass, written to ``config.json`` in the run."""
+"""The trainer's configuration: one frozen dataclass, written to ``config.json`` in the run.
+
+The CLI (or a caller) builds it with ``None`` for "choose for me"; :func:`zoo.train.resolve.
+resolve_config` returns the resolved copy, the only one the run reads. Nothing changes it
+afterwards: a change is a new value (``dataclasses.replace``).
+"""
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from zoo.errors import ConfigError
@@ -27,7 +32,7 @@ RUNTIME_KEYS = frozenset(
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     model: str
     data: str
@@ -74,10 +79,13 @@ class TrainConfig:
     resume: str | None = None
     extend: int = 0
     run_dir: str | None = None
-    schedule_segments: list[dict[str, Any]] = field(default_factory=list)
+    # the LR schedule as segments ({from_step, epochs, kind[, peak_scale]}); --extend appends one
+    schedule_segments: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["schedule_segments"] = list(d["schedule_segments"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -99,4 +107,4 @@ class TrainConfig:
         missing = [k for k in ("model", "data") if k not in d]
         if missing:
             raise ConfigError(f"The training config lacks the required key {missing[0]!r}.")
-        return cls(**d)
+        return cls(**{**d, "schedule_segments": tuple(d.get("schedule_segments", ()))})

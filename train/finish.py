@@ -10,21 +10,50 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from zoo.artifact import save_model_folder
 from zoo.cards import finetuned_card
+from zoo.metadata import WeightSource
 from zoo.train import durable
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.weights import sha256_file
 
 if TYPE_CHECKING:
-    from zoo.train.trainer import Trainer
+    from zoo.train.build import RunData, RunParts
+    from zoo.train.config import TrainConfig
+    from zoo.train.run_dir import RunDir
+    from zoo.train.state import LoopState
 
 
-def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished loop hands to :func:`finish_run`."""
+
+    parts: RunParts  # the model holds the best weights (the ones shipped)
+    run: RunDir
+    val: dict[str, Any]  # the shipped weights' validation metrics (per class too)
+    total_s: float  # the epoch loop's wall-clock time
+    estimate: dict[str, Any]  # the preflight's
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.parts.cfg
+
+    @property
+    def data(self) -> RunData:
+        return self.parts.data
+
+    @property
+    def state(self) -> LoopState:
+        return self.parts.state
+
+
+def model_config(r: RunResult) -> dict[str, Any]:
     """config.json of the model folder: architecture, classes, preprocessing, lineage, metrics."""
-    entry, parent_folder = t.parent
+    parts, val = r.parts, r.val
+    entry, parent_folder = parts.parent
     base = entry.info.parent if parent_folder is not None else entry.info.name
     lineage = [entry.info.parent or entry.info.name]
     parent_weights = entry.info.weights
@@ -33,24 +62,27 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
 
         pc = read_config(parent_folder)
         lineage = [*pc.get("lineage", [pc["base"]]), pc.get("tag") or parent_folder.name]
+    splits = r.data.splits
     return {
         "base": base,
-        "arch": t.info.arch,
-        "tag": f"ft-{t.run.path.name}",
-        "num_classes": len(t.classes),
-        "class_names": t.classes,
-        "multi_label": t.cfg.multi_label,
+        "arch": parts.info.arch,
+        "tag": f"ft-{r.run.path.name}",
+        "num_classes": len(r.data.classes),
+        "class_names": r.data.classes,
+        "multi_label": r.cfg.multi_label,
         "thresholds": val.get("thresholds"),
-        "params": sum(p.numel() for p in t.model.parameters()),
-        "preprocessing": t.info.preprocessing().to_dict(),
-        "parent_weights": parent_weights.describe() if t.load_report else "random initialisation",
+        "params": sum(p.numel() for p in parts.model.parameters()),
+        "preprocessing": parts.info.preprocessing().to_dict(),
+        "parent_weights": parent_weights.describe()
+        if parts.load_report
+        else "random initialisation",
         "parent_weights_sha256": parent_weights.sha256,
         "lineage": lineage,
         "data": {
-            "name": t.splits.root.name,
-            "fingerprint": t.splits.fingerprint(),
-            "num_images": sum(len(v) for v in t.samples.values()),
-            "layout": t.splits.layout,
+            "name": splits.root.name,
+            "fingerprint": splits.fingerprint(),
+            "num_images": sum(len(v) for v in r.data.samples.values()),
+            "layout": splits.layout,
         },
         "metrics": {
             "val/acc": round(val["acc"], 6),
@@ -59,74 +91,72 @@ def model_config(t: Trainer, val: dict[str, Any]) -> dict[str, Any]:
             "val/macro_f1": round(val["macro_f1"], 6),
         },
         "train": {
-            "strategy": t.cfg.strategy,
-            "epochs": t.epoch,
-            "optimizer": t.cfg.optimizer,
-            "lr": t.cfg.lr,
-            "batch_size": t.cfg.batch_size,
-            "seed": t.cfg.seed,
-            "world_size": t.world,
+            "strategy": r.cfg.strategy,
+            "epochs": r.state.epoch,
+            "optimizer": r.cfg.optimizer,
+            "lr": r.cfg.lr,
+            "batch_size": r.cfg.batch_size,
+            "seed": r.cfg.seed,
+            "world_size": parts.comm.world,
         },
     }
 
 
-def finish_run(t: Trainer, val: dict[str, Any], total_s: float, estimate: dict[str, Any]) -> None:
-    """Rank 0 only: write what the run produced (``val``: the shipped weights' metrics)."""
-    last_val = t.history[-1] if t.history else {}
-    config = model_config(t, val)
-    from dataclasses import replace
-
-    from zoo.metadata import WeightSource
-
+def finish_run(r: RunResult) -> None:
+    """Rank 0 only: write what the run produced (``r.val``: the shipped weights' metrics)."""
+    state, val, data = r.state, r.val, r.data
+    last_val = state.history[-1] if state.history else {}
+    config = model_config(r)
     info = replace(
-        t.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
+        r.parts.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
     )
     card = finetuned_card(info, config)
-    run = t.run.path
-    if t.history:
-        plot_curves(t.history, run / "curves.png")
+    run = r.run.path
+    if state.history:
+        plot_curves(state.history, run / "curves.png")
     if "confusion_matrix" in val:  # single-label only
-        plot_confusion(val["confusion_matrix"], t.classes, run / "confusion_matrix.png")
+        plot_confusion(val["confusion_matrix"], data.classes, run / "confusion_matrix.png")
     model_dir = run / "model"
     staging = durable.temp_path(model_dir, folder=True)
     try:
-        built = save_model_folder(t.model, staging / "model", config, str(card))
+        built = save_model_folder(r.parts.model, staging / "model", config, str(card))
         weights_sha256 = sha256_file(built / "model.safetensors")
         durable.replace_dir(built, model_dir, label="model")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    load_report = r.parts.load_report
     report = {
         "run": str(run),
         "model_dir": str(model_dir),
         "weights_sha256": weights_sha256,
-        "epochs": t.epoch,
-        "global_step": t.global_step,  # the checkpoint this report finished (see --resume)
+        "epochs": state.epoch,
+        "global_step": state.global_step,  # the checkpoint this report finished (see --resume)
         "final": {
             k: last_val.get(k)
             for k in ("val/acc", "val/loss", "val/top5", "train/acc", "train/loss")
         },
         "best": {
-            "epoch": t.epoch - t.epochs_since_best,
+            "epoch": state.epoch - state.epochs_since_best,
             "val/acc": val["acc"],
             "val/top5": val.get("top5"),
             "val/loss": val["loss"],
             "val/macro_f1": val["macro_f1"],
-            "monitor": t.cfg.monitor,
+            "monitor": r.cfg.monitor,
         },
         "per_class": val["per_class"],
         "confusion_matrix": val.get("confusion_matrix"),
         "thresholds": val.get("thresholds"),
-        "classes": t.classes,
-        "quarantined": t.check_report.corrupt,
-        "data_check": t.check_report.to_dict(),
-        "nonfinite_skipped": t.nonfinite_skipped,
-        "rollbacks": t.rollbacks,
+        "classes": data.classes,
+        "quarantined": data.check.corrupt,
+        "data_check": data.check.to_dict(),
+        "nonfinite_skipped": state.nonfinite_skipped,
+        "rollbacks": state.rollbacks,
         "timing": {
-            "total_s": round(total_s, 2),
-            "estimate": estimate,
-            "epochs": [round(h["epoch_s"], 2) for h in t.history],
+            "total_s": round(r.total_s, 2),
+            "estimate": r.estimate,
+            "epochs": [round(h["epoch_s"], 2) for h in state.history],
         },
-        "load_report": t.load_report.to_dict() if t.load_report else None,
+        "load_report": load_report.to_dict() if load_report else None,
     }
     durable.write_json(run / "report.json", report, label="report.json")
     print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", file=sys.stderr, flush=True)

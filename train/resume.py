@@ -4,6 +4,7 @@ user typed, and ``--extend N`` as an explicit new schedule segment."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def prepare_resume(
             f"--resume refuses a changed configuration ({lines}). Resume with the same "
             "settings, use --extend N to add epochs, or start a new run."
         )
-    saved.resume, saved.num_workers, saved.progress = str(run.path), cfg.num_workers, cfg.progress
+    saved = replace(saved, resume=str(run.path), num_workers=cfg.num_workers, progress=cfg.progress)
     state = load_checkpoint(run.last_path) if run.last_path.exists() else None
     if state is None:
         if cfg.extend:
@@ -57,15 +58,17 @@ def prepare_resume(
             )
         return saved, run, None
     if cfg.extend:
-        saved.schedule_segments.append(
-            {
-                "from_step": int(state["global_step"]),
-                "epochs": cfg.extend,
-                "kind": "cosine",
-                "peak_scale": 0.1,
-            }
+        segment = {
+            "from_step": int(state["global_step"]),
+            "epochs": cfg.extend,
+            "kind": "cosine",
+            "peak_scale": 0.1,
+        }
+        saved = replace(
+            saved,
+            schedule_segments=(*saved.schedule_segments, segment),
+            epochs=saved.epochs + cfg.extend,
         )
-        saved.epochs += cfg.extend
         say(
             f"extending the run by {cfg.extend} epoch(s) to {saved.epochs}; the new schedule is "
             "recorded in config.json"

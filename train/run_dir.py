@@ -18,6 +18,7 @@ import io
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,26 +198,15 @@ def _auto_name(cfg: TrainConfig) -> str:
     return f"{arch}-{Path(cfg.data).resolve().name}"
 
 
-def create_run_dir(cfg: TrainConfig, files: dict[str, Any], *, is_main: bool, world: int) -> RunDir:
+def publish_run_dir(cfg: TrainConfig, files: dict[str, Any]) -> Path:
     """Create ``runs/<name>`` (or ``<name>-2``, … the first free one) complete or not at all.
 
     ``config.json`` (with ``run_dir`` set) and ``files`` (name → JSON value, e.g. the split)
-    are written into a hidden temporary folder that is then renamed into place. Under DDP
-    rank 0 creates it and broadcasts the path.
+    are written into a hidden temporary folder that is then renamed into place.
+
+    Returns:
+        The run folder.
     """
-    if world > 1:
-        import torch.distributed as dist
-
-        holder: list[Any] = [str(_publish(cfg, files)) if is_main else None]
-        dist.broadcast_object_list(holder, src=0)
-        path = Path(holder[0])
-        cfg.run_dir = str(path)
-    else:
-        path = _publish(cfg, files)
-    return RunDir(path, top_k=cfg.top_k_checkpoints)
-
-
-def _publish(cfg: TrainConfig, files: dict[str, Any]) -> Path:
     root = Path(cfg.runs_root)
     base = cfg.name or _auto_name(cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -229,8 +219,8 @@ def _publish(cfg: TrainConfig, files: dict[str, Any]) -> Path:
         while True:
             path = root / (base if i == 1 else f"{base}-{i}")
             if not path.exists():
-                cfg.run_dir = str(path)
-                (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+                config = replace(cfg, run_dir=str(path)).to_dict()
+                (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
                 if durable.publish_dir(tmp, path, label="."):
                     return path
             i += 1

@@ -40,9 +40,12 @@ def build_scheduler(
     steps_per_epoch: int,
     lr_scale: Callable[[], float],
 ) -> LambdaLR:
-    if not cfg.schedule_segments:
-        cfg.schedule_segments = [{"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule}]
+    """The run's LR schedule (``cfg.schedule_segments``, as :func:`resolve_config` resolved
+    them) as a scheduler stepped once per batch; ``lr_scale``: the rollback factor, read at
+    each step."""
     segments = cfg.schedule_segments
+    if not segments:
+        raise ValueError("internal: build_scheduler needs a resolved config (no segments)")
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
 
     def factor(step: int) -> float:

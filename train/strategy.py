@@ -78,3 +78,12 @@ def train_mode(model: nn.Module, groups: ParamGroups | None, backbone_frozen: bo
         for m in groups.backbone_modules:
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.eval()
+
+
+def set_phase(groups: ParamGroups | None, strategy: str, freeze_epochs: int, epoch: int) -> bool:
+    """Freeze or unfreeze the backbone for ``epoch`` (frozen throughout ``linear`` and for the
+    first ``freeze_epochs`` of ``gradual``); returns whether it is frozen."""
+    frozen = strategy == "linear" or (strategy == "gradual" and epoch < freeze_epochs)
+    if groups is not None and strategy != "full":
+        set_backbone_frozen(groups, frozen)
+    return frozen

@@ -62,6 +62,27 @@ def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
     return Entry(info_from_config(folder, config, base.info), base.builder), folder
 
 
+def weight_source(info: ModelInfo, weights: str | None) -> WeightSource:
+    """Where the weights of ``info``'s model come from, given the ``weights`` option.
+
+    Args:
+        info: the entry's metadata (its own weights are the default).
+        weights: ``None`` for the entry's own, ``"none"`` (or ``random``/``scratch``) for
+            random initialisation, else a safetensors file or a folder holding one.
+
+    Returns:
+        The source; ``kind == "none"`` means random initialisation.
+    """
+    if weights is None:
+        return info.weights
+    if weights.lower() in RANDOM:
+        return WeightSource()
+    wpath = Path(weights)
+    if wpath.is_dir():
+        wpath = wpath / WEIGHTS_FILE
+    return WeightSource(kind="local", path=str(wpath))
+
+
 def create_model_with_report(
     name: str | ModelRef,
     *,
@@ -95,15 +116,7 @@ def create_model_with_report(
 
     entry, _ = resolve(name)
     info = entry.info
-    source: WeightSource = info.weights
-    if weights is not None:
-        if weights.lower() in RANDOM:
-            source = WeightSource()
-        else:
-            wpath = Path(weights)
-            if wpath.is_dir():
-                wpath = wpath / WEIGHTS_FILE
-            source = WeightSource(kind="local", path=str(wpath))
+    source = weight_source(info, weights)
     n = num_classes if num_classes is not None else info.num_classes
     if n < 1:
         raise InputError(f"num_classes must be at least 1, got {n}.")

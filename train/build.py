@@ -1,0 +1,286 @@
+"""The second step of a run: from a resolved configuration to the parts the loop uses —
+process group, data, model, loaders, optimizer, schedule and the loop's state — each built
+once, in this order, with every check done before the run folder exists.
+
+Two choices are made here and nowhere else: distributed execution (``comm``: one process or
+a torchrun group, see ``comm.py``) and the feature cache (``--cache-features``: the head is
+what trains, on pooled backbone outputs computed once; the loop only sees ``trained``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from zoo.errors import DataError
+from zoo.factory import create_model_with_report, resolve
+from zoo.loading import LoadReport
+from zoo.metadata import ModelInfo
+from zoo.registry import Entry
+from zoo.system import available_cpus
+from zoo.train import data as data_mod
+from zoo.train.check import CheckReport, check_splits, format_report
+from zoo.train.comm import Single, join
+from zoo.train.config import TrainConfig
+from zoo.train.console import say
+from zoo.train.features import FeatureDataset, extract_features, head_module
+from zoo.train.resolve import Resolved
+from zoo.train.rng import seed_everything
+from zoo.train.schedule import build_scheduler
+from zoo.train.state import LoopState
+from zoo.train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head
+from zoo.transforms import eval_transform, train_transform
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The images a run trains on, after the data check."""
+
+    splits: data_mod.Splits
+    samples: dict[str, list[tuple[Path, Any]]]  # per split, quarantined files left out
+    check: CheckReport
+
+    @property
+    def classes(self) -> list[str]:
+        return self.splits.classes
+
+
+@dataclass
+class RunParts:
+    """Everything the loop uses. Built by :func:`build_run`; only :attr:`state` (and the
+    modules' and optimizer's own state) changes while the run trains."""
+
+    cfg: TrainConfig
+    comm: Single
+    data: RunData
+    info: ModelInfo  # effective metadata (class count, labels, input size as trained)
+    parent: tuple[Entry, Path | None]  # the registry entry (and model folder) fine-tuned
+    load_report: LoadReport | None  # None: random initialisation
+    model: nn.Module  # the whole model: what is checkpointed and shipped
+    trained: nn.Module  # what trains, unwrapped: the model, or its head over cached features
+    train_forward: nn.Module  # ``trained`` behind DDP / torch.compile when asked
+    groups: ParamGroups | None
+    train_set: Any
+    val_set: Any
+    train_sampler: data_mod.ResumableSampler
+    train_loader: DataLoader[Any]
+    val_loader: DataLoader[Any]
+    workers: int  # loader workers for images (0 over cached features)
+    steps_per_epoch: int
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    loss_fn: nn.Module
+    state: LoopState
+
+    @property
+    def device(self) -> torch.device:
+        return self.comm.device
+
+
+def build_run(resolved: Resolved) -> RunParts:
+    """Build every part of the run; with ``--resume``, restore its checkpoint into them.
+
+    Raises:
+        DataError: no usable images in a split, unreadable images with ``--strict-data``, or
+            not one batch of training images.
+        TrainingError / InputError / weights errors: as :func:`zoo.create_model` raises.
+    """
+    cfg = resolved.cfg
+    comm = join(cfg.device)
+    if comm.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes
+    seed_everything(cfg.seed)
+    data = _data(cfg, resolved.run.path if resolved.run else None)
+    model, info, report = create_model_with_report(
+        cfg.model, num_classes=len(data.classes), weights=cfg.weights, label_names=data.classes
+    )
+    if cfg.image_size:
+        info = replace(info, input_size=(info.input_size[0], cfg.image_size, cfg.image_size))
+    if cfg.sync_bn and comm.world > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(comm.device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    groups = (
+        split_head(model, info.classifier) if cfg.strategy != "full" or info.classifier else None
+    )
+    if cfg.strategy == "linear":
+        assert groups is not None  # split_head raised otherwise
+        set_backbone_frozen(groups, True)
+
+    workers = (
+        cfg.num_workers if cfg.num_workers is not None else min(4, max(0, available_cpus() - 1))
+    )
+    eval_tf = eval_transform(info)
+    train_set: Any = data_mod.ImageFolderDataset(
+        data.samples["train"],
+        train_transform(info, augment=cfg.augment and not cfg.cache_features),
+        seed=cfg.seed,
+    )
+    val_set: Any = data_mod.ImageFolderDataset(data.samples["val"], eval_tf, seed=cfg.seed)
+    trained = model
+    if cfg.cache_features:
+        assert info.classifier  # linear strategy: split_head found it
+        train_set, val_set = _feature_cache(
+            model, info.classifier, (train_set, val_set), cfg, workers
+        )
+        trained, workers = head_module(model, info.classifier), 0
+    train_forward = comm.wrap(trained, find_unused=cfg.strategy == "gradual")
+    if cfg.compile:
+        train_forward = torch.compile(train_forward)  # type: ignore[assignment]
+
+    bs = cfg.batch_size
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    sampler = data_mod.ResumableSampler(
+        len(train_set),
+        shuffle=True,
+        seed=cfg.seed,
+        batch_size=bs,
+        drop_last=has_bn and len(train_set) >= bs * comm.world,
+        rank=comm.rank,
+        world_size=comm.world,
+    )
+    steps = sampler.batches_per_epoch()
+    if steps == 0:
+        raise DataError(
+            f"Not one batch of {bs} from {len(train_set)} training images: lower --batch-size."
+        )
+    val_shard = list(range(comm.rank, len(val_set), comm.world))  # disjoint shards, no padding
+    say(
+        f"data: {len(train_set)} train / {len(val_set)} val images, {len(data.classes)} "
+        f"classes, batch {bs} per process × {comm.world} = {bs * comm.world} global, "
+        f"{steps} steps/epoch, num_workers={workers} (auto picks "
+        f"min(4, cpus-1); raise it while the data-wait share stays high)"
+    )
+
+    optimizer = _optimizer(cfg, model, groups, pretrained=report is not None)
+    state = LoopState()
+    return RunParts(
+        cfg=cfg,
+        comm=comm,
+        data=data,
+        info=info,
+        parent=resolve(cfg.model),
+        load_report=report,
+        model=model,
+        trained=trained,
+        train_forward=train_forward,
+        groups=groups,
+        train_set=train_set,
+        val_set=val_set,
+        train_sampler=sampler,
+        train_loader=loader(train_set, sampler, bs, workers, cfg.seed, comm.device),
+        val_loader=loader(val_set, val_shard, bs * 2, workers, cfg.seed, comm.device),
+        workers=workers,
+        steps_per_epoch=steps,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg, steps, lambda: state.lr_scale),
+        scaler=torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16"),
+        # Raw logits in both cases: softmax/sigmoid live inside the loss, never in the head.
+        loss_fn=nn.BCEWithLogitsLoss()
+        if cfg.multi_label
+        else nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+        state=state,
+    )
+
+
+def loader(
+    dataset: Any, sampler: Any, batch_size: int, workers: int, seed: int, device: torch.device
+) -> DataLoader[Any]:
+    """The run's loader settings: pinned memory on CUDA, persistent prefetching workers."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def _data(cfg: TrainConfig, run: Path | None) -> RunData:
+    """The splits (a resumed run's own ``split.json``), checked; unreadable files quarantined."""
+    if run is not None and (run / "split.json").exists():
+        splits = data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
+    else:  # written with the run folder, once every check has passed
+        scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
+        splits = scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    report = check_splits(splits)
+    for line in format_report(report):
+        say(f"data: {line}")
+    if report.corrupt and cfg.strict_data:
+        raise DataError(
+            f"{len(report.corrupt)} unreadable image(s) with --strict-data, e.g. "
+            f"{report.corrupt[0]['path']} ({report.corrupt[0]['error']}). Fix or remove them, "
+            "or drop --strict-data to have them quarantined."
+        )
+    bad = set(report.quarantined)
+    samples = {
+        split: [
+            (p, y) for p, y in splits.samples(split) if str(p.relative_to(splits.root)) not in bad
+        ]
+        for split in splits.files
+    }
+    for split in ("train", "val"):
+        if not samples.get(split):
+            raise DataError(f"The {split} split has no readable images.")
+    return RunData(splits, samples, report)
+
+
+def _feature_cache(
+    model: nn.Module, head: str, sets: tuple[Any, Any], cfg: TrainConfig, workers: int
+) -> tuple[FeatureDataset, FeatureDataset]:
+    """The head's inputs for every train and val image, computed once (eval transform)."""
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    train, val = (
+        FeatureDataset(
+            *extract_features(
+                model,
+                head,
+                loader(ds, list(range(len(ds))), cfg.batch_size * 2, workers, cfg.seed, device),
+                device,
+            )
+        )
+        for ds in sets
+    )
+    say(
+        f"features: cached {len(train)} + {len(val)} pooled backbone outputs "
+        f"({tuple(train.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
+    )
+    return train, val
+
+
+def _optimizer(
+    cfg: TrainConfig, model: nn.Module, groups: ParamGroups | None, *, pretrained: bool
+) -> torch.optim.Optimizer:
+    """AdamW or SGD (Nesterov) over the strategy's parameter groups (one group when the whole
+    random-init model trains)."""
+    lr = cfg.lr
+    assert lr is not None  # resolved
+    if groups is None or (cfg.strategy == "full" and not pretrained):
+        params: list[dict[str, Any]] = [
+            {
+                "params": list(model.parameters()),
+                "lr": lr,
+                "name": "all",
+                "weight_decay": cfg.weight_decay,
+            }
+        ]
+    else:
+        params = param_groups(
+            groups, cfg.strategy or "full", lr, cfg.backbone_lr_mult, cfg.weight_decay
+        )
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=True)

@@ -1,0 +1,186 @@
+"""One epoch of training, one validation pass, and the commit that follows each epoch: the
+steps ``trainer.fit`` repeats. Everything they change lives in ``parts.state``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.device import move_to
+from zoo.errors import TrainingError
+from zoo.train.build import RunParts
+from zoo.train.checkpoint import load_checkpoint
+from zoo.train.console import say
+from zoo.train.evaluate import collect_logits, gather_by_index
+from zoo.train.metrics import summarize, summarize_multilabel
+from zoo.train.run_dir import RunDir
+from zoo.train.state import restore, snapshot
+from zoo.train.strategy import set_phase, train_mode
+
+
+def forward(parts: RunParts, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``, under autocast with ``--amp``."""
+    amp = parts.cfg.amp
+    if amp:
+        dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+        with torch.autocast(parts.device.type, dtype=dtype):
+            return module(x)
+    return module(x)
+
+
+def commit(parts: RunParts, run: RunDir) -> None:
+    """Commit the run's state to ``last.pt`` (best/top-k/metrics follow from it at an epoch's
+    end). Every rank calls it at the same step; only rank 0 writes."""
+    stats = parts.comm.gather_stats(parts.state.epoch_stats)
+    if parts.comm.is_main:
+        run.commit(snapshot(parts, stats))
+
+
+def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float] | None:
+    """Train from the state's position to the epoch's end.
+
+    Returns:
+        The epoch's training metrics; None when non-finite losses rolled the run back to its
+        last checkpoint (the state is then that checkpoint's: the caller starts over).
+
+    Raises:
+        TrainingError: non-finite losses persist after ``--max-rollbacks`` rollbacks.
+    """
+    cfg, comm, s = parts.cfg, parts.comm, parts.state
+    frozen = set_phase(parts.groups, cfg.strategy or "full", cfg.freeze_epochs, s.epoch)
+    train_mode(parts.trained, parts.groups, frozen)
+    parts.train_sampler.set_epoch(s.epoch)
+    parts.train_sampler.set_position(s.step_in_epoch)
+    if hasattr(parts.train_set, "set_epoch"):
+        parts.train_set.set_epoch(s.epoch)
+    task = (
+        progress.add_task(
+            f"epoch {s.epoch + 1}/{cfg.epochs}",
+            total=parts.steps_per_epoch,
+            completed=s.step_in_epoch,
+            info="",
+        )
+        if progress is not None
+        else None
+    )
+    s.consecutive_nonfinite = 0
+    wait = compute = 0.0
+    seen = 0
+    t_epoch = t_ready = time.perf_counter()
+    for x, y, idx in parts.train_loader:
+        t_got = time.perf_counter()
+        wait += t_got - t_ready
+        x, y = move_to((x, y), parts.device, non_blocking=True)
+        if cfg.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        parts.optimizer.zero_grad(set_to_none=True)
+        logits = forward(parts, parts.train_forward, x)
+        loss = parts.loss_fn(logits.float(), y)
+        parts.scaler.scale(loss).backward()
+        # One host sync per step, after backward is queued: loss, correct count, finiteness.
+        hits = ((logits > 0) == (y > 0.5)).all(1) if cfg.multi_label else logits.argmax(1) == y
+        loss_v, correct = torch.stack([loss.detach(), hits.sum().float()]).tolist()
+        if not comm.all_finite(loss_v):  # skip the step: NaN/inf never reaches the weights
+            if _nonfinite(parts, run, idx):
+                if task is not None:
+                    progress.remove_task(task)
+                return None
+        else:
+            s.consecutive_nonfinite = 0
+            if cfg.clip_grad_norm:
+                parts.scaler.unscale_(parts.optimizer)
+                nn.utils.clip_grad_norm_(parts.model.parameters(), cfg.clip_grad_norm)
+            if cfg.log_grad_norms and comm.is_main and s.global_step % 50 == 0:
+                run.log_grad_norms(parts.model, s.global_step)
+            parts.scaler.step(parts.optimizer)
+            parts.scaler.update()
+            s.epoch_stats["loss"] += loss_v * len(y)  # a float: no graph kept alive
+            s.epoch_stats["correct"] += int(correct)
+            s.epoch_stats["n"] += len(y)
+        parts.scheduler.step()
+        s.global_step += 1
+        s.step_in_epoch += 1
+        seen += len(y)
+        t_ready = time.perf_counter()
+        compute += t_ready - t_got
+        if cfg.save_every_steps and s.global_step % cfg.save_every_steps == 0:
+            commit(parts, run)
+        if task is not None:
+            n = max(1, s.epoch_stats["n"])
+            progress.update(
+                task,
+                advance=1,
+                info=f"loss {s.epoch_stats['loss'] / n:.4f} acc {s.epoch_stats['correct'] / n:.3f} "
+                f"{seen * comm.world / max(1e-9, t_ready - t_epoch):.0f} img/s data-wait "
+                f"{wait / max(1e-9, wait + compute):.0%}",
+            )
+    # Logged for the whole global batch, not rank 0's shard.
+    loss_sum, correct_sum, n_sum = comm.sum(
+        [s.epoch_stats["loss"], float(s.epoch_stats["correct"]), float(s.epoch_stats["n"])]
+    )
+    n = max(1.0, n_sum)
+    return {
+        "train/loss": loss_sum / n,
+        "train/acc": correct_sum / n,
+        "data_wait": wait / max(1e-9, wait + compute),
+        "img_per_s": seen * comm.world / max(1e-9, time.perf_counter() - t_epoch),
+        "epoch_s": time.perf_counter() - t_epoch,
+    }
+
+
+def validate(parts: RunParts) -> dict[str, Any]:
+    """Metrics of the current weights on the validation split (every rank's shard, gathered)."""
+    module = parts.trained
+    parts.comm.broadcast_buffers(module)  # every shard judged with rank 0's (saved) BN stats
+    was = module.training
+    module.eval()
+    try:
+        # The plain module, not the DDP wrapper: its forward is a collective, and ranks may
+        # hold different numbers of validation batches.
+        logits, targets = gather_by_index(
+            *collect_logits(
+                lambda x: forward(parts, module, x),
+                parts.val_loader,
+                parts.device,
+                channels_last=parts.cfg.channels_last,
+            )
+        )
+    finally:
+        module.train(was)
+    if parts.cfg.multi_label:  # exact-match accuracy, per-class thresholds tuned on val
+        return summarize_multilabel(logits, targets, parts.data.classes)
+    return summarize(logits, targets, parts.data.classes)
+
+
+def _nonfinite(parts: RunParts, run: RunDir, idx: torch.Tensor) -> bool:
+    """Count a skipped step; after ``--max-nonfinite`` in a row, roll back to the last
+    checkpoint with half the LR. Returns whether it rolled back."""
+    cfg, s = parts.cfg, parts.state
+    s.nonfinite_skipped += 1
+    s.consecutive_nonfinite += 1
+    if s.consecutive_nonfinite < cfg.max_nonfinite:
+        return False
+    files = [str(parts.data.samples["train"][int(i)][0]) for i in idx[:5]]
+    where = f"epoch {s.epoch}, step {s.step_in_epoch} (global {s.global_step})"
+    if s.rollbacks >= cfg.max_rollbacks or not run.last_path.exists():
+        raise TrainingError(
+            f"Loss is not finite at {where} after {s.rollbacks} rollback(s) with halved LR. "
+            f"Files in the offending batch: {', '.join(files) or 'n/a'}. Try: --lr "
+            f"{(cfg.lr or 1e-3) / 10:g} (10× lower), check the labels and that inputs hold no "
+            "NaN, --clip-grad-norm 1.0, or --detect-anomaly to find the op that produced it."
+        )
+    parts.comm.barrier()  # rank 0 has finished writing last.pt
+    rollbacks = s.rollbacks + 1
+    restore(parts, load_checkpoint(run.last_path), str(run.path))
+    if parts.comm.is_main:
+        run.drop_pending()  # the replay logs these steps again
+    s.rollbacks = rollbacks
+    s.lr_scale *= 0.5
+    say(
+        f"warning: {cfg.max_nonfinite} non-finite losses in a row at {where}: rolled back to "
+        f"the last checkpoint with LR × {s.lr_scale:g}"
+    )
+    return True

@@ -1,0 +1,73 @@
+"""The first step of a run: every default, derived value and check of the configuration, before
+anything is built or written. What comes out is frozen; the rest of the run only reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from zoo.device import pick_device
+from zoo.errors import InputError
+from zoo.factory import resolve, weight_source
+from zoo.train.config import TrainConfig
+from zoo.train.resume import prepare_resume
+from zoo.train.run_dir import RunDir
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run's resolved configuration and, for ``--resume``, where it continues from."""
+
+    cfg: TrainConfig
+    run: RunDir | None = None  # --resume: the run's folder (a new run's appears once it trains)
+    checkpoint: dict[str, Any] | None = None  # --resume: its last commit (None: killed before one)
+    extended: bool = False  # --resume --extend N: config.json gets the new segment on repair
+
+
+def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Resolved:
+    """Fill in every "choose for me" option and check the combination.
+
+    Args:
+        options: what the user asked for (``None`` fields: the default).
+        explicit: the options the user typed; ``--resume`` refuses a change to any of them.
+
+    Returns:
+        The resolved configuration (``--resume``: the run's own, with the runtime options
+        applied) and the run to continue, if any.
+
+    Raises:
+        InputError: an impossible combination (a frozen backbone with random weights, a
+            feature cache without ``--strategy linear``, ``--amp`` without CUDA).
+        CheckpointError: ``--resume`` of something that is not a run, a changed option, or
+            a run that already finished.
+        UnknownModelError / ModelRefError: the model reference does not resolve.
+    """
+    run = checkpoint = None
+    cfg = options
+    if options.resume:
+        cfg, run, checkpoint = prepare_resume(options, explicit)
+    entry, _ = resolve(cfg.model)
+    pretrained = weight_source(entry.info, cfg.weights).kind != "none"
+    strategy = cfg.strategy or ("gradual" if pretrained else "full")
+    if not pretrained and strategy != "full":
+        raise InputError(
+            f"--strategy {strategy} freezes a backbone, but {cfg.model} has random weights "
+            "(--weights none or no pretrained weights): random-init models train fully. "
+            "Use --strategy full."
+        )
+    if cfg.cache_features and strategy != "linear":
+        raise InputError(
+            "--cache-features needs --strategy linear (a backbone that never changes)."
+        )
+    if cfg.amp and pick_device(cfg.device).type != "cuda":
+        raise InputError(f"--amp {cfg.amp} needs CUDA; this run is on the CPU. Drop --amp.")
+    resolved = replace(
+        cfg,
+        strategy=strategy,
+        monitor=cfg.monitor or ("val/macro_f1" if cfg.multi_label else "val/acc"),
+        lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adamw" else 0.1),
+        schedule_segments=cfg.schedule_segments
+        or ({"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule},),
+    )
+    return Resolved(resolved, run, checkpoint, extended=bool(options.extend))
