@@ -2,40 +2,27 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from zoo.cli.common import JsonOpt, choice_argument, err, out, print_json
+from zoo.cli.common import JsonOpt, choice, choice_argument, err, out, print_json
 from zoo.samples import Example
+from zoo.train.config import (
+    AmpDtype,
+    Monitor,
+    OptimizerName,
+    ScheduleName,
+    Strategy,
+    option_defaults,
+)
 
-
-class StrategyName(str, Enum):
-    linear = "linear"
-    full = "full"
-    gradual = "gradual"
-
-
-class OptimName(str, Enum):
-    adamw = "adamw"
-    sgd = "sgd"
-
-
-class ScheduleName(str, Enum):
-    cosine = "cosine"
-    onecycle = "onecycle"
-    constant = "constant"
-
-
-class AmpName(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-
+# Every default and choice comes from TrainConfig; only the help text and spelling live here.
+D = option_defaults()
 
 # Option names whose CLI spelling differs from the TrainConfig field.
-_FIELD = {"arch": "model", "amp_dtype": "amp"}
+_FIELD = {"arch": "model"}
 
 
 def finetune_cmd(
@@ -53,78 +40,110 @@ def finetune_cmd(
         typer.Option(
             help="'none' for random init, or a safetensors file/folder; default: the entry's own"
         ),
-    ] = None,
+    ] = D["weights"],
     strategy: Annotated[
-        StrategyName | None,
-        typer.Option(
-            help="linear | full | gradual (default: gradual when pretrained, full from scratch)"
+        Strategy | None,
+        choice(
+            Strategy,
+            "--strategy",
+            help="default: gradual when pretrained, full from scratch (random weights)",
         ),
-    ] = None,
-    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    ] = D["strategy"],
+    epochs: Annotated[int, typer.Option(min=1)] = D["epochs"],
     freeze_epochs: Annotated[
         int, typer.Option(min=0, help="gradual: epochs with the backbone frozen")
-    ] = 1,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="per process")] = 32,
+    ] = D["freeze_epochs"],
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="per process")] = D[
+        "batch_size"
+    ],
     lr: Annotated[
         float | None, typer.Option(help="head learning rate (default 1e-3 AdamW, 0.1 SGD)")
-    ] = None,
-    backbone_lr_mult: Annotated[float, typer.Option(help="backbone LR = lr × this")] = 0.1,
-    weight_decay: float = 0.05,
-    optimizer: OptimName = OptimName.adamw,
-    schedule: ScheduleName = ScheduleName.cosine,
-    warmup_epochs: float = 0.5,
-    label_smoothing: float = 0.0,
+    ] = D["lr"],
+    backbone_lr_mult: Annotated[float, typer.Option(help="backbone LR = lr × this")] = D[
+        "backbone_lr_mult"
+    ],
+    weight_decay: float = D["weight_decay"],
+    optimizer: Annotated[OptimizerName, choice(OptimizerName, "--optimizer")] = D["optimizer"],
+    schedule: Annotated[
+        ScheduleName, choice(ScheduleName, "--schedule", help="LR schedule, stepped per batch")
+    ] = D["schedule"],
+    momentum: Annotated[float, typer.Option(help="SGD momentum (Nesterov)")] = D["momentum"],
+    warmup_epochs: float = D["warmup_epochs"],
+    label_smoothing: float = D["label_smoothing"],
     multi_label: Annotated[
         bool,
         typer.Option(help="DIR/labels.csv (path,labels) → BCEWithLogits, per-class thresholds"),
-    ] = False,
-    clip_grad_norm: Annotated[float | None, typer.Option(help="e.g. 1.0")] = None,
-    amp_dtype: Annotated[
-        AmpName | None, typer.Option("--amp", help="mixed precision on CUDA")
-    ] = None,
-    channels_last: bool = False,
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model")] = False,
+    ] = D["multi_label"],
+    clip_grad_norm: Annotated[float | None, typer.Option(help="e.g. 1.0")] = D["clip_grad_norm"],
+    amp: Annotated[AmpDtype | None, choice(AmpDtype, "--amp", help="mixed precision on CUDA")] = D[
+        "amp"
+    ],
+    channels_last: bool = D["channels_last"],
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model")] = D[
+        "compile"
+    ],
     val_fraction: Annotated[
         float, typer.Option(help="flat folders: share held out for validation")
-    ] = 0.2,
-    seed: int = 0,
-    device: str = "auto",
-    num_workers: Annotated[
-        int | None, typer.Option(help="DataLoader workers (default: auto)")
-    ] = None,
-    augment: Annotated[bool, typer.Option(help="online augmentation in training")] = True,
+    ] = D["val_fraction"],
+    seed: int = D["seed"],
+    device: str = D["device"],
+    num_workers: Annotated[int | None, typer.Option(help="DataLoader workers (default: auto)")] = D[
+        "num_workers"
+    ],
+    augment: Annotated[bool, typer.Option(help="online augmentation in training")] = D["augment"],
     cache_features: Annotated[
         bool, typer.Option(help="linear: train the head on cached backbone features")
-    ] = False,
+    ] = D["cache_features"],
+    monitor: Annotated[
+        Monitor | None,
+        choice(
+            Monitor,
+            "--monitor",
+            help="picks the best checkpoint, drives --patience (default: val/acc; "
+            "val/macro_f1 with --multi-label)",
+        ),
+    ] = D["monitor"],
     patience: Annotated[
         int | None, typer.Option(help="early stopping after N epochs without improvement")
-    ] = None,
-    save_every_steps: Annotated[
-        int | None, typer.Option(help="also checkpoint every N steps")
-    ] = None,
-    top_k_checkpoints: int = 0,
+    ] = D["patience"],
+    save_every_steps: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = D[
+        "save_every_steps"
+    ],
+    top_k_checkpoints: int = D["top_k_checkpoints"],
     strict_data: Annotated[
         bool, typer.Option(help="unreadable images are fatal instead of quarantined")
-    ] = False,
-    image_size: Annotated[int | None, typer.Option(help="override the model's input size")] = None,
-    sync_bn: bool = False,
-    detect_anomaly: bool = False,
-    log_grad_norms: bool = False,
+    ] = D["strict_data"],
+    max_nonfinite: Annotated[
+        int,
+        typer.Option(
+            min=1, help="non-finite losses in a row (each step skipped) before a rollback"
+        ),
+    ] = D["max_nonfinite"],
+    max_rollbacks: Annotated[
+        int,
+        typer.Option(min=0, help="rollbacks to the last checkpoint with half the LR, then stop"),
+    ] = D["max_rollbacks"],
+    image_size: Annotated[int | None, typer.Option(help="override the model's input size")] = D[
+        "image_size"
+    ],
+    sync_bn: bool = D["sync_bn"],
+    detect_anomaly: bool = D["detect_anomaly"],
+    log_grad_norms: bool = D["log_grad_norms"],
     dry_run: Annotated[
         bool, typer.Option(help="check shapes, count parameters, estimate time; no training")
-    ] = False,
-    runs_root: Annotated[str, typer.Option("--runs", help="where run folders go")] = "runs",
+    ] = D["dry_run"],
+    runs_root: Annotated[str, typer.Option("--runs", help="where run folders go")] = D["runs_root"],
     name: Annotated[
         str | None, typer.Option(help="run name (default: ARCH-DATA, auto-incremented)")
-    ] = None,
+    ] = D["name"],
     resume: Annotated[
         str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
-    ] = None,
-    extend: Annotated[int, typer.Option(min=0, help="with --resume: add N epochs")] = 0,
+    ] = D["resume"],
+    extend: Annotated[int, typer.Option(min=0, help="with --resume: add N epochs")] = D["extend"],
     nproc: Annotated[
         int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
     ] = 1,
-    progress: Annotated[bool, typer.Option(help="rich progress bar")] = True,
+    progress: Annotated[bool, typer.Option(help="rich progress bar")] = D["progress"],
 ) -> None:
     """Fine-tune a model on a folder of images (e.g. zoo finetune resnet18 --data ./fish)."""
     from zoo.train.config import TrainConfig
@@ -145,7 +164,7 @@ def finetune_cmd(
         # typer vendors its own click: compare the enum by name, not identity
         if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     )
-    values = {_FIELD.get(k, k): (v.value if isinstance(v, Enum) else v) for k, v in params.items()}
+    values = {_FIELD.get(k, k): v for k, v in params.items()}
     del values["nproc"]  # how many processes run it, not part of the run's config
     values["model"] = values.get("model") or ""
     values["data"] = values.get("data") or ""

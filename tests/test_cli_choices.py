@@ -109,3 +109,31 @@ def test_train_config_refuses_unknown_keys() -> None:
         TrainConfig.from_dict({**cfg.to_dict(), "epoch": 3})
     with pytest.raises(ConfigError, match=r"lacks the required key 'data'"):
         TrainConfig.from_dict({"model": "mlp"})
+
+
+def test_finetune_options_are_the_train_config_fields_with_its_defaults() -> None:
+    """One source: a field added to TrainConfig without an option, or an option whose default
+    drifts from the config's, fails here."""
+    import typer.main
+
+    from zoo.cli.app import app
+    from zoo.train.config import TrainConfig, option_defaults
+
+    command = typer.main.get_command(app).commands["finetune"]  # type: ignore[attr-defined]
+    params = {p.name: p for p in command.params}
+    internal = {"schedule_segments", "run_dir"}  # written by the run itself, never typed
+    fields = set(TrainConfig.__dataclass_fields__) - internal - {"model"}
+    assert fields <= set(params), sorted(fields - set(params))
+    assert set(params) - fields == {"arch", "nproc"}  # the model, and how many processes
+    for name, default in option_defaults().items():
+        if name not in internal:
+            assert params[name].default == default, name
+
+
+def test_a_training_choice_typo_exits_2_with_a_did_you_mean(tmp_path: Path) -> None:
+    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--optimizer", "adamm")
+    assert r.returncode == 2, r.stderr
+    assert "optimizer 'adamm'" in r.stderr and "adamw" in r.stderr
+    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--monitor", "val/f1")
+    assert r.returncode == 2 and "val/macro_f1" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()

@@ -8,12 +8,18 @@ afterwards: a change is a new value (``dataclasses.replace``).
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
 from zoo.errors import ConfigError
 
 Strategy = Literal["linear", "full", "gradual"]
+"""Which parameters train and when (see ``strategy.py``)."""
+OptimizerName = Literal["adamw", "sgd"]
+ScheduleName = Literal["cosine", "onecycle", "constant"]
+AmpDtype = Literal["bf16", "fp16"]
+Monitor = Literal["val/acc", "val/loss", "val/macro_f1"]
+"""What picks the best checkpoint and drives early stopping."""
 
 # Keys that may differ between a run and its --resume without changing the result.
 RUNTIME_KEYS = frozenset(
@@ -44,13 +50,13 @@ class TrainConfig:
     lr: float | None = None  # head LR; default 1e-3 (AdamW) / 0.1 (SGD)
     backbone_lr_mult: float = 0.1
     weight_decay: float = 0.05
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: OptimizerName = "adamw"
     momentum: float = 0.9
-    schedule: Literal["cosine", "onecycle", "constant"] = "cosine"
+    schedule: ScheduleName = "cosine"
     warmup_epochs: float = 0.5
     label_smoothing: float = 0.0
     clip_grad_norm: float | None = None
-    amp: Literal["bf16", "fp16"] | None = None
+    amp: AmpDtype | None = None
     channels_last: bool = False
     compile: bool = False
     multi_label: bool = False
@@ -62,7 +68,7 @@ class TrainConfig:
     cache_features: bool = False
     patience: int | None = None
     # best checkpoint / early stopping; default: val/acc, or val/macro_f1 with --multi-label
-    monitor: Literal["val/acc", "val/loss", "val/macro_f1"] | None = None
+    monitor: Monitor | None = None
     save_every_steps: int | None = None
     top_k_checkpoints: int = 0
     strict_data: bool = False
@@ -108,3 +114,9 @@ class TrainConfig:
         if missing:
             raise ConfigError(f"The training config lacks the required key {missing[0]!r}.")
         return cls(**{**d, "schedule_segments": tuple(d.get("schedule_segments", ()))})
+
+
+def option_defaults() -> dict[str, Any]:
+    """Each option's default (``None``: zoo chooses, see :func:`resolve_config`): the CLI's
+    options read theirs from here."""
+    return {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
