@@ -198,7 +198,7 @@ def eval_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
-    from zoo.train.eval_cli import run_eval
+    from zoo.train.evaluate import run_eval
 
     result = run_eval(
         model, data=data, split=split, batch_size=batch_size, device=device, num_workers=num_workers

@@ -1,14 +1,26 @@
-"""Validation/evaluation passes: eval mode + inference mode, predictions gathered across
-ranks without the duplicates that sampler padding would add."""
+"""Evaluation: the passes validation and ``zoo eval`` share (eval mode + inference mode,
+predictions gathered across ranks without the duplicates sampler padding would add), and
+:func:`run_eval`, ``zoo eval`` itself."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader
+
+from zoo.device import pick_device
+from zoo.errors import DataError
+from zoo.factory import create_model, info_of
+from zoo.ref import ModelRef
+from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
+from zoo.train.metrics import summarize, summarize_multilabel
+from zoo.transforms import eval_transform
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -57,3 +69,78 @@ def evaluate_model(
         return gather_by_index(*collect_logits(model, batches, device, **kw))
     finally:
         model.train(was_training)
+
+
+def _splits_for(model_arg: str, data: str | None) -> Splits:
+    ref = ModelRef.parse(model_arg)
+    split_file = ref.path / "split.json" if ref.kind == "run" else None
+    if split_file is not None and split_file.exists():
+        saved = Splits.from_json(json.loads(split_file.read_text()))
+        if data is None or Path(data).resolve() == saved.root:
+            return saved
+    if data is None:
+        raise DataError(f"{model_arg} is not a run folder with a split.json: pass --data DIR.")
+    return scan(data)
+
+
+def run_eval(
+    model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
+) -> dict[str, Any]:
+    """``zoo eval``: a model's metrics on an image folder, its classes matched by name.
+
+    Args:
+        model_arg: a model reference (a run folder evaluates its own ``split.json``).
+        data: the image folder (default: a run's own data).
+        split: ``val``, ``train`` or ``all`` (a foreign flat folder: every image).
+        batch_size: images per forward pass.
+        device: ``auto``, ``cpu``, ``cuda``….
+        num_workers: DataLoader workers.
+
+    Returns:
+        The model, data and split, with :func:`summarize`'s (or, multi-label,
+        :func:`summarize_multilabel`'s) metrics: accuracy, top-5, loss, macro-F1, per class.
+
+    Raises:
+        DataError: no such split, a class the model does not know, or no class names.
+        Everything :func:`zoo.create_model` raises.
+    """
+    dev = pick_device(device)
+    model = create_model(model_arg).to(dev)
+    info = info_of(model)
+    splits = _splits_for(model_arg, data)
+    if split not in splits.files:
+        if splits.layout == "flat" and data is not None and split == "val":
+            split = "all"  # a foreign flat folder: evaluate every image
+        else:
+            raise DataError(
+                f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)})."
+            )
+    names = list(info.label_names or [])
+    if not names:
+        raise DataError(f"{model_arg} has no class names to match the folder's classes against.")
+    index = {c: i for i, c in enumerate(names)}
+    items = (
+        [it for k, v in splits.files.items() for it in v] if split == "all" else splits.files[split]
+    )
+    unknown = sorted({c for _, cls in items for c in cls.split(MULTI_SEP) if c not in index})
+    if unknown:
+        raise DataError(
+            f"Classes {', '.join(unknown)} in {splits.root} are not among the model's "
+            f"{len(names)} classes; evaluation matches classes by name."
+        )
+    if info.multi_label:
+        hot = torch.eye(len(names))
+        samples: list[tuple[Path, Any]] = [
+            (splits.root / rel, hot[[index[c] for c in cls.split(MULTI_SEP)]].sum(0))
+            for rel, cls in items
+        ]
+    else:
+        samples = [(splits.root / rel, index[cls]) for rel, cls in items]
+    ds = ImageFolderDataset(samples, eval_transform(info))
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+    logits, targets = evaluate_model(model, loader, dev)
+    if info.multi_label:  # thresholds re-tuned on this split, as in training
+        result = summarize_multilabel(logits, targets, names)
+    else:
+        result = summarize(logits, targets, names)
+    return {"model": model_arg, "data": str(splits.root), "split": split, **result}

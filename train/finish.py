@@ -8,15 +8,14 @@ then ``report.json``, the finishing step's commit. It names the checkpoint it fi
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from zoo.artifact import save_model_folder
+from zoo import durable
+from zoo.artifact import WEIGHTS_FILE, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.metadata import WeightSource
-from zoo.train import durable
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.weights import sha256_file
 
@@ -116,14 +115,8 @@ def finish_run(r: RunResult) -> None:
         plot_curves(state.history, run / "curves.png")
     if "confusion_matrix" in val:  # single-label only
         plot_confusion(val["confusion_matrix"], data.classes, run / "confusion_matrix.png")
-    model_dir = run / "model"
-    staging = durable.temp_path(model_dir, folder=True)
-    try:
-        built = save_model_folder(r.parts.model, staging / "model", config, str(card))
-        weights_sha256 = sha256_file(built / "model.safetensors")
-        durable.replace_dir(built, model_dir, label="model")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    model_dir = save_model_folder(r.parts.model, run / "model", config, str(card), label="model")
+    weights_sha256 = sha256_file(model_dir / WEIGHTS_FILE)
     load_report = r.parts.load_report
     report = {
         "run": str(run),

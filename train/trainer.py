@@ -25,13 +25,12 @@ from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.finish import RunResult, finish_run
-from zoo.train.loop import commit, train_epoch, validate
+from zoo.train.loop import commit, restore, train_epoch, validate
 from zoo.train.preflight import preflight
 from zoo.train.progress import make_progress
 from zoo.train.resolve import Resolved, resolve_config
 from zoo.train.resume import repair_run
 from zoo.train.run_dir import RunDir, publish_run_dir
-from zoo.train.state import restore
 
 
 def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | None:

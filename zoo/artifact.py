@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zoo import durable
 from zoo.errors import ArtifactError
 from zoo.metadata import ModelInfo, WeightSource
 from zoo.preprocessing import Preprocessing
@@ -37,15 +37,9 @@ def zoo_version() -> str:
         return "0+unknown"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Atomically write ``obj`` as JSON (not a run's fault point: see :mod:`zoo.durable`)."""
+    durable.write_json(path, obj, label=None)
 
 
 def is_model_folder(path: str | os.PathLike[str]) -> bool:
@@ -131,11 +125,26 @@ def save_model_folder(
     config: dict[str, Any],
     card: str,
     onnx_path: Path | None = None,
+    *,
+    label: str | None = None,
 ) -> Path:
-    """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in."""
+    """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in
+    (:func:`zoo.durable.replace_dir`: a kill leaves the old complete folder, none, or the new).
+
+    Args:
+        model: its ``state_dict`` becomes ``model.safetensors``.
+        out_dir: the folder to write (replaced whole if it exists).
+        config: ``config.json``'s content (schema, version and weights hash are added).
+        card: the README.md model card.
+        onnx_path: an exported graph to include.
+        label: the swap's name as a fault point of a run (``None`` outside a run).
+
+    Returns:
+        ``out_dir``.
+    """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp = durable.temp_path(out, folder=True)
     from safetensors.torch import save_file
 
     try:
@@ -153,14 +162,7 @@ def save_model_folder(
         (tmp / CARD_FILE).write_text(card)
         if onnx_path is not None:
             shutil.copy2(onnx_path, tmp / ONNX_FILE)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        durable.replace_dir(tmp, out, label=label)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,4 +1,5 @@
-"""Every durable write of a run goes through this module: atomic, and countable.
+"""Every durable write of a run (and every artifact zoo writes) goes through this module:
+atomic, and, inside a run folder, countable.
 
 A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside its target,
 flushed and fsynced, then ``os.replace``-d over it: a kill at any moment leaves either the
@@ -89,8 +90,11 @@ def temp_path(target: Path, *, folder: bool = False) -> Path:
             continue
 
 
-def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str) -> None:
+def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str | None) -> None:
     """Atomically write ``path`` with what ``fill(file)`` writes into a binary file.
+
+    ``label`` names the write for fault injection; ``None`` for a write outside a run folder
+    (a cache, a lock file): atomic, but not a fault point.
 
     Raises:
         Whatever ``fill`` raises; the temporary file is removed and ``path`` is untouched.
@@ -102,24 +106,26 @@ def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str) -
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        inside()
+        if label is not None:
+            inside()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _sync_dir(path.parent)
-    boundary(label)
+    if label is not None:
+        boundary(label)
 
 
-def write_bytes(path: Path, data: bytes, *, label: str) -> None:
+def write_bytes(path: Path, data: bytes, *, label: str | None) -> None:
     write_with(path, lambda f: f.write(data), label=label)
 
 
-def write_text(path: Path, text: str, *, label: str) -> None:
+def write_text(path: Path, text: str, *, label: str | None) -> None:
     write_bytes(path, text.encode("utf-8"), label=label)
 
 
-def write_json(path: Path, obj: Any, *, label: str) -> None:
+def write_json(path: Path, obj: Any, *, label: str | None) -> None:
     write_text(path, json.dumps(obj, indent=2) + "\n", label=label)
 
 
@@ -137,13 +143,14 @@ def remove(path: Path, *, label: str) -> None:
         boundary(label)
 
 
-def replace_dir(src: Path, dst: Path, *, label: str) -> None:
+def replace_dir(src: Path, dst: Path, *, label: str | None) -> None:
     """Move the complete folder ``src`` to ``dst``, replacing an old ``dst``.
 
     Between the two renames there is no ``dst`` at all: a kill leaves either the old
-    complete folder, no folder, or the new complete one.
+    complete folder, no folder, or the new complete one. ``label``: as for :func:`write_with`.
     """
-    inside()
+    if label is not None:
+        inside()
     old = None
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old{TMP_SUFFIX}")
@@ -153,7 +160,8 @@ def replace_dir(src: Path, dst: Path, *, label: str) -> None:
     _sync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    boundary(label)
+    if label is not None:
+        boundary(label)
 
 
 def publish_dir(src: Path, dst: Path, *, label: str) -> bool:
