@@ -86,7 +86,8 @@ class RunParts:
 
 
 def build_run(resolved: Resolved) -> RunParts:
-    """Build every part of the run; with ``--resume``, restore its checkpoint into them.
+    """Build every part of the run, fresh (``fit`` then restores a ``--resume``'s checkpoint
+    into them: ``loop.restore``).
 
     Raises:
         DataError: no usable images in a split, unreadable images with ``--strict-data``, or
