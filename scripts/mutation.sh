@@ -45,6 +45,8 @@ MODULES=(
   "protocol|zoo/deploy/serve/protocol.py|tests/test_protocol.py tests/test_gates_protocol.py|"
   "batcher|zoo/deploy/serve/batcher.py|tests/test_batcher.py tests/test_gates_batcher.py|"
   "checkpoint|zoo/train/checkpoint.py zoo/train/resume.py|tests/test_gates_checkpoint.py tests/test_resume.py::test_each_rank_resumes_its_own_running_sums|"
+  "durable|zoo/durable.py|tests/test_gates_durable.py tests/test_crash_consistency.py::test_fault_point_kills_at_the_named_side_of_the_named_write|"
+  "run_dir|zoo/train/run_dir.py|tests/test_gates_run_dir.py tests/test_crash_consistency.py::test_top_k_is_a_function_of_the_history tests/test_crash_consistency.py::test_metrics_files_are_the_history_rows tests/test_crash_consistency.py::test_recover_redoes_everything_the_last_commit_implies|"
 )
 
 stage() {  # $1 = folder; the installed layout as plain copies (mutmut copies, never links)
