@@ -1,6 +1,6 @@
 """Resumable checkpoints: tensors and plain data only, written atomically.
 
-``torch.save`` goes through :mod:`zoo.train.durable` (a temporary file in the same folder,
+``torch.save`` goes through :mod:`zoo.durable` (a temporary file in the same folder,
 flushed and fsynced, then ``os.replace``-d over the old one): a kill at any moment leaves the
 previous good checkpoint. Loading uses ``torch.load(weights_only=True)``: nothing is unpickled.
 """
