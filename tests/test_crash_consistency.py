@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests import crash
-from zoo.train import durable
+from zoo import durable
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.run_dir import RunDir, metrics_files, top_k_name, top_k_rows
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from zoo import durable
 from zoo.errors import CheckpointError
-from zoo.train import durable, resume
+from zoo.train import resume
 from zoo.train.checkpoint import load_checkpoint, save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.run_dir import RunDir

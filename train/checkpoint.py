@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from zoo import durable
 from zoo.errors import CheckpointError
-from zoo.train import durable
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -12,9 +12,9 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
+from zoo import durable
 from zoo.artifact import save_model_folder
 from zoo.cards import finetuned_card
-from zoo.train import durable
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.weights import sha256_file
 

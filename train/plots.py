@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from zoo.train import durable
+from zoo import durable
 
 
 def _save(fig: Any, out: Path) -> None:

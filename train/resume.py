@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoo import durable
 from zoo.errors import CheckpointError
-from zoo.train import durable
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import RUNTIME_KEYS, TrainConfig
 from zoo.train.console import say

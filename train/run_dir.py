@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from zoo.train import durable
+from zoo import durable
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.config import TrainConfig
 

@@ -1,4 +1,5 @@
-"""Every durable write of a run goes through this module: atomic, and countable.
+"""Every durable write (a training run's folder, `zoo predict --out`'s chunks) goes through
+this module: atomic, and countable.
 
 A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside its target,
 flushed and fsynced, then ``os.replace``-d over it: a kill at any moment leaves either the
