@@ -240,9 +240,10 @@ def _predict_to_file(
     t0 = time.perf_counter()
 
     def advance(handled: int, skipped: int) -> None:
-        nonlocal task
+        nonlocal task, t0
         if task is None:  # after the resumed part is skipped: the rate counts this run only
             total = count_inputs(inputs)
+            t0 = time.perf_counter()
             task = bar.add_task("predict", total=total, completed=skipped, rate="")
         rate = handled / max(time.perf_counter() - t0, 1e-9)
         bar.update(task, completed=skipped + handled, rate=f"{rate:,.1f} img/s")
