@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -147,17 +149,72 @@ def export_cmd(
         err.print("warning: parity FAILED (written because of --allow-mismatch)")
 
 
+InputsArg = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="INPUTS...",
+        help="image files, folders (recursive), globs ('photos/**/*.jpg', quoted) or text "
+        "files listing image paths (one per line, relative to the list's folder)",
+    ),
+]
+
+
 def predict_cmd(
     model: ModelOrOnnxArg,
-    images: Annotated[list[Path], typer.Argument(help="image files")],
+    inputs: InputsArg,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = 5,
     device: str = "cpu",
+    out_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="write one row per image to a .csv, .jsonl or .parquet file, streamed in "
+            "chunks; after a kill the same command resumes; unreadable files are listed in "
+            "FILE.errors.jsonl",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="--out: images per model call")
+    ] = 32,
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk-size", min=1, help="--out: inputs per committed chunk (what a kill can cost)"
+        ),
+    ] = 1024,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=1, help="--out: decoding threads; default: the CPUs available"
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="--out: stop at the first file that cannot be read")
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="--out: replace the file and discard an interrupted job"),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata."""
-    from zoo.deploy.predict import predict
+    """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
 
-    results = predict(model, [str(p) for p in images], k=top_k, device=device)
+    Without --out the labels are printed (a few images, all in memory); with --out any number
+    of images are scored into a file, resumably.
+    """
+    if out_file is not None:
+        _predict_to_file(
+            model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
+            chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
+            as_json=as_json,
+        )  # fmt: skip
+        return
+    if strict or overwrite:
+        raise typer.BadParameter("--strict and --overwrite apply to --out only.")
+    from zoo.deploy.predict import predict
+    from zoo.deploy.predict_inputs import iter_inputs
+
+    results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device)
     if as_json:
         print_json(results)
         return
@@ -165,6 +222,48 @@ def predict_cmd(
         out.print(f"{r['image']}:")
         for p in r["top"]:
             out.print(f"  {p['score']:.4f}  {p['label']}")
+
+
+def _predict_to_file(
+    model: str, inputs: list[str], out_file: Path, *, as_json: bool, **options: Any
+) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from zoo.deploy.batch_predict import predict_to_file
+    from zoo.deploy.predict_inputs import count_inputs
+
+    bar = Progress(
+        "predict", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        "{task.fields[rate]}", console=err, transient=True,
+    )  # fmt: skip
+    task = None
+    t0 = time.perf_counter()
+
+    def advance(handled: int, skipped: int) -> None:
+        nonlocal task, t0
+        if task is None:  # after the resumed part is skipped: the rate counts this run only
+            total = count_inputs(inputs)
+            t0 = time.perf_counter()
+            task = bar.add_task("predict", total=total, completed=skipped, rate="")
+        rate = handled / max(time.perf_counter() - t0, 1e-9)
+        bar.update(task, completed=skipped + handled, rate=f"{rate:,.1f} img/s")
+
+    with bar if err.is_terminal else nullcontext():
+        s = predict_to_file(
+            model, inputs, out_file, on_progress=advance if err.is_terminal else None, **options
+        )
+    if as_json:
+        print_json(s.to_dict())
+        return
+    errors = (
+        f"{s.errors:,} unreadable (listed in {s.errors_file})"
+        if s.errors_file
+        else "none unreadable"
+    )
+    err.print(
+        f"predicted {s.done:,} inputs → {s.out}: {s.rows:,} rows, {s.skipped:,} skipped as "
+        f"already done, {errors}; {s.seconds:.1f} s, {s.images_per_s:,.1f} images/s"
+    )
 
 
 def compare_jit_cmd(

@@ -1,25 +1,144 @@
 """``zoo predict``: top-k labels from an ONNX file (metadata only, no model code) or from a
-registry entry / run through PyTorch."""
+registry entry / run through PyTorch.
+
+:func:`load_scorer` loads a model once into a :class:`Scorer`: the per-image preprocessing
+(thread-safe, so decode workers run it) and the batched scoring. :func:`predict` (a few files,
+in memory) and :func:`zoo.deploy.batch_predict.predict_to_file` (millions, streamed to a file)
+both use it, so they give the same scores."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
+from PIL import Image
 
 from zoo.deploy.preprocess import scores
 from zoo.images import open_image
 from zoo.ref import ModelRef
 
 
-def predict(
-    model: str | ModelRef, images: list[str], *, k: int = 5, device: str = "cpu"
-) -> list[dict[str, Any]]:
-    """Top-``k`` labels of each image.
+@dataclass(frozen=True)
+class Scorer:
+    """A model loaded for prediction.
+
+    Attributes:
+        prepare: decoded image → ``(C, H, W)`` float32 array, as the model's eval transform
+            makes it (pure: safe to call from several threads).
+        score: ``(N, C, H, W)`` batch → ``(N, classes)`` float64 scores (softmax, or one
+            sigmoid per class for a multi-label model).
+        labels: class names (may be empty: an index then names its class).
+        num_classes: the width of ``score``'s output.
+        multi_label: independent per-class scores.
+        thresholds: multi-label decision threshold per class (None: 0.5 for every class).
+        identity: what names this model for a resumed job (reference, and for a file its
+            size and modification time).
+    """
+
+    prepare: Callable[[Image.Image], np.ndarray]
+    score: Callable[[np.ndarray], np.ndarray]
+    labels: tuple[str, ...]
+    num_classes: int
+    multi_label: bool = False
+    thresholds: tuple[float, ...] | None = None
+    identity: dict[str, Any] = field(default_factory=dict)
+
+    def label(self, i: int) -> str:
+        return self.labels[i] if i < len(self.labels) else str(i)
+
+    def top(self, row: np.ndarray, k: int) -> list[dict[str, Any]]:
+        """The ``k`` best classes of one score row, best first (ties: lower index first)."""
+        return [
+            {"label": self.label(int(i)), "index": int(i), "score": float(row[i])}
+            for i in np.argsort(-row, kind="stable")[:k]
+        ]
+
+    def decided(self, row: np.ndarray) -> list[str]:
+        """Multi-label: the classes whose score reaches their threshold, in class order."""
+        cut = np.asarray(self.thresholds) if self.thresholds else np.full(len(row), 0.5)
+        return [self.label(int(i)) for i in np.flatnonzero(row >= cut)]
+
+
+def _identity(ref: ModelRef, device: str) -> dict[str, Any]:
+    ident: dict[str, Any] = {"model": str(ref), "device": device}
+    if ref.is_path:
+        path = ref.path if ref.kind == "onnx" else ref.model_folder / "model.safetensors"
+        ident["path"] = os.path.abspath(ref.path)
+        if path.exists():
+            st = path.stat()
+            ident.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    return ident
+
+
+def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
+    """Load a model for prediction, once.
 
     Args:
         model: a model reference: an ``.onnx`` file runs in ONNX Runtime from its embedded
             metadata alone; anything else is built with :func:`zoo.create_model`.
+        device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+
+    Returns:
+        The loaded :class:`Scorer`.
+
+    Raises:
+        ModelRefError / UnknownModelError: the reference does not parse.
+        Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
+    """
+    ref = ModelRef.parse(model)
+    if ref.kind == "onnx":
+        from zoo.deploy.preprocess import preprocess
+        from zoo.deploy.runtime import OnnxClassifier
+
+        clf = OnnxClassifier(str(ref.path), device=device)
+        width = clf.session.get_outputs()[0].shape[-1]
+        thresholds = clf.meta.get("thresholds")
+        return Scorer(
+            prepare=lambda im: preprocess(im, clf.pre),
+            score=lambda x: scores(clf.run(x), clf.multi_label),
+            labels=tuple(clf.classes),
+            num_classes=width if isinstance(width, int) else len(clf.classes),
+            multi_label=clf.multi_label,
+            thresholds=tuple(thresholds) if thresholds else None,
+            identity=_identity(ref, device),
+        )
+    import torch
+
+    from zoo.device import pick_device
+    from zoo.factory import create_model, info_of
+    from zoo.transforms import eval_transform
+
+    dev = pick_device(device)
+    net = create_model(ref).to(dev).eval()
+    info = info_of(net)
+    tf = eval_transform(info)
+
+    def score(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            logits = net(torch.from_numpy(x).to(dev)).float().cpu().numpy()
+        return scores(logits, info.multi_label)
+
+    return Scorer(
+        prepare=lambda im: tf(im).numpy(),
+        score=score,
+        labels=tuple(info.label_names or ()),
+        num_classes=info.num_classes,
+        multi_label=info.multi_label,
+        thresholds=info.thresholds,
+        identity=_identity(ref, str(dev)),
+    )
+
+
+def predict(
+    model: str | ModelRef | Scorer, images: list[str], *, k: int = 5, device: str = "cpu"
+) -> list[dict[str, Any]]:
+    """Top-``k`` labels of each image.
+
+    Args:
+        model: a model reference (see :func:`load_scorer`) or a loaded :class:`Scorer`.
         images: image files.
         k: labels per image.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
@@ -32,42 +151,11 @@ def predict(
         InputError: an image is missing or unreadable.
         Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
     """
-    ref = ModelRef.parse(model)
-    if ref.kind == "onnx":
-        from zoo.deploy.runtime import OnnxClassifier
-
-        clf = OnnxClassifier(str(ref.path), device=device)
-        preds = clf.classify([open_image(p) for p in images], k=k)
-        return [
-            {"image": img, "top": [p.__dict__ for p in ps]}
-            for img, ps in zip(images, preds, strict=True)
-        ]
-    from zoo.device import pick_device
-    from zoo.factory import create_model, info_of
-    from zoo.transforms import eval_transform
-
-    dev = pick_device(device)
-    net = create_model(ref).to(dev)
-    info = info_of(net)
-    tf = eval_transform(info)
-    x = torch.stack([tf(open_image(p)) for p in images]).to(dev)
-    with torch.inference_mode():
-        probs = scores(net(x).float().cpu().numpy(), info.multi_label)
-    labels = list(info.label_names or [])
-    out = []
-    for img, row in zip(images, probs, strict=True):
-        top = row.argsort()[::-1][:k]
-        out.append(
-            {
-                "image": img,
-                "top": [
-                    {
-                        "label": labels[i] if i < len(labels) else str(i),
-                        "index": int(i),
-                        "score": float(row[i]),
-                    }
-                    for i in top
-                ],
-            }
-        )
-    return out
+    scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device)
+    if not images:
+        return []
+    x = np.stack([scorer.prepare(open_image(p)) for p in images])
+    probs = scorer.score(x)
+    return [
+        {"image": img, "top": scorer.top(row, k)} for img, row in zip(images, probs, strict=True)
+    ]

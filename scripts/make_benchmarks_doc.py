@@ -396,6 +396,42 @@ def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     return [f"{r['rounds']} rounds, the order of the commands alternating.", "", *t.lines(out), ""]
 
 
+def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    s, st, rs = r["summary"], r["setup"], r["resume"]
+    t = Table(name, "measure", "figure")
+    t.add(
+        "`zoo predict DIR --out x.parquet`, the whole process (median over rounds)",
+        f"{fmt(s['cli_images_per_s'], 1)} images/s",
+    )
+    t.add(
+        f"in-process ORT on preprocessed tensors, best batch ({s['ort_best_batch']})",
+        f"{fmt(s['ort_best_samples_per_s'], 1)} images/s",
+    )
+    t.add("**whole process / ORT ceiling**", f"**{fmt(s['ratio_cli_vs_ceiling'], 3)}**")
+    t.add(
+        "single-thread cost per image: decode + preprocess / inference",
+        f"{pct(s['decode_share'])} / {pct(s['inference_share'])}",
+    )
+    m = Table(name, "inputs (a list file)", "peak RSS (MiB)", "wall clock (s)")
+    for n, v in r["memory"].items():
+        m.add(fmt(int(n)), fmt(v["peak_rss_mib"], 1), fmt(v["wall_s"], 1))
+    m.add("**largest / smallest**", f"**{fmt(s['memory_ratio'], 3)}**", "")
+    return [
+        f"`{st['model']}`, {fmt(st['images'])} photographs, {st['rounds']} rounds (the order "
+        "of the process and the in-process ceiling alternating).",
+        "",
+        *t.lines(out),
+        "",
+        *m.lines(out),
+        "",
+        f"Resume: the process SIGKILLed {rs['kills']} times at random moments, then run to the "
+        f"end: {fmt(rs['rows'])} rows for {fmt(rs['inputs'])} inputs, each exactly once: "
+        f"{fmt(rs['each_input_once'])}.",
+        "",
+    ]
+
+
 RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "trainer_overhead": trainer_overhead,
     "feature_cache": feature_cache,
@@ -403,6 +439,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "serve_load": serve_load,
     "gpu_bench": gpu_bench,
     "cli_startup": cli_startup,
+    "predict_throughput": predict_throughput,
 }
 
 

@@ -29,6 +29,9 @@ PRELOAD = [
     "zoo.train.plots",
     "torch.utils.tensorboard",
     "safetensors.torch",
+    "zoo.deploy.batch_predict",  # zoo predict --out (test_predict_out.py)
+    "onnxruntime",
+    "pyarrow.parquet",
 ]
 # Values measured by the clock: they differ between any two runs.
 TIMING = frozenset({"data_wait", "img_per_s", "epoch_s"})

@@ -1,5 +1,5 @@
-"""Every durable write of a run (and every artifact zoo writes) goes through this module:
-atomic, and, inside a run folder, countable.
+"""Every durable write (a training run's folder, ``zoo predict --out``'s chunks, every artifact
+zoo writes) goes through this module: atomic, and, where a crash test walks them, countable.
 
 A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside its target,
 flushed and fsynced, then ``os.replace``-d over it: a kill at any moment leaves either the

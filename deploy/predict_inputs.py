@@ -1,0 +1,149 @@
+"""What ``zoo predict`` reads: image files, folders (recursive), globs and text files listing
+paths, expanded lazily in a fixed order, so a million inputs never sit in memory and a resumed
+job meets them in the same order.
+
+Folders and globs are walked one directory at a time (each directory's entries in natural
+order, hidden entries skipped, symlinked folders followed once); only image files
+(:data:`zoo.images.IMAGE_EXTENSIONS`) are taken from them. A list file gives one path per
+line (blank lines and ``#`` comments skipped), relative paths being relative to the list's own
+folder; its paths are taken as they are, so a missing one becomes an error row. Written by
+hand: ``glob``/``rglob`` return directory order (not sorted), and sorting their whole output
+would hold every path in memory.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from zoo.errors import InputError
+from zoo.images import is_image_file, natural_key
+
+_MAGIC = frozenset("*?[")
+
+
+def _is_glob(text: str) -> bool:
+    return any(c in text for c in _MAGIC)
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted((e for e in it), key=lambda e: natural_key(e.name))
+    except OSError as exc:
+        raise InputError(f"Cannot list the folder {folder!r} ({exc.strerror}).") from exc
+
+
+def _walk(folder: str, seen: set[str]) -> Iterator[str]:
+    seen.add(os.path.realpath(folder))
+    for e in _entries(folder):
+        if e.name.startswith("."):
+            continue
+        if e.is_dir():
+            if os.path.realpath(e.path) not in seen:
+                yield from _walk(e.path, seen)
+        elif is_image_file(Path(e.name)):
+            yield e.path
+
+
+def _join(base: str, name: str) -> str:
+    return name if base == "." else os.path.join(base, name)
+
+
+def _glob(base: str, parts: list[str], above: frozenset[str] = frozenset()) -> Iterator[str]:
+    """Matches of ``parts`` under ``base``; ``above``: the folders ``**`` came through."""
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        rest = rest or ["*"]  # a trailing ** means every file below
+        yield from _glob(base, rest)  # zero folders
+        here = above | {os.path.realpath(base)}
+        for e in _entries(base):
+            if e.is_dir() and not e.name.startswith(".") and os.path.realpath(e.path) not in here:
+                yield from _glob(_join(base, e.name), ["**", *rest], here)  # one more
+        return
+    if not _is_glob(head):
+        names = [head] if os.path.lexists(os.path.join(base, head)) else []
+    else:
+        hidden = head.startswith(".")
+        names = [
+            e.name
+            for e in _entries(base)
+            if fnmatch.fnmatch(e.name, head) and (hidden or not e.name.startswith("."))
+        ]
+    for name in names:
+        path = _join(base, name)
+        if rest:
+            if os.path.isdir(path):
+                yield from _glob(path, rest)
+        elif os.path.isfile(path) and is_image_file(Path(name)):
+            yield path
+
+
+def expand_glob(pattern: str) -> Iterator[str]:
+    """Image files matching ``pattern`` (``*``, ``?``, ``[...]`` within a name; ``**`` for any
+    number of folders), lazily, in a fixed order."""
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    while "**/**" in "/".join(parts):  # ** twice in a row is ** once (and no duplicates)
+        i = next(i for i in range(len(parts) - 1) if parts[i] == parts[i + 1] == "**")
+        del parts[i]
+    base = "/" if pattern.startswith("/") else "."
+    while len(parts) > 1 and not _is_glob(parts[0]):
+        base = _join(base, parts.pop(0))
+    yield from _glob(base, parts)
+
+
+def _list_file(path: str) -> Iterator[str]:
+    root = os.path.dirname(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    yield line if os.path.isabs(line) else os.path.join(root, line)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"Cannot read the list of paths {path!r} ({exc}): give a UTF-8 text file with "
+            "one image path per line."
+        ) from exc
+
+
+def iter_inputs(specs: Sequence[str]) -> Iterator[str]:
+    """Every image path the ``INPUTS`` of ``zoo predict`` name, lazily, in order.
+
+    Args:
+        specs: image files, folders, globs and text files listing paths (one per line).
+
+    Yields:
+        Paths, spelled from the given ones (a folder ``photos`` yields ``photos/a.jpg``).
+
+    Raises:
+        InputError: an input that is none of these (a missing path that is not a glob), or a
+            folder or list that cannot be read.
+    """
+    for spec in specs:
+        if os.path.isdir(spec):
+            yield from _walk(spec, set())
+        elif os.path.isfile(spec):
+            yield from [spec] if is_image_file(Path(spec)) else _list_file(spec)
+        elif _is_glob(spec):
+            yield from expand_glob(spec)
+        else:
+            raise InputError(
+                f"Input {spec!r} does not exist: give image files, a folder, a glob "
+                "('photos/**/*.jpg', quoted) or a text file listing image paths."
+            )
+
+
+def count_inputs(specs: Sequence[str]) -> int:
+    """How many paths :func:`iter_inputs` yields (one more pass over the folders)."""
+    return sum(1 for _ in iter_inputs(specs))
+
+
+def describe_inputs(specs: Sequence[str]) -> list[str]:
+    """The inputs as a resumed job compares them: absolute spellings."""
+    return [os.path.abspath(s) for s in specs]
+
+
+__all__ = ["count_inputs", "describe_inputs", "expand_glob", "iter_inputs"]

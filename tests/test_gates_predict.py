@@ -1,0 +1,146 @@
+"""The gates of ``zoo predict --out`` on plain files, without a model (milliseconds): the input
+listing's order and forms, the chunk store's commit/resume/merge, and its refusals. The real
+command, killed at every write, is in test_predict_out.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from zoo.deploy.batch_predict import _skip
+from zoo.deploy.predict import Scorer
+from zoo.deploy.predict_inputs import expand_glob, iter_inputs
+from zoo.deploy.predict_store import ChunkStore, columns, digest, format_of
+from zoo.errors import InputError
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for rel in ("a/img10.jpg", "a/img2.jpg", "a/b/x.PNG", "c.jpg", "a/notes.txt", "a/.hidden.jpg"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    (tmp_path / "a" / "loop").symlink_to(tmp_path / "a")  # followed once, not forever
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_folder_glob_and_list_forms(tree: Path) -> None:
+    # natural order per folder (img2 before img10), recursive, hidden files and non-images out
+    assert list(iter_inputs(["a"])) == ["a/b/x.PNG", "a/img2.jpg", "a/img10.jpg"]
+    assert list(expand_glob("**/*.jpg")) == ["c.jpg", "a/img2.jpg", "a/img10.jpg"]
+    assert list(expand_glob("a/*.jpg")) == ["a/img2.jpg", "a/img10.jpg"]
+    assert list(expand_glob(str(tree / "a" / "*" / "*.PNG"))) == [str(tree / "a/b/x.PNG")]
+    # a list file: paths relative to its own folder, comments and blank lines skipped,
+    # missing files kept (they become error rows, not a silent gap)
+    (tree / "lists").mkdir()
+    (tree / "lists" / "todo.txt").write_text("# batch 1\n../c.jpg\n\n/abs/missing.jpg\n")
+    assert list(iter_inputs(["lists/todo.txt", "c.jpg"])) == [
+        "lists/../c.jpg",
+        "/abs/missing.jpg",
+        "c.jpg",
+    ]
+    with pytest.raises(InputError, match=r"'nope' does not exist.*glob"):
+        list(iter_inputs(["nope"]))
+
+
+def test_format_by_extension() -> None:
+    assert [format_of(Path(f"x.{e}")) for e in ("csv", "JSONL", "parquet")] == [
+        "csv",
+        "jsonl",
+        "parquet",
+    ]
+    with pytest.raises(InputError, match=r"'x\.json'.*\.csv, \.jsonl or \.parquet"):
+        format_of(Path("x.json"))
+
+
+def _row(path: str, score: float) -> dict:
+    return {"path": path, "label_1": "cat", "index_1": 3, "score_1": score}
+
+
+def _read(out: Path) -> list[dict]:
+    if out.suffix == ".parquet":
+        return pq.read_table(out).to_pylist()
+    if out.suffix == ".jsonl":
+        return [json.loads(line) for line in out.read_text().splitlines()]
+    rows = list(csv.DictReader(out.open(newline="")))
+    return [{**r, "index_1": int(r["index_1"]), "score_1": float(r["score_1"])} for r in rows]
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl", "parquet"])
+def test_store_commits_resumes_and_merges_each_input_once(tmp_path: Path, ext: str) -> None:
+    out = tmp_path / f"p.{ext}"
+    cols = columns(1, multi_label=False)
+    store = ChunkStore(out, cols)
+    manifest = {"model": "m", "top_k": 1}
+    assert store.open(manifest, overwrite=False) == []
+    store.commit(0, ["a", "b"], [_row("a", 0.1)], [{"path": "b", "reason": "broken"}])
+    # a new process: finds chunk 0, and a stale half-written part 1 is ignored
+    (store.parts / "part-00001.json.tmp").write_text("{")
+    (store.parts / f"part-00001.{ext}").write_text("garbage of a killed write")
+    again = ChunkStore(out, cols)
+    committed = again.open(manifest, overwrite=False)
+    assert committed == [
+        {
+            "inputs": 2,
+            "digest": digest(["a", "b"]),
+            "rows": 1,
+            "errors": [committed[0]["errors"][0]],
+        }
+    ]
+    again.commit(1, ["c", "d"], [_row("c", 1 / 3), _row("d", 0.25)], [])
+    assert again.finish(2) == 1
+    assert _read(out) == [_row("a", 0.1), _row("c", 1 / 3), _row("d", 0.25)]  # exact floats
+    errors = [json.loads(x) for x in (tmp_path / f"p.{ext}.errors.jsonl").read_text().splitlines()]
+    assert errors == [{"path": "b", "reason": "broken"}]
+    assert not store.parts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"p.{ext}", f"p.{ext}.errors.jsonl"]
+
+
+def test_store_refuses_an_existing_output_and_another_jobs_chunks(tmp_path: Path) -> None:
+    out = tmp_path / "p.csv"
+    cols = columns(1, multi_label=False)
+    ChunkStore(out, cols).open({"top_k": 1, "inputs": ["d"]}, overwrite=False)
+    with pytest.raises(InputError, match=r"other settings \(top_k: 1 then, 3 now\).*--overwrite"):
+        ChunkStore(out, cols).open({"top_k": 3, "inputs": ["d"]}, overwrite=False)
+    assert ChunkStore(out, cols).open({"top_k": 3, "inputs": ["d"]}, overwrite=True) == []
+    ChunkStore(out, cols).finish(0)
+    assert out.read_bytes() == b"path,label_1,index_1,score_1\r\n"  # empty, but readable
+    with pytest.raises(InputError, match=r"p\.csv already exists: add --overwrite"):
+        ChunkStore(out, cols).open({"top_k": 3, "inputs": ["d"]}, overwrite=False)
+    # --overwrite keeps the old output readable until the new one replaces it
+    ChunkStore(out, cols).open({"top_k": 3, "inputs": ["d"]}, overwrite=True)
+    assert out.exists()
+
+
+def test_resume_refuses_inputs_that_changed() -> None:
+    committed = [
+        {"inputs": 2, "digest": digest(["a", "b"])},
+        {"inputs": 1, "digest": digest(["c"])},
+    ]
+    rest = iter(["a", "b", "c", "d"])
+    assert _skip(rest, committed, Path("p.parts")) == 3 and list(rest) == ["d"]
+    with pytest.raises(InputError, match=r"inputs changed.*chunk 1.*--overwrite"):
+        _skip(iter(["a", "b", "x"]), committed, Path("p.parts"))
+    with pytest.raises(InputError, match=r"chunk 0"):
+        _skip(iter(["a"]), committed, Path("p.parts"))  # fewer inputs than committed
+
+
+def test_scorer_top_k_and_multilabel_decisions() -> None:
+    s = Scorer(
+        prepare=lambda im: np.zeros(1),
+        score=lambda x: x,
+        labels=("a", "b", "c"),
+        num_classes=4,
+        multi_label=True,
+        thresholds=(0.5, 0.9, 0.2, 0.5),
+    )
+    row = np.array([0.6, 0.8, 0.2, 0.8])
+    # ties: the lower index first; a class without a name is named by its index
+    assert [(t["label"], t["score"]) for t in s.top(row, 3)] == [("b", 0.8), ("3", 0.8), ("a", 0.6)]
+    assert s.decided(row) == ["a", "c", "3"]  # b is under its own threshold, c reaches its own
+    assert Scorer(**{**s.__dict__, "thresholds": None}).decided(row) == ["a", "b", "3"]
