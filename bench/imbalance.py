@@ -88,7 +88,9 @@ def main() -> None:
         name: {k: round(statistics.fmean(r[k] for r in rows), 4) for k in rows[0]}
         for name, rows in runs.items()
     }
-    gain = round(mean["both"]["balanced_acc"] - mean["none"]["balanced_acc"], 4)
+    # The goal is one option's gain: both at once weigh the rare classes twice (loss × draws).
+    best = max(("class-weights", "sampler"), key=lambda k: mean[k]["balanced_acc"])
+    gain = round(mean[best]["balanced_acc"] - mean["none"]["balanced_acc"], 4)
     results = {
         "setup": {
             "model": args.model,
@@ -102,14 +104,15 @@ def main() -> None:
         },
         "runs": runs,
         "mean": mean,
-        "balanced_acc_gain_both_vs_none": gain,
+        "best_single_option": best,
+        "balanced_acc_gain_best_option_vs_none": gain,
         "headlines": [
             headline(
-                "imbalanced digits: balanced accuracy, both options vs none (points)",
-                "balanced_acc_gain_both_vs_none",
+                f"imbalanced digits: balanced accuracy gain, {best} vs none",
+                "balanced_acc_gain_best_option_vs_none",
                 gain,
                 ">=",
-                0.0,
+                0.1,
             )
         ],
     }

@@ -105,6 +105,8 @@ def test_the_hint_names_the_options_until_one_acts() -> None:
     assert "--class-weights auto" in hint and "--sampler balanced" in hint
     acting = imbalance_hint(report, "auto", "shuffle")
     assert acting is not None and acting.startswith("imbalance:") and "--sampler" not in acting
+    both = imbalance_hint(report, "auto", "balanced")
+    assert both is not None and "twice" in both
     assert imbalance_hint(CheckReport(root="/d", imbalance={"val": 9.0}), "none", "shuffle") is None
 
 
@@ -139,6 +141,7 @@ def test_finetune_on_an_imbalanced_folder_with_both_options(
     )
     assert r.returncode == 0, r.stderr
     assert "--class-weights auto and --sampler balanced act on it" in r.stderr
+    assert "weigh rare classes twice" in r.stderr
     run = tmp_path / "runs" / "weighted"
     report = json.loads((run / "report.json").read_text())
     assert report["best"]["monitor"] == "val/balanced_acc"

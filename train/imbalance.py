@@ -43,10 +43,16 @@ def imbalance_hint(check: CheckReport, class_weights: str, sampler: str) -> str 
         )
         if on
     ]
+    if len(acting) == 2:
+        return (
+            f"imbalance: the largest class has {ratio}× the smallest; --class-weights auto and "
+            "--sampler balanced act on it, and together weigh rare classes twice (loss × "
+            "draws): one of them is usually enough (docs/benchmarks.md, class imbalance)"
+        )
     if acting:
-        return f"imbalance: the largest class has {ratio}× the smallest; {' and '.join(acting)} act on it"
+        return f"imbalance: the largest class has {ratio}× the smallest; {acting[0]} acts on it"
     return (
         f"hint: class imbalance in train (largest/smallest class = {ratio}×): try "
-        "--class-weights auto or --sampler balanced, and --monitor val/balanced_acc to pick the "
-        "best epoch by every class equally"
+        "--sampler balanced or --class-weights auto (one of them), and --monitor "
+        "val/balanced_acc to pick the best epoch by every class equally"
     )
