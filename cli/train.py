@@ -11,8 +11,10 @@ from zoo.cli.common import JsonOpt, choice, choice_argument, err, out, print_jso
 from zoo.samples import Example
 from zoo.train.config import (
     AmpDtype,
+    ClassWeights,
     Monitor,
     OptimizerName,
+    SamplerName,
     ScheduleName,
     Strategy,
     option_defaults,
@@ -70,6 +72,16 @@ def finetune_cmd(
     momentum: Annotated[float, typer.Option(help="SGD momentum (Nesterov)")] = D["momentum"],
     warmup_epochs: float = D["warmup_epochs"],
     label_smoothing: float = D["label_smoothing"],
+    class_weights: Annotated[
+        ClassWeights,
+        choice(
+            ClassWeights, "--class-weights", help="auto: weigh the loss by inverse class frequency"
+        ),
+    ] = D["class_weights"],
+    sampler: Annotated[
+        SamplerName,
+        choice(SamplerName, "--sampler", help="balanced: draw every class equally often"),
+    ] = D["sampler"],
     multi_label: Annotated[
         bool,
         typer.Option(help="DIR/labels.csv (path,labels) → BCEWithLogits, per-class thresholds"),
@@ -207,14 +219,17 @@ def eval_cmd(
         print_json(result)
         return
     out.print(f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images")
-    out.print(
-        f"top-1 {result['acc']:.4f}  top-5 {result['top5']:.4f}  loss {result['loss']:.4f}  "
-        f"macro-F1 {result['macro_f1']:.4f}"
-    )
+    names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
+        "acc": "top-1" if "top5" in result else "exact-match",
+        "balanced_acc": "balanced",
+        "top5": "top-5",
+        "loss": "loss",
+        "macro_f1": "macro-F1",
+    }
+    out.print("  ".join(f"{label} {result[k]:.4f}" for k, label in names.items() if k in result))
     for row in result["per_class"]:
-        out.print(
-            f"  {row['class']:<24} P {row['precision']:.3f} R {row['recall']:.3f} F1 {row['f1']:.3f} n={row['support']}"
-        )
+        pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""
+        out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}")
 
 
 def check_cmd(

@@ -215,6 +215,43 @@ def feature_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def imbalance(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    setup, mean = r["setup"], r["mean"]
+    t = Table(
+        name,
+        "options",
+        "balanced accuracy",
+        "accuracy",
+        "minority-class recall (5–9)",
+        "majority-class recall (0–4)",
+    )
+    labels = {
+        "none": "none (plain loss, shuffled)",
+        "class-weights": "`--class-weights auto`",
+        "sampler": "`--sampler balanced`",
+        "both": "both",
+    }
+    for key, label in labels.items():
+        m = mean[key]
+        t.add(
+            label,
+            fmt(m["balanced_acc"], 4),
+            fmt(m["acc"], 4),
+            fmt(m["minority_recall"], 4),
+            fmt(m["majority_recall"], 4),
+        )
+    counts = ", ".join(f"{c.removeprefix('digit_')}: {n}" for c, n in setup["train_counts"].items())
+    seeds = ", ".join(str(s) for s in setup["seeds"])
+    return [
+        f"`{setup['command']}`, {setup['epochs']} epochs, mean of seeds {seeds}; training "
+        f"images per class: {counts}; {setup['val_per_class']} validation images per class.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
 def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     rt, oe, q = r["runtime_vs_raw"], r["ort_fp32_vs_eager"], r["int8_static_resnet18"]
@@ -435,6 +472,7 @@ def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
 RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "trainer_overhead": trainer_overhead,
     "feature_cache": feature_cache,
+    "imbalance": imbalance,
     "deploy_bench": deploy_bench,
     "serve_load": serve_load,
     "gpu_bench": gpu_bench,

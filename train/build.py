@@ -31,6 +31,7 @@ from zoo.train.comm import Single, join
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.features import FeatureDataset, extract_features, head_module
+from zoo.train.imbalance import class_weights, imbalance_hint, sample_weights
 from zoo.train.resolve import Resolved
 from zoo.train.rng import seed_everything
 from zoo.train.schedule import build_scheduler
@@ -139,6 +140,10 @@ def build_run(resolved: Resolved) -> RunParts:
         train_forward = torch.compile(train_forward)  # type: ignore[assignment]
 
     bs = cfg.batch_size
+    labels = [int(y) for _, y in data.samples["train"]] if not cfg.multi_label else []
+    hint = imbalance_hint(data.check, cfg.class_weights, cfg.sampler)
+    if hint:
+        say(hint)
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     sampler = data_mod.ResumableSampler(
         len(train_set),
@@ -148,6 +153,7 @@ def build_run(resolved: Resolved) -> RunParts:
         drop_last=has_bn and len(train_set) >= bs * comm.world,
         rank=comm.rank,
         world_size=comm.world,
+        weights=sample_weights(labels, len(data.classes)) if cfg.sampler == "balanced" else None,
     )
     steps = sampler.batches_per_epoch()
     if steps == 0:
@@ -185,10 +191,7 @@ def build_run(resolved: Resolved) -> RunParts:
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg, steps, lambda: state.lr_scale),
         scaler=torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16"),
-        # Raw logits in both cases: softmax/sigmoid live inside the loss, never in the head.
-        loss_fn=nn.BCEWithLogitsLoss()
-        if cfg.multi_label
-        else nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+        loss_fn=_loss(cfg, labels, len(data.classes), comm.device),
         state=state,
     )
 
@@ -260,6 +263,16 @@ def _feature_cache(
         f"({tuple(train.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
     )
     return train, val
+
+
+def _loss(cfg: TrainConfig, labels: list[int], n_classes: int, device: torch.device) -> nn.Module:
+    """Raw logits in: softmax/sigmoid live inside the loss, never in the head."""
+    if cfg.multi_label:
+        return nn.BCEWithLogitsLoss()
+    weight = None
+    if cfg.class_weights == "auto":
+        weight = torch.tensor(class_weights(labels, n_classes), dtype=torch.float32, device=device)
+    return nn.CrossEntropyLoss(weight=weight, label_smoothing=cfg.label_smoothing)
 
 
 def _optimizer(

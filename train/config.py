@@ -18,8 +18,12 @@ Strategy = Literal["linear", "full", "gradual"]
 OptimizerName = Literal["adamw", "sgd"]
 ScheduleName = Literal["cosine", "onecycle", "constant"]
 AmpDtype = Literal["bf16", "fp16"]
-Monitor = Literal["val/acc", "val/loss", "val/macro_f1"]
+Monitor = Literal["val/acc", "val/loss", "val/macro_f1", "val/balanced_acc"]
 """What picks the best checkpoint and drives early stopping."""
+ClassWeights = Literal["none", "auto"]
+"""``auto``: the loss weighs each class by n_samples / (n_classes × its count) ("balanced")."""
+SamplerName = Literal["shuffle", "balanced"]
+"""``balanced``: each epoch draws as many images, every class equally likely (with replacement)."""
 
 # Keys that may differ between a run and its --resume without changing the result.
 RUNTIME_KEYS = frozenset(
@@ -55,6 +59,8 @@ class TrainConfig:
     schedule: ScheduleName = "cosine"
     warmup_epochs: float = 0.5
     label_smoothing: float = 0.0
+    class_weights: ClassWeights = "none"
+    sampler: SamplerName = "shuffle"
     clip_grad_norm: float | None = None
     amp: AmpDtype | None = None
     channels_last: bool = False

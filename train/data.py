@@ -254,7 +254,12 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
 
 class ResumableSampler(Sampler[tuple[int, int]]):
     """Seeded per-epoch permutation, sharded over ranks like ``DistributedSampler`` (padded to
-    equal length), that can start part-way through an epoch (``set_position``)."""
+    equal length), that can start part-way through an epoch (``set_position``).
+
+    With ``weights`` (one per sample), an epoch is ``n`` draws with replacement, sample ``i``
+    with probability ∝ ``weights[i]`` (torch's ``WeightedRandomSampler``, made a function of
+    (seed, epoch) so a resume and every rank see the same draw).
+    """
 
     def __init__(
         self,
@@ -266,7 +271,11 @@ class ResumableSampler(Sampler[tuple[int, int]]):
         drop_last: bool,
         rank: int = 0,
         world_size: int = 1,
+        weights: list[float] | None = None,
     ) -> None:
+        if weights is not None and len(weights) != n:
+            raise ValueError(f"{len(weights)} sampling weights for {n} samples")
+        self.weights = torch.tensor(weights, dtype=torch.float64) if weights is not None else None
         self.n, self.shuffle, self.seed = n, shuffle, seed
         self.batch_size, self.drop_last = batch_size, drop_last
         self.rank, self.world_size = rank, world_size
@@ -280,7 +289,10 @@ class ResumableSampler(Sampler[tuple[int, int]]):
         self.start_batch = start_batch
 
     def _rank_indices(self) -> list[int]:
-        if self.shuffle:
+        if self.weights is not None:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.multinomial(self.weights, self.n, True, generator=g).tolist()
+        elif self.shuffle:
             g = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.n, generator=g).tolist()
         else:

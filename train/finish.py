@@ -86,11 +86,16 @@ def model_config(r: RunResult) -> dict[str, Any]:
         "metrics": {
             "val/acc": round(val["acc"], 6),
             **({"val/top5": round(val["top5"], 6)} if "top5" in val else {}),
+            **(
+                {"val/balanced_acc": round(val["balanced_acc"], 6)} if "balanced_acc" in val else {}
+            ),
             "val/loss": round(val["loss"], 6),
             "val/macro_f1": round(val["macro_f1"], 6),
         },
         "train": {
             "strategy": r.cfg.strategy,
+            "class_weights": r.cfg.class_weights,
+            "sampler": r.cfg.sampler,
             "epochs": r.state.epoch,
             "optimizer": r.cfg.optimizer,
             "lr": r.cfg.lr,
@@ -131,6 +136,7 @@ def finish_run(r: RunResult) -> None:
         "best": {
             "epoch": state.epoch - state.epochs_since_best,
             "val/acc": val["acc"],
+            "val/balanced_acc": val.get("balanced_acc"),
             "val/top5": val.get("top5"),
             "val/loss": val["loss"],
             "val/macro_f1": val["macro_f1"],

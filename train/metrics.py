@@ -34,6 +34,17 @@ def per_class(cm: torch.Tensor, classes: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+def balanced_accuracy(cm: torch.Tensor) -> float:
+    """Mean recall over the classes present in the targets (scikit-learn's
+    ``balanced_accuracy_score``): every class counts the same, however rare."""
+    support = cm.sum(1)
+    present = support > 0
+    if not bool(present.any()):
+        return 0.0
+    recall = cm.diag().double()[present] / support[present].double()
+    return float(recall.mean())
+
+
 def summarize(logits: torch.Tensor, target: torch.Tensor, classes: list[str]) -> dict[str, Any]:
     """All eval metrics for single-label classification from the full set of logits."""
     n = len(classes)
@@ -43,6 +54,7 @@ def summarize(logits: torch.Tensor, target: torch.Tensor, classes: list[str]) ->
     total = max(1, len(target))
     return {
         "acc": topk_correct(logits, target, 1) / total,
+        "balanced_acc": balanced_accuracy(cm),
         "top5": topk_correct(logits, target, 5) / total,
         "loss": float(torch.nn.functional.cross_entropy(logits, target)) if len(target) else 0.0,
         "macro_f1": sum(r["f1"] for r in rows) / max(1, n),

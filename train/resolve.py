@@ -38,7 +38,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
 
     Raises:
         InputError: an impossible combination (a frozen backbone with random weights, a
-            feature cache without ``--strategy linear``, ``--amp`` without CUDA).
+            feature cache without ``--strategy linear``, ``--amp`` without CUDA, imbalance
+            options or balanced accuracy with ``--multi-label``).
         CheckpointError: ``--resume`` of something that is not a run, a changed option, or
             a run that already finished.
         UnknownModelError / ModelRefError: the model reference does not resolve.
@@ -59,6 +60,16 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     if cfg.cache_features and strategy != "linear":
         raise InputError(
             "--cache-features needs --strategy linear (a backbone that never changes)."
+        )
+    if cfg.multi_label and (cfg.class_weights != "none" or cfg.sampler != "shuffle"):
+        raise InputError(
+            "--class-weights and --sampler balanced work on single-label folders; with "
+            "--multi-label an image holds several classes, so neither applies. Drop them."
+        )
+    if cfg.multi_label and cfg.monitor == "val/balanced_acc":
+        raise InputError(
+            "--monitor val/balanced_acc is for single-label runs; use val/macro_f1 with "
+            "--multi-label."
         )
     if cfg.amp and pick_device(cfg.device).type != "cuda":
         raise InputError(f"--amp {cfg.amp} needs CUDA; this run is on the CPU. Drop --amp.")

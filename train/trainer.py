@@ -95,6 +95,7 @@ def _train(resolved: Resolved, parts: RunParts) -> Path | None:
                 **train_metrics,
                 "val/loss": val["loss"],
                 "val/acc": val["acc"],
+                "val/balanced_acc": val.get("balanced_acc"),
                 "val/top5": val.get("top5"),
                 "val/macro_f1": val["macro_f1"],
                 "lr": parts.optimizer.param_groups[-1]["lr"],
