@@ -223,8 +223,8 @@ def imbalance(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "options",
         "balanced accuracy",
         "accuracy",
-        "minority-class recall (5–9)",
-        "majority-class recall (0–4)",
+        "minority-class recall",
+        "majority-class recall",
     )
     labels = {
         "none": "none (plain loss, shuffled)",
