@@ -48,6 +48,14 @@ def kills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return got
 
 
+@pytest.fixture
+def trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The ``ZOO_FAULT_TRACE`` file, set for the test."""
+    path = tmp_path / "trace.tsv"
+    monkeypatch.setenv(durable.TRACE_ENV, str(path))
+    return path
+
+
 def _trace(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -169,10 +177,11 @@ def test_write_with_order_fsync_file_then_rename_then_fsync_folder(
 
 
 def test_fill_failing_leaves_the_old_file_and_no_temporary(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     target = tmp_path / "run" / "f.txt"
     target.parent.mkdir()
     target.write_text("old")
@@ -225,10 +234,11 @@ def test_kill_after_a_write_sees_the_new_file_and_no_temporary(
 
 
 def test_unlabelled_writes_are_atomic_but_neither_counted_nor_killed(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     monkeypatch.setenv(durable.KILL_ENV, "1:inside")
     out = tmp_path / "out"
     durable.write_bytes(out / "a.bin", b"\x00\x01", label=None)
@@ -245,10 +255,11 @@ def test_unlabelled_writes_are_atomic_but_neither_counted_nor_killed(
 
 
 def test_the_trace_counts_every_kind_of_write_exactly(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     run = tmp_path / "run"
     durable.write_bytes(run / "a.bin", b"a", label="a.bin")
     durable.write_text(run / "b.txt", "b", label="b.txt")
@@ -337,10 +348,11 @@ def test_copy_file_is_a_byte_copy(tmp_path: Path, kills: list[tuple[int, int]]) 
 
 
 def test_remove_deletes_and_counts_only_what_exists(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     synced: list[Path] = []
     monkeypatch.setattr(durable, "_sync_dir", synced.append)
     f = tmp_path / "ck" / "epoch001.pt"
@@ -363,10 +375,11 @@ def _folder(path: Path, **files: str) -> Path:
 
 
 def test_replace_dir_onto_nothing_and_onto_an_old_folder(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     run = tmp_path / "run"
     durable.replace_dir(_folder(run / ".a.tmp", w="1"), run / "model", label="model")
     assert _snapshot(run) == {"model/": "", "model/w": "1"}
@@ -425,10 +438,11 @@ def test_replace_dir_leaves_old_none_or_new(
 
 
 def test_publish_dir_moves_a_complete_folder_to_a_free_name(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     monkeypatch.setenv(durable.KILL_ENV, "1:inside")
     root = tmp_path / "runs"
     src = _folder(root / ".r.tmp", c="1")
@@ -439,10 +453,11 @@ def test_publish_dir_moves_a_complete_folder_to_a_free_name(
 
 
 def test_publish_dir_refuses_a_taken_name(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     root = tmp_path / "runs"
     src = _folder(root / ".r.tmp", c="new")
     _folder(root / "r", c="other run")
@@ -466,10 +481,11 @@ def _racing_rename(make: Callable[[Path], None]) -> Callable[[Any, Any], None]:
 
 
 def test_publish_dir_loses_a_race_for_the_name(
-    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
 ) -> None:
-    trace = tmp_path / "trace.tsv"
-    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
     root = tmp_path / "runs"
     src = _folder(root / ".r.tmp", c="new")
     taken = lambda dst: _folder(dst, c="theirs")  # noqa: E731  (rename: ENOTEMPTY)
