@@ -151,3 +151,26 @@ def test_finetune_on_an_imbalanced_folder_with_both_options(
     assert report["best"]["val/balanced_acc"] == pytest.approx(rows[best]["val/balanced_acc"])
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["train"]["class_weights"] == "auto" and config["train"]["sampler"] == "balanced"
+
+
+def test_the_options_reach_the_loss_and_the_sampler(small_digits: Path, tmp_path: Path) -> None:
+    """build_run wires both options in: the loss carries the class weights, the sampler the
+    per-sample draw weights of the training split; without them, neither."""
+    from zoo.train.build import build_run
+
+    data = tmp_path / "imbalanced"
+    for d in range(3):
+        (data / f"digit_{d}").mkdir(parents=True)
+        for f in sorted((small_digits / f"digit_{d}").iterdir())[: 30 if d else 6]:
+            (data / f"digit_{d}" / f.name).symlink_to(f)
+    base = {"model": "mlp", "data": str(data), "weights": "none", "num_workers": 0}
+    on = build_run(
+        resolve_config(TrainConfig(**base, class_weights="auto", sampler="balanced"))  # type: ignore[arg-type]
+    )
+    labels = [int(y) for _, y in on.data.samples["train"]]
+    assert on.loss_fn.weight is not None
+    assert on.loss_fn.weight.tolist() == pytest.approx(class_weights(labels, 3))
+    assert on.train_sampler.weights is not None
+    assert on.train_sampler.weights.tolist() == pytest.approx(sample_weights(labels, 3))
+    off = build_run(resolve_config(TrainConfig(**base)))  # type: ignore[arg-type]
+    assert off.loss_fn.weight is None and off.train_sampler.weights is None
