@@ -351,26 +351,37 @@ def _queued(url: str) -> float:
 
 
 def test_sigterm_under_load_finishes_in_flight(mobilenet_onnx: Path) -> None:
+    n = 10
     with server(mobilenet_onnx, "--max-batch", "8", "--threads", "1") as (url, proc):
         body = binary_infer(x_of(7, 8))  # 8 samples a request: each takes a while on one thread
+        # One client with a connection per request: every body goes out at once (a client per
+        # request spends GIL-bound set-up time each, spreading the arrivals so thin that on a
+        # fast machine each batch finished before the next request came: no queue ever formed).
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        with httpx.Client(timeout=60, limits=limits) as client:
 
-        def call(_: int) -> tuple[int | str, float]:
-            try:
-                r = httpx.post(f"{url}/v2/models/{NAME}/infer", timeout=60, **body)
-            except httpx.ConnectError:  # arrived after the listener closed: never accepted
-                return "refused", time.monotonic()
-            return r.status_code, time.monotonic()
+            def call(_: int) -> tuple[int | str, float]:
+                try:
+                    r = client.post(f"{url}/v2/models/{NAME}/infer", **body)
+                except httpx.ConnectError:  # arrived after the listener closed: never accepted
+                    return "refused", time.monotonic()
+                return r.status_code, time.monotonic()
 
-        with ThreadPoolExecutor(6) as pool:
-            futures = [pool.submit(call, i) for i in range(6)]
-            deadline = time.monotonic() + 20  # wait for a queue, not for a guessed time
-            while _queued(url) < 5 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            queued = _queued(url)
-            assert queued >= 3, f"only {queued} requests queued behind the first batch"
-            sent = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            results = [f.result() for f in futures]
+            with ThreadPoolExecutor(n) as pool:
+                futures = [pool.submit(call, i) for i in range(n)]
+                deadline = time.monotonic() + 30  # wait for a queue, not for a guessed time
+                while (
+                    _queued(url) < 5
+                    and time.monotonic() < deadline
+                    and not all(f.done() for f in futures)
+                ):
+                    time.sleep(0.01)
+                queued = _queued(url)
+                done = [f.result() for f in futures if f.done()]
+                assert queued >= 3, f"only {queued} requests queued; finished already: {done}"
+                sent = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                results = [f.result() for f in futures]
         codes = [c for c, _ in results]
         assert set(codes) <= {200, "refused"} and codes.count(200) >= queued + 1, results
         late = [t for c, t in results if c == 200 and t > sent]
