@@ -5,10 +5,15 @@ and the metrics each batch records. Plain arrays, no server, well under a second
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.test_batcher import Recorder, _samples, expected
 from zoo.deploy.serve.batcher import DynamicBatcher
@@ -73,7 +78,7 @@ def test_stop_finishes_queued_and_running_jobs_first() -> None:
         jobs = [asyncio.ensure_future(b.submit(_samples(10 * i, 1), 10)) for i in range(5)]
         await asyncio.sleep(0)  # all queued; the loop has not run yet
         b.start()
-        assert len(b.queue) == 5 and b.in_flight == 0
+        assert len(b.queue) == 5 and not rec.called.is_set()
         gate.set()
         return jobs
 
@@ -84,7 +89,7 @@ def test_stop_finishes_queued_and_running_jobs_first() -> None:
         jobs = [asyncio.ensure_future(b.submit(_samples(7, 1), 10))]
         while not rec.called.is_set():
             await asyncio.sleep(0.001)
-        assert b.in_flight == 1 and not b.queue  # nothing waits, one batch still runs
+        assert not b.queue  # nothing waits, one batch still runs
         threading.Timer(0.05, gate.set).start()
         return jobs
 
@@ -239,15 +244,197 @@ def test_a_failing_batch_of_two_is_retried_one_by_one() -> None:
     assert isinstance(results[1], ValueError)
 
 
-def test_stop_joins_the_worker_thread() -> None:
+def _spy_submits(b: DynamicBatcher, then: Callable[[int], None] = lambda n: None) -> list[Future]:
+    """Record every future the batcher's pool hands out; ``then(count)`` runs after each."""
+    submitted: list[Future] = []
+    real_submit = b.executor.submit
+
+    def submit(fn: Callable[..., Any], /, *args: Any) -> Future:
+        submitted.append(real_submit(fn, *args))
+        then(len(submitted))
+        return submitted[-1]
+
+    b.executor.submit = submit  # type: ignore[method-assign]
+    return submitted
+
+
+def test_stop_waits_for_the_worker_thread_to_end() -> None:
+    """stop() returns only once the worker thread has ended. The thread is held after its last
+    call (in that call's future callbacks, after the event loop has its result) until the
+    event loop's thread is joining it; a stop() that does not join returns while it is held."""
+    gate, released = threading.Event(), threading.Event()
+    rec = Recorder(gate)
+    worker: list[threading.Thread] = []
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop in this thread
+
+    def joining() -> bool:
+        frame = sys._current_frames().get(loop_thread)
+        while frame is not None and frame.f_code is not threading.Thread.join.__code__:
+            frame = frame.f_back
+        return frame is not None
+
+    def hold(_: object) -> None:
+        worker.append(threading.current_thread())
+        for _ in range(10_000):  # at most 10 s
+            if released.wait(0.001) or joining():
+                return
+
+    async def main() -> bool:
+        b = _batcher(rec)
+        submitted = _spy_submits(b)
+        b.start()
+        job = asyncio.ensure_future(b.submit(_samples(0, 1), 5))
+        while not rec.called.is_set():
+            await asyncio.sleep(0.001)
+        submitted[0].add_done_callback(hold)  # after the callback that wakes the event loop
+        gate.set()
+        await job
+        await b.stop()
+        return worker[0].is_alive()
+
+    try:
+        alive_after_stop = asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        released.set()
+    assert not alive_after_stop  # joined, not left running
+
+
+class _CountingQueue(deque[Any]):
+    """The batcher's queue, counting how often a job is taken off its front."""
+
+    taken = 0
+
+    def popleft(self) -> Any:
+        self.taken += 1
+        return super().popleft()
+
+
+def test_forming_a_batch_takes_each_job_off_the_queue_once() -> None:
+    """Once a batch is full the jobs behind it stay where they are: the queue is not rescanned
+    for every batch (with a deep queue, O(queue) per batch instead of O(batch))."""
     rec = Recorder()
 
-    async def main() -> None:
-        b = _batcher(rec)
+    async def main() -> int:
+        b = _batcher(rec, max_batch=4)
+        b.queue = queue = _CountingQueue()
+        tasks = [asyncio.ensure_future(b.submit(_samples(i, 1), 5)) for i in range(12)]
+        await asyncio.sleep(0)  # all queued before the loop runs
         b.start()
-        await b.submit(_samples(0, 1), 5)
+        await asyncio.gather(*tasks)
+        await b.stop()
+        return queue.taken
+
+    taken = asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
+    assert taken == 12
+
+
+def test_stop_before_start_shuts_the_worker_down() -> None:
+    """A server whose startup fails before the loop starts still stops cleanly."""
+    b = _batcher(Recorder())
+    asyncio.run(asyncio.wait_for(b.stop(), 10))
+    with pytest.raises(RuntimeError, match="shutdown"):
+        b.executor.submit(int)
+
+
+def test_a_lone_request_reaches_the_model_uncopied() -> None:
+    seen: list[np.ndarray] = []
+
+    class Keeping(Recorder):
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            seen.append(x)
+            return super().__call__(x)
+
+    xs = [_samples(0, 3), _samples(5, 1), _samples(8, 2)]
+
+    async def main() -> None:
+        b = _batcher(Keeping(), max_batch=3)
+        tasks = [asyncio.ensure_future(b.submit(x, 5)) for x in xs]
+        await asyncio.sleep(0)
+        b.start()
+        await asyncio.gather(*tasks)
         await b.stop()
 
     asyncio.run(asyncio.wait_for(main(), 10))
-    assert len(rec.threads) == 1
-    assert rec.threads[0] not in {t.ident for t in threading.enumerate()}  # joined, not leaked
+    assert len(seen) == 2
+    assert seen[0] is xs[0]  # alone in its batch: its own array, not a copy of it
+    np.testing.assert_array_equal(seen[1], np.concatenate(xs[1:]))
+
+
+def test_zero_delay_takes_what_is_queued_now_without_yielding() -> None:
+    """With no ``max_delay_ms`` the batch is what is queued when the loop wakes: it does not
+    hand the event loop a turn first, so a request submitted in that turn runs next, apart."""
+    rec = Recorder()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=4)
+        b.start()
+        await asyncio.sleep(0)  # the loop now waits for work
+        first = asyncio.ensure_future(b.submit(_samples(0, 1), 5))
+        await asyncio.sleep(0)  # ``first`` is queued and has woken the loop
+        second = asyncio.ensure_future(b.submit(_samples(1, 1), 5))  # runs after the loop's turn
+        await asyncio.gather(first, second)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert rec.batches == [[0.0], [1.0]]
+
+
+def test_the_next_batch_waits_for_the_one_worker_thread() -> None:
+    """The next batch can be handed over while the worker thread is still finishing the last
+    one (here: held in its future's callbacks, after the event loop was told the result). It
+    waits for that thread; a pool of more than one would start a second thread for it."""
+    gate = threading.Event()
+    rec = Recorder(gate)
+    handed_over = threading.Event()
+    workers_at_handover: list[int] = []
+    before = {t.ident for t in threading.enumerate()}
+
+    def workers() -> int:
+        return sum(
+            t.name.startswith("ort_") and t.ident not in before for t in threading.enumerate()
+        )
+
+    def at_submit(count: int) -> None:
+        if count == 2:
+            workers_at_handover.append(workers())
+            handed_over.set()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=1)
+        submitted = _spy_submits(b, at_submit)
+        b.start()
+        first = asyncio.ensure_future(b.submit(_samples(0, 1), 10))
+        while not rec.called.is_set():
+            await asyncio.sleep(0.001)
+        # runs in the worker thread after the callback that wakes the event loop
+        submitted[0].add_done_callback(lambda _: handed_over.wait(10))
+        second = asyncio.ensure_future(b.submit(_samples(1, 1), 10))
+        await asyncio.sleep(0)  # queued behind the running batch
+        gate.set()
+        await asyncio.gather(first, second)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert rec.batches == [[0.0], [1.0]]
+    assert workers_at_handover == [1]
+    assert len(set(rec.threads)) == 1
+
+
+def test_stop_does_not_wait_for_a_loop_that_died() -> None:
+    """A model output the batcher cannot slice (0-d here) ends its loop; the request times out
+    on its own deadline and a later stop() still returns instead of waiting forever."""
+    outcome: list[object] = []
+
+    async def main() -> None:
+        b = _batcher(lambda x: np.float32(x.sum()))  # type: ignore[arg-type]
+        b.start()
+        outcome.append(await asyncio.gather(b.submit(_samples(0, 1), 0.2), return_exceptions=True))
+        assert b._task is not None
+        await asyncio.wait([b._task], timeout=5)
+        outcome.append(b._task.exception())
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert isinstance(outcome[0][0], TimeoutError)  # type: ignore[index]
+    assert isinstance(outcome[1], IndexError)

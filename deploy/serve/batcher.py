@@ -6,11 +6,10 @@ the event loop (and the health probes) stay responsive under full load."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from zoo.errors import ServerBusyError
 class _Job:
     x: np.ndarray
     future: asyncio.Future[np.ndarray]
-    enqueued: float = field(default_factory=time.perf_counter)
+    enqueued: float  # the event loop's clock (loop.time()), which also times the delay
     cancelled: bool = False
 
 
@@ -39,32 +38,35 @@ class DynamicBatcher:
         self.run, self.max_batch, self.max_delay = run, max_batch, max_delay_ms / 1000
         self.max_queue, self.metrics = max_queue, metrics
         self.queue: deque[_Job] = deque()
+        # one thread: one ORT call at a time, always from the same thread
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # set by submit: a job was queued
+        self._idle = asyncio.Event()  # set by the loop: nothing queued, nothing running
+        self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self.in_flight = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        """Finish what is queued, then stop the loop and the worker thread."""
-        while self.queue or self.in_flight:
-            await asyncio.sleep(0.01)
-        if self._task:
+        """Finish what is queued or running, then stop the loop and the worker thread."""
+        await self._idle.wait()
+        if self._task is not None:
             self._task.cancel()
         self.executor.shutdown(wait=True)
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
         if len(self.queue) >= self.max_queue:
             raise ServerBusyError(f"queue full ({self.max_queue} requests waiting)")
-        job = _Job(x, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        job = _Job(x, loop.create_future(), loop.time())
         self.queue.append(job)
         self.metrics.queue_depth.set(len(self.queue))
+        self._idle.clear()
         self._wake.set()
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
             job.cancelled = True  # skipped if still queued; its result is dropped otherwise
             raise
 
@@ -85,38 +87,44 @@ class DynamicBatcher:
         self.queue.extendleft(reversed(rest))
         return jobs
 
+    async def _gather(self) -> None:
+        """Wait until max_batch samples are queued or the oldest job has waited max_delay."""
+        loop = asyncio.get_running_loop()
+        deadline = self.queue[0].enqueued + self.max_delay
+        while sum(len(j.x) for j in self.queue) < self.max_batch:
+            self._wake.clear()
+            try:  # woken by the next submit, not by polling
+                await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:  # the delay is over: run what has come
+                return
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            if not self.queue:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if self.max_delay > 0:  # opt-in: wait for a fuller batch, bounded by the delay
-                deadline = self.queue[0].enqueued + self.max_delay
-                while (
-                    sum(len(j.x) for j in self.queue) < self.max_batch
-                    and time.perf_counter() < deadline
-                ):
-                    await asyncio.sleep(min(0.001, max(0.0, deadline - time.perf_counter())))
-            while self.queue and self.queue[0].cancelled:
-                self.queue.popleft()
-            if not self.queue:
-                continue
-            jobs = self._take_batch()
-            self.metrics.queue_depth.set(len(self.queue))
-            now = time.perf_counter()
-            for j in jobs:
-                self.metrics.queue_seconds.observe(now - j.enqueued)
-            self.in_flight += 1
-            try:
+        try:
+            while True:
+                if not self.queue:
+                    self._idle.set()
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if self.max_delay > 0:  # opt-in: wait for a fuller batch, bounded by the delay
+                    await self._gather()
+                while self.queue and self.queue[0].cancelled:
+                    self.queue.popleft()
+                if not self.queue:
+                    continue
+                jobs = self._take_batch()
+                self.metrics.queue_depth.set(len(self.queue))
+                now = loop.time()
+                for j in jobs:
+                    self.metrics.queue_seconds.observe(now - j.enqueued)
                 await self._run_jobs(loop, jobs)
-            finally:
-                self.in_flight -= 1
+        finally:  # ended (cancelled by stop(), or a bug): nothing runs now, stop() must not wait
+            self._idle.set()
 
     async def _run_jobs(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         x = np.concatenate([j.x for j in jobs]) if len(jobs) > 1 else jobs[0].x
-        t0 = time.perf_counter()
+        t0 = loop.time()
         try:
             y = await loop.run_in_executor(self.executor, self.run, x)
         except Exception as exc:  # one bad request must not poison the others: retry alone
@@ -127,7 +135,7 @@ class DynamicBatcher:
             if not jobs[0].future.done():
                 jobs[0].future.set_exception(exc)
             return
-        self.metrics.compute_seconds.observe(time.perf_counter() - t0)
+        self.metrics.compute_seconds.observe(loop.time() - t0)
         self.metrics.batch_size.observe(len(x))
         start = 0
         for j in jobs:
