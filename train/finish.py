@@ -120,7 +120,7 @@ def finish_run(r: RunResult) -> None:
         plot_curves(state.history, run / "curves.png")
     if "confusion_matrix" in val:  # single-label only
         plot_confusion(val["confusion_matrix"], data.classes, run / "confusion_matrix.png")
-    model_dir = save_model_folder(r.parts.model, run / "model", config, str(card), label="model")
+    model_dir = save_model_folder(r.parts.model, run / "model", config, card, label="model")
     weights_sha256 = sha256_file(model_dir / WEIGHTS_FILE)
     load_report = r.parts.load_report
     report = {

@@ -6,24 +6,21 @@ import io
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure  # not pyplot: no GUI backend machinery to import (~1 s)
 
 from zoo import durable
 
 
-def _save(fig: Any, out: Path) -> None:
+def _save(fig: Figure, out: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     durable.write_bytes(out, buf.getvalue(), label=out.name)
 
 
 def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
     epochs = [h["epoch"] for h in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     ax1.plot(epochs, [h["train/loss"] for h in history], "o-", label="train")
     ax1.plot(epochs, [h["val/loss"] for h in history], "o-", label="val")
     ax1.set(xlabel="epoch", ylabel="loss", title="Loss")
@@ -40,7 +37,8 @@ def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
 def plot_confusion(cm: list[list[int]], classes: list[str], out: Path) -> None:
     n = len(classes)
     size = max(4.0, min(16.0, 0.5 * n + 2))
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig = Figure(figsize=(size, size))
+    ax = fig.subplots()
     im = ax.imshow(cm, cmap="Blues")
     ax.set(
         xticks=range(n),

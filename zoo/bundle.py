@@ -73,7 +73,7 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
     model = create_model(ref)
     info = info_of(model)
     config = _config_for(info, base=info.name, lineage=[], extra={"tag": info.tag})
-    return save_model_folder(model, out, config, str(finetuned_card(info, config)))
+    return save_model_folder(model, out, config, finetuned_card(info, config))
 
 
 def convert(
@@ -134,4 +134,4 @@ def convert(
             }
         },
     )
-    return save_model_folder(model, out, config, str(finetuned_card(info, config)))
+    return save_model_folder(model, out, config, finetuned_card(info, config))
