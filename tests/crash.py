@@ -3,7 +3,7 @@ forked from a preloaded server, and compare two run folders the way a user would
 
 A child is a real process (its own pid, its own DataLoader workers) that runs
 ``zoo.cli.app.main`` with the given argv; ``ZOO_FAULT_KILL_AT`` makes it SIGKILL itself. The
-fork server has imported torch, the trainer, matplotlib and TensorBoard once (and run no
+fork server has imported torch, the trainer and TensorBoard once (and run no
 torch op, so forking is safe), which saves seconds of start-up per process.
 """
 
