@@ -20,7 +20,15 @@ from zoo.cli.common import (
     out,
     print_json,
 )
-from zoo.deploy.choices import Backend, CalibMethod, Exporter, Format, JitMode, QuantMode
+from zoo.deploy.choices import (
+    Backend,
+    CalibMethod,
+    Exporter,
+    Format,
+    JitMode,
+    Precision,
+    QuantMode,
+)
 
 if TYPE_CHECKING:
     from zoo.ref import ModelRef
@@ -76,6 +84,16 @@ def export_cmd(
         bool, typer.Option(help="write the file even when parity fails")
     ] = False,
     max_batch: Annotated[int, typer.Option(help="triton: max_batch_size")] = 32,
+    precision: Annotated[
+        Precision,
+        choice(Precision, "--precision", help="onnx: weights and compute (inputs/outputs fp32)"),
+    ] = "fp32",
+    slim: Annotated[
+        bool,
+        typer.Option(
+            "--slim", help="onnx: simplify the graph with onnxslim; the checks judge the result"
+        ),
+    ] = False,
     weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -89,10 +107,12 @@ def export_cmd(
             "by default, pass only --static-batch N to fix it",
             param_hint="--static-batch",
         )
-    if static_batch is not None and fmt != "onnx":
-        raise typer.BadParameter(
-            f"--static-batch applies to --format onnx, not {fmt!r}", param_hint="--static-batch"
-        )
+    onnx_only = ((static_batch is not None, "--static-batch"), (slim, "--slim"))
+    for given, flag in (*onnx_only, (precision != "fp32", "--precision")):
+        if given and fmt != "onnx":
+            raise typer.BadParameter(
+                f"{flag} applies to --format onnx, not {fmt!r}", param_hint=flag
+            )
     ref = ModelRef.parse(model)
     path = output or _default_output(ref, fmt)
     if fmt == "onnx":
@@ -106,6 +126,8 @@ def export_cmd(
             data=data,
             allow_mismatch=allow_mismatch,
             weights=weights,
+            slim=slim,
+            precision=precision,
         )
     elif fmt == "triton":
         from zoo.deploy.triton import export_triton
@@ -124,10 +146,20 @@ def export_cmd(
     if as_json:
         print_json(d)
     else:
-        batch = f", batch {d['static_batch'] or 'dynamic'}" if d["format"] == "onnx" else ""
+        batch = (
+            f", batch {d['static_batch'] or 'dynamic'}, {d['precision']}"
+            if d["format"] == "onnx"
+            else ""
+        )
         out.print(
             f"wrote {d['path']} ({d['size_mb']} MB, {d['format']}, exporter {d['exporter']}{batch})"
         )
+        if d.get("slim"):
+            sl = d["slim"]
+            out.print(
+                f"slim (onnxslim {sl['onnxslim']}): {sl['nodes_before']} → {sl['nodes_after']} "
+                f"nodes, {sl['bytes_before'] / 2**20:.2f} → {sl['bytes_after'] / 2**20:.2f} MB"
+            )
         p = d["parity"]
         if "tensors" in p:
             t = p["tensors"]
@@ -365,7 +397,7 @@ def bench_cmd(
     model: ModelArg,
     backends: Annotated[
         str, choice(Backend, "--backends", help="comma-separated", many=True)
-    ] = "eager,torchscript,ort_fp32,ort_int8",
+    ] = "eager,torchscript,ort_fp32,ort_fp16,ort_int8",
     devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda")] = "cpu",
     batch_sizes: Annotated[
         str, typer.Option(help="comma-separated, e.g. 1,8", parser=int_list, metavar="<int>[,...]")

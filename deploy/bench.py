@@ -40,6 +40,9 @@ def fingerprint(threads: int) -> dict[str, Any]:
     return {**{k: env.get(k) for k in keys}, "threads": threads}
 
 
+ORT_FILES = {"ort_fp32": "fp32", "ort_fp16": "fp16", "ort_int8": "int8"}  # backend -> file
+
+
 class _Builder:
     """Builds each backend once per device (cold start timed), shared across batch sizes."""
 
@@ -62,6 +65,10 @@ class _Builder:
             if "fp32" not in self._onnx:
                 export_onnx(self.ref, fp32, dynamic_batch=True, weights=self.weights)
                 self._onnx["fp32"] = fp32
+            if kind == "fp16":
+                fp16 = self.workdir / "fp16.onnx"
+                export_onnx(self.ref, fp16, precision="fp16", weights=self.weights)
+                self._onnx["fp16"] = fp16
             if kind == "int8":
                 from zoo.deploy.quantize import quantize
 
@@ -101,7 +108,7 @@ class _Builder:
             raise BackendUnavailableError(
                 "int8 QDQ on GPU needs the TensorRT provider (not in this build)"
             )
-        path = self.onnx_file("fp32" if backend == "ort_fp32" else "int8")
+        path = self.onnx_file(ORT_FILES[backend])
         sess = make_session(path, device=device.type, threads=self.threads)
         feed = {sess.get_inputs()[0].name: x.cpu().numpy()}
         return (lambda: sess.run(None, feed)), round(path.stat().st_size / 2**20, 2)
@@ -122,7 +129,8 @@ def run_bench(
 
     Args:
         name: a model reference (registry, ``timm:`` or Hub name, run or model folder).
-        backends: any of ``eager``, ``compile``, ``torchscript``, ``ort_fp32``, ``ort_int8``.
+        backends: any of ``eager``, ``compile``, ``torchscript``, ``ort_fp32``, ``ort_fp16``,
+            ``ort_int8``.
         devices: ``cpu``, ``cuda``, ``cuda:N``.
         batch_sizes: batch sizes to time.
         threads: torch and ORT intra-op threads (default: available CPUs).
@@ -177,7 +185,7 @@ def run_bench(
                         if backend.startswith(
                             "ort"
                         ):  # export/quantize: a build step, not cold start
-                            builder.onnx_file("fp32" if backend == "ort_fp32" else "int8")
+                            builder.onnx_file(ORT_FILES[backend])
                         with torch.inference_mode(), warnings.catch_warnings():
                             warnings.simplefilter(
                                 "ignore", FutureWarning

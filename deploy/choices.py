@@ -14,17 +14,20 @@ Format = Literal["onnx", "torchscript", "pt2", "triton"]
 """``zoo export --format``."""
 Exporter = Literal["auto", "dynamo", "legacy"]
 """ONNX exporter: torch.export-based (dynamo), TorchScript-based (legacy), or dynamo first."""
+Precision = Literal["fp32", "fp16"]
+"""``zoo export --precision``: the ONNX graph's weights and compute (inputs/outputs stay fp32)."""
 JitMode = Literal["trace", "script"]
 """How ``--format torchscript`` builds its graph."""
 QuantMode = Literal["dynamic", "static"]
 """int8 quantization: weights only (dynamic) or weights and activations, calibrated (static)."""
 CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
-Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_int8"]
+Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_fp16", "ort_int8"]
 """``zoo bench --backends``."""
 
 FORMATS: tuple[str, ...] = get_args(Format)
 EXPORTERS: tuple[str, ...] = get_args(Exporter)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 JIT_MODES: tuple[str, ...] = get_args(JitMode)
 QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
 CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.deploy.choices import EXPORTERS, FORMATS, JIT_MODES, Exporter, JitMode
+from zoo.deploy.choices import EXPORTERS, FORMATS, JIT_MODES, Exporter, JitMode, Precision
+from zoo.deploy.choices import PRECISIONS as PRECISION_CHOICES
 from zoo.deploy.lint import lint_graph
-from zoo.deploy.parity import ParityReport, check_parity, real_images
+from zoo.deploy.parity import PRECISIONS, ParityReport, check_parity, real_images
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
@@ -44,6 +45,8 @@ class ExportResult:
     lint: list[str] = field(default_factory=list)
     parity: dict[str, Any] = field(default_factory=dict)
     size_mb: float = 0.0
+    slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
+    precision: str = "fp32"  # onnx: the graph's weights and compute (inputs/outputs fp32)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -155,6 +158,8 @@ def export_onnx(
     allow_mismatch: bool = False,
     model: nn.Module | None = None,
     weights: str | None = None,
+    slim: bool = False,
+    precision: Precision = "fp32",
 ) -> ExportResult:
     """Export to ONNX, check, lint, prove parity with PyTorch, embed zoo's metadata, and write
     ``out`` atomically (nothing is written when any step fails).
@@ -168,6 +173,9 @@ def export_onnx(
         dynamic_batch: kept for callers of the old API; the batch is dynamic unless
             ``static_batch`` is given, and False without ``static_batch`` is refused.
         dynamic_size: dynamic height and width too.
+        slim: simplify the graph with onnxslim first; the checks judge the slimmed graph.
+        precision: ``fp32`` or ``fp16`` (weights and compute; inputs and outputs stay fp32),
+            judged by that precision's parity tolerances (:data:`zoo.deploy.parity.FP16`).
         opset, exporter, data, allow_mismatch, model, weights: see ``zoo export --help``.
 
     Returns:
@@ -197,6 +205,7 @@ def export_onnx(
             f"(default {DEFAULT_OPSET})."
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
+    ChoiceError.check("precision", precision, PRECISION_CHOICES)
     ref = ModelRef.parse(name)
     name = ref.shown
     src_model, info, weights_sha = load_for_export(ref, weights)
@@ -211,11 +220,12 @@ def export_onnx(
         dynamic_batch=dynamic_batch,
         static_batch=static_batch,
         dynamic_size=dynamic_size,
+        precision=precision,
     )
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
     x = _dummy(info, export_batch)
     with atomic_output(out) as tmp:
-        write = partial(
+        export_once = partial(
             _onnx_once,
             model,
             x,
@@ -224,12 +234,25 @@ def export_onnx(
             dynamic_batch=dynamic_batch,
             dynamic_size=dynamic_size,
         )
+
+        def write(exporter: str) -> dict[str, Any]:  # the graph every check below judges
+            done: dict[str, Any] = {"warnings": export_once(exporter=exporter)}
+            if slim:
+                from zoo.deploy.slim import slim_file
+
+                done["slim"] = slim_file(tmp)
+            if precision == "fp16":
+                from zoo.deploy.fp16 import to_fp16_file
+
+                done["fp16"] = to_fp16_file(tmp)
+            return done
+
         chosen: tuple[str, list[str], ParityReport] | None = None
         for exp in order:
             attempt: dict[str, Any] = {"exporter": exp}
             result.attempts.append(attempt)
             try:
-                attempt["warnings"] = write(exporter=exp)
+                attempt.update(write(exporter=exp))
                 onnx.checker.check_model(str(tmp), full_check=True)
                 graph = onnx.load(str(tmp))
                 lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=export_batch)
@@ -242,6 +265,7 @@ def export_onnx(
                     dynamic_batch=dynamic_batch,
                     dynamic_size=dynamic_size,
                     images=images,
+                    tolerances=PRECISIONS[precision],
                 )
             except Exception as exc:  # exporter/check failures: record, maybe fall back
                 attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
@@ -257,6 +281,7 @@ def export_onnx(
         if "error" in result.attempts[-1]:  # a later failed attempt overwrote the file
             write(exporter=exp)
         result.exporter, result.lint, result.parity = exp, lint, parity.to_dict()
+        result.slim = next(a.get("slim") for a in result.attempts if a["exporter"] == exp)
         if lint:
             raise ExportError(f"Graph lint failed for {name}: " + "; ".join(lint))
         if not parity.passed and not allow_mismatch:
@@ -298,6 +323,8 @@ def export_metadata(
         "preprocessing": info.preprocessing().to_dict(),
         "opset": result.opset,
         "exporter": result.exporter,
+        "slim": result.slim,
+        "precision": result.precision,
         "dynamic_batch": result.dynamic_batch,
         "static_batch": result.static_batch,
         "dynamic_size": result.dynamic_size,

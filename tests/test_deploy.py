@@ -229,7 +229,7 @@ def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
         "bench",
         "mlp",
         "--backends",
-        "eager,torchscript,ort_fp32",
+        "eager,torchscript,ort_fp32,ort_fp16",
         "--devices",
         "cpu,cuda",
         "--seconds",
@@ -240,7 +240,7 @@ def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
     rep = json.loads(r.stdout)
     rows = {(x["backend"], x["device"]): x for x in rep["rows"]}
     eager = rows[("eager", "cpu")]
-    for b in ("eager", "torchscript", "ort_fp32"):
+    for b in ("eager", "torchscript", "ort_fp32", "ort_fp16"):
         row = rows[(b, "cpu")]
         assert row["status"] == "✅" and row["n"] >= 30 and row["batch"] == 1
         # the derived figures come from this row's own median and the eager one beside it

@@ -25,7 +25,47 @@ def test_tolerances_are_the_documented_ones() -> None:
         0.99999,
         1.0,
     )
-    assert ParityReport().tolerances == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999}
+    assert ParityReport().tolerances == {
+        "atol": 1e-4,
+        "rtol": 1e-3,
+        "min_cosine": 0.99999,
+        "min_agreement": 1.0,
+        "range_atol": 0.0,
+    }
+    assert parity.Tolerances(range_atol=0.02, min_cosine=0.9999) == parity.FP16
+    assert parity.PRECISIONS == {"fp32": parity.FP32, "fp16": parity.FP16}
+
+
+def _fp16_case() -> tuple[np.ndarray, np.ndarray]:
+    """Logits of range 20 and their fp16 image: the error fp16 rounding leaves (0.3 % of the
+    range), with a few near-zero logits whose relative error is large."""
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(-20, 20, (4, 100)).astype(np.float32)
+    ref[0, :3] = [1e-4, -2e-4, 0.0]
+    return ref, ref + rng.uniform(-0.06, 0.06, ref.shape).astype(np.float32)
+
+
+def test_fp16_rounding_passes_fp16_bounds_but_not_fp32_ones() -> None:
+    ref, out = _fp16_case()
+    tol = parity.FP16
+    kw = {"atol": tol.atol, "rtol": tol.rtol, "min_cosine": tol.min_cosine}
+    assert compare(ref, out, **kw, range_atol=tol.range_atol).passed
+    assert not compare(ref, out).passed
+
+
+@pytest.mark.parametrize("off, passes", [(0.39, True), (0.41, False)])
+def test_fp16_bound_is_two_percent_of_the_output_range(off: float, passes: bool) -> None:
+    ref = np.array([[20.0, -5.0, 0.0]], np.float32)  # range 20: bound 1e-4 + 0.4 (+ rtol)
+    out = ref.copy()
+    out[0, 2] += off  # at the zero logit: only atol + range_atol·20 = 0.4001 allows it
+    assert compare(ref, out, min_cosine=0.999, range_atol=0.02).passed is passes
+
+
+def test_a_five_percent_weight_error_fails_the_fp16_bounds() -> None:
+    ref, _ = _fp16_case()
+    tol = parity.FP16
+    scaled = ref * 1.05  # a classifier weight off by 5 %: logits off by 5 % of themselves
+    assert not compare(ref, scaled, range_atol=tol.range_atol, min_cosine=tol.min_cosine).passed
 
 
 def test_identical_tensors_pass_with_exact_figures() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_blues_runs_from_near_white_to_dark_blue() -> None:
     assert blues(0.0) == (247, 251, 255) and blues(1.0) == (8, 48, 107)
     assert blues(-1.0) == blues(0.0) and blues(2.0) == blues(1.0)
     shades = [sum(blues(k / 20)) for k in range(21)]
-    assert all(a > b for a, b in zip(shades, shades[1:], strict=False))
+    assert all(a > b for a, b in pairwise(shades))
 
 
 def test_many_classes_fit_and_keep_every_cell(tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ def test_non_finite_values_leave_gaps_not_errors() -> None:
 def test_ticks_cover_the_range_in_round_even_steps(lo: float, hi: float) -> None:
     t = nice_ticks(lo, hi)
     assert t[0] <= lo and t[-1] >= hi and 3 <= len(t) <= 8
-    steps = {round(b - a, 12) for a, b in zip(t, t[1:], strict=False)}
+    steps = {round(b - a, 12) for a, b in pairwise(t)}
     assert len(steps) == 1
     (step,) = steps
     mantissa = step / 10 ** math.floor(math.log10(step))

@@ -47,7 +47,7 @@ def nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     first = math.floor(lo / step) * step
-    ticks = []
+    ticks: list[float] = []
     i = 0
     while not ticks or ticks[-1] < hi - step * 1e-9:
         ticks.append(round(first + i * step, 12))
@@ -99,7 +99,7 @@ def _panel(
     draw.rectangle(box, outline=_INK)
     _text(draw, ((left + right) / 2, bottom + 24), "epoch", 13, "mt")
     _text(draw, (left - 48, (top + bottom) / 2), ylabel, 13, "rm")
-    for name, ps, color in series:
+    for _, ps, color in series:
         xy = [at(x, y) for x, y in ps]
         if len(xy) > 1:
             draw.line(xy, fill=color, width=2)
@@ -187,7 +187,13 @@ def confusion_image(cm: list[list[int]], classes: list[str]) -> Image.Image:
             c = top + k * cell + cell / 2
             _text(draw, (left - 6, c), _short(name), ticks, "rm")
             label = Image.new("RGB", (label_room, cell), "white")  # x labels read bottom-up
-            _text(ImageDraw.Draw(label), (label_room - 2, cell / 2), _short(name), ticks, "rm",)
+            _text(
+                ImageDraw.Draw(label),
+                (label_room - 2, cell / 2),
+                _short(name),
+                ticks,
+                "rm",
+            )
             im.paste(label.rotate(90, expand=True), (int(left + k * cell), top + size + 4))
     _text(draw, (left + size / 2, im.height - 8), "predicted", 13, "ms")
     _text(draw, (12, top + size / 2), "true", 13, "lm")

@@ -1,0 +1,105 @@
+"""Export variants behind the same gate: ``--slim`` (onnxslim simplifies the graph) and
+``--precision fp16``; the gate judges the final graph, so a pass that changes answers is
+refused like any other broken export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import run_zoo
+from zoo.deploy import parity
+from zoo.deploy.export import export_onnx
+from zoo.deploy.preprocess import preprocess
+from zoo.deploy.runtime import OnnxClassifier
+from zoo.errors import ExportError, ParityError
+from zoo.images import open_image
+from zoo.samples import sample_image_paths
+
+
+def test_slimmed_mobilenet_passes_the_gate_and_answers_as_before(
+    tmp_path: Path, mobilenet_onnx: Path
+) -> None:
+    out = tmp_path / "slim.onnx"
+    r = run_zoo("export", "mobilenet_v2", "--slim", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    sl = rep["slim"]
+    assert sl["nodes_after"] <= sl["nodes_before"] and sl["bytes_after"] <= sl["bytes_before"]
+    assert len(onnx.load(str(out)).graph.node) == sl["nodes_after"]
+    assert rep["parity"]["passed"] and rep["parity"]["predictions"]["agreement"] == 1.0
+    slim, plain = OnnxClassifier(str(out)), OnnxClassifier(str(mobilenet_onnx))
+    assert slim.meta["slim"] == sl  # the file says what was done to it
+    x = np.stack([preprocess(open_image(p), plain.pre) for p in sample_image_paths()])
+    np.testing.assert_allclose(slim.run(x), plain.run(x), atol=1e-4, rtol=1e-4)
+    assert [p[0].label for p in slim.classify([open_image(p) for p in sample_image_paths()])] == [
+        p[0].label for p in plain.classify([open_image(p) for p in sample_image_paths()])
+    ]
+
+
+def test_fp16_mobilenet_passes_the_fp16_gate_and_names_the_photos(
+    tmp_path: Path, mobilenet_onnx: Path
+) -> None:
+    out = tmp_path / "fp16.onnx"
+    r = run_zoo("export", "mobilenet_v2", "--precision", "fp16", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["precision"] == "fp16" and rep["parity"]["passed"]
+    assert rep["parity"]["tolerances"] == asdict(parity.FP16)
+    assert out.stat().st_size < 0.55 * mobilenet_onnx.stat().st_size  # fp16 weights
+    inits = onnx.load(str(out)).graph.initializer
+    assert {t.data_type for t in inits if len(t.dims) == 4} == {onnx.TensorProto.FLOAT16}
+    half, full = OnnxClassifier(str(out)), OnnxClassifier(str(mobilenet_onnx))
+    assert half.meta["precision"] == "fp16"
+    photos = [open_image(p) for p in sample_image_paths()]
+    x = np.stack([preprocess(im, full.pre) for im in photos])
+    assert half.run(x).dtype == np.float32  # inputs and outputs stay fp32
+    d = parity.compare(full.run(x), half.run(x), **_bounds(parity.FP16))
+    assert d.passed and d.max_abs > 1e-4  # really computed in fp16, within its bounds
+    assert [p[0].label for p in half.classify(photos)] == ["Egyptian cat", "espresso"]
+
+
+def _bounds(t: parity.Tolerances) -> dict[str, float]:
+    return {"atol": t.atol, "rtol": t.rtol, "min_cosine": t.min_cosine, "range_atol": t.range_atol}
+
+
+def test_a_simplifier_that_changes_answers_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxslim
+
+    real = onnxslim.slim
+
+    def off_by_a_bit(model: onnx.ModelProto) -> onnx.ModelProto:
+        slimmed = real(model)
+        init = max(slimmed.graph.initializer, key=lambda t: np.prod(t.dims))  # the largest weight
+        w = numpy_helper.to_array(init) * 1.01
+        init.CopyFrom(numpy_helper.from_array(w.astype(np.float32), init.name))
+        return slimmed
+
+    monkeypatch.setattr(onnxslim, "slim", off_by_a_bit)
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ParityError, match="does not match PyTorch"):
+        export_onnx("simple_cnn", out, slim=True, exporter="legacy")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
+
+
+def test_slim_without_onnxslim_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxslim", None)  # import fails as if not installed
+    with pytest.raises(ExportError, match=r"pip install 'zoo\[slim\]'"):
+        export_onnx("simple_cnn", tmp_path / "m.onnx", slim=True, exporter="legacy")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_slim_is_an_onnx_option() -> None:
+    r = run_zoo("export", "simple_cnn", "--format", "torchscript", "--slim")
+    assert r.returncode == 2 and "--slim applies to --format onnx" in r.stderr
