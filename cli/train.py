@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,11 +20,33 @@ from zoo.train.config import (
     option_defaults,
 )
 
+if TYPE_CHECKING:
+    from zoo.train.config import TrainConfig
+
 # Every default and choice comes from TrainConfig; only the help text and spelling live here.
 D = option_defaults()
 
 # Option names whose CLI spelling differs from the TrainConfig field.
 _FIELD = {"arch": "model"}
+
+
+def train_config(params: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of a command's training options (CLI spellings mapped to the
+    fields, the data folder and a model folder made absolute)."""
+    from zoo.train.config import TrainConfig
+
+    values = {_FIELD.get(k, k): v for k, v in params.items()}
+    values["model"] = values.get("model") or ""
+    values["data"] = values.get("data") or ""
+    if values["data"]:
+        values["data"] = str(Path(values["data"]).expanduser().resolve())
+    if values["model"]:
+        from zoo.ref import ModelRef
+
+        ref = ModelRef.parse(values["model"])  # the same precedence as every other command
+        if ref.is_path:
+            values["model"] = str(ref.path.resolve())
+    return TrainConfig.from_dict(values)
 
 
 def finetune_cmd(
@@ -158,8 +180,6 @@ def finetune_cmd(
     progress: Annotated[bool, typer.Option(help="rich progress bar")] = D["progress"],
 ) -> None:
     """Fine-tune a model on a folder of images (e.g. zoo finetune resnet18 --data ./fish)."""
-    from zoo.train.config import TrainConfig
-
     if resume is None and (arch is None or data is None):
         raise typer.BadParameter("give ARCH and --data (or --resume RUN_DIR)")
     if extend and resume is None:
@@ -176,19 +196,8 @@ def finetune_cmd(
         # typer vendors its own click: compare the enum by name, not identity
         if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     )
-    values = {_FIELD.get(k, k): v for k, v in params.items()}
-    del values["nproc"]  # how many processes run it, not part of the run's config
-    values["model"] = values.get("model") or ""
-    values["data"] = values.get("data") or ""
-    if values["data"]:
-        values["data"] = str(Path(values["data"]).expanduser().resolve())
-    if values["model"]:
-        from zoo.ref import ModelRef
-
-        ref = ModelRef.parse(values["model"])  # the same precedence as every other command
-        if ref.is_path:
-            values["model"] = str(ref.path.resolve())
-    cfg = TrainConfig.from_dict(values)
+    del params["nproc"]  # how many processes run it, not part of the run's config
+    cfg = train_config(params)
     from zoo.train.trainer import fit
 
     run = fit(cfg, explicit=explicit)

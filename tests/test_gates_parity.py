@@ -4,6 +4,7 @@ The end-to-end export tests (real MobileNetV2, real onnxruntime) live in test_de
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -384,3 +385,32 @@ def test_the_report_is_reproducible(tiny: nn.Module) -> None:
     a = _check(tiny, noisy, dynamic_batch=True, dynamic_size=True).to_dict()
     b = _check(tiny, noisy, dynamic_batch=True, dynamic_size=True).to_dict()
     assert a == b and len({d["max_abs"] for d in a["dynamic"]}) > 2  # the noise shows
+
+
+def test_check_parity_applies_the_given_tolerances_at_every_level(tiny: nn.Module) -> None:
+    """The same runtime, off by 2e-3 everywhere: fails fp32's bounds, passes looser ones given
+    to check_parity (tensors and the dynamic shapes alike), which the report records."""
+    shifted = lambda x: _eager(tiny)(x) + 2e-3  # noqa: E731
+    loose = parity.Tolerances(atol=5e-3)
+    kw = {"export_batch": 3, "dynamic_batch": True}
+    assert not _check(tiny, shifted, **kw).passed
+    r = _check(tiny, shifted, tolerances=loose, **kw)
+    assert r.passed and r.tensors["passed"] and all(d["passed"] for d in r.dynamic)
+    assert r.tolerances == asdict(loose) and r.to_dict()["tolerances"]["atol"] == 5e-3
+
+
+def test_check_parity_applies_the_given_agreement_floor(tiny: nn.Module) -> None:
+    """A runtime whose top-1 differs on one of the two photos: refused at the default floor
+    (100 %), accepted at a 50 % floor (tensor bounds opened so only agreement decides)."""
+
+    def one_wrong(x: np.ndarray) -> np.ndarray:
+        y = _eager(tiny)(x)
+        if len(x) == 2:  # the prediction check's batch of the two photos: swap the first's top
+            y[0] = y[0][::-1].copy()
+        return y
+
+    wide = {"atol": 1e3, "min_cosine": -1.0}
+    strict = _check(tiny, one_wrong, tolerances=parity.Tolerances(**wide))
+    assert strict.predictions["agreement"] == 0.5 and not strict.predictions["passed"]
+    half = parity.Tolerances(**wide, min_agreement=0.5)
+    assert _check(tiny, one_wrong, tolerances=half).predictions["passed"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,11 @@ def _panel(
     ylabel: str,
     ylim: tuple[float, float] | None = None,
     legend_at_top: bool = True,
+    xlabel: str = "epoch",
+    xtick: Callable[[float], str] = lambda t: str(int(t)),
 ) -> None:
-    """One line chart in ``box`` (left, top, right, bottom): axes, grid, ticks, legend."""
+    """One line chart in ``box`` (left, top, right, bottom): axes, grid, ticks, legend; x
+    ticks at the whole numbers, labelled by ``xtick``."""
     left, top, right, bottom = box
     pts = [p for _, ps, _ in series for p in ps]
     xs = [x for x, _ in pts] or [1.0]
@@ -95,9 +99,9 @@ def _panel(
         if x0 <= t <= x1 and float(t).is_integer():
             px = at(t, y0)[0]
             draw.line([(px, bottom), (px, bottom + 4)], fill=_INK)
-            _text(draw, (px, bottom + 6), str(int(t)), 12, "mt")
+            _text(draw, (px, bottom + 6), xtick(t), 12, "mt")
     draw.rectangle(box, outline=_INK)
-    _text(draw, ((left + right) / 2, bottom + 24), "epoch", 13, "mt")
+    _text(draw, ((left + right) / 2, bottom + 24), xlabel, 13, "mt")
     _text(draw, (left - 48, (top + bottom) / 2), ylabel, 13, "rm")
     for _, ps, color in series:
         xy = [at(x, y) for x, y in ps]
@@ -105,10 +109,11 @@ def _panel(
             draw.line(xy, fill=color, width=2)
         for px, py in xy:
             draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=color)
+    text_x = right - 8 - max(_font(12).getlength(name) for name, _, _ in series)
     for i, (name, _, color) in enumerate(series):  # legend, away from where curves usually go
         y = top + 12 + 18 * i if legend_at_top else bottom - 12 - 18 * (len(series) - 1 - i)
-        draw.line([(right - 78, y), (right - 56, y)], fill=color, width=2)
-        _text(draw, (right - 50, y), name, 12, "lm")
+        draw.line([(text_x - 28, y), (text_x - 6, y)], fill=color, width=2)
+        _text(draw, (text_x, y), name, 12, "lm")
 
 
 def _finite(history: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
@@ -139,6 +144,21 @@ def curves_image(history: list[dict[str, Any]]) -> Image.Image:
 
 def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
     _save(curves_image(history), out)
+
+
+def plot_lr_curve(lrs: list[float], loss: list[float], suggested: float, out: Path) -> None:
+    """``zoo lr-find``'s curve: loss against the learning rate (log scale), the suggestion
+    marked."""
+    im = Image.new("RGB", (700, 420), "white")
+    curve = [(math.log10(lr), v) for lr, v in zip(lrs, loss, strict=True) if math.isfinite(v)]
+    at = min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i] / suggested)))
+    series = [
+        ("loss (averaged, smoothed)", curve, TRAIN),
+        (f"suggested {suggested:.2g}", [(math.log10(lrs[at]), loss[at])], (214, 39, 40)),
+    ]
+    _panel(ImageDraw.Draw(im), (90, 40, 680, 350), series, "LR range test", "loss",
+           xlabel="learning rate", xtick=lambda t: f"1e{int(t)}")  # fmt: skip
+    _save(im, out)
 
 
 def blues(t: float) -> tuple[int, int, int]:

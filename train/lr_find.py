@@ -1,0 +1,155 @@
+"""``zoo lr-find``: the learning-rate range test (L. Smith, "Cyclical Learning Rates for
+Training Neural Networks", 2017, section 3.3), made reproducible.
+
+Each sweep trains a copy of the run's model and optimizer for ``steps`` steps on a fixed,
+seeded order of training images while the learning rate grows geometrically from ``start`` to
+``end``; a sweep stops early once its smoothed loss passes 4x its best. The sweeps (each its
+own seeded order) are averaged step by step over the steps they all reached, smoothed, and the
+suggestion is **one tenth of the learning rate where that curve is lowest** (the rule printed
+with it). Everything is a function of the options and the seed, so the same command gives the
+same suggestion twice; the run's own model and optimizer are never touched.
+
+Written by hand: timm, torchvision and Lightning's tuner either have no range test or tie it to
+their own trainer; ours must drive zoo's own parts (strategy phases, feature cache, loss)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.device import move_to
+from zoo.errors import TrainingError
+from zoo.train.build import RunParts, build_run, loader
+from zoo.train.config import TrainConfig
+from zoo.train.loop import forward
+from zoo.train.resolve import resolve_config
+from zoo.train.strategy import set_phase, train_mode
+
+RULE = "one tenth of the learning rate at the lowest averaged, smoothed loss"
+DIVERGED = 4.0  # a sweep stops when its smoothed loss passes this multiple of its best
+BETA = 0.9  # smoothing of the loss curve (exponential moving average, bias-corrected)
+
+
+@dataclass(frozen=True)
+class LrFindResult:
+    lrs: list[float]  # the learning rate of each step reached by every sweep
+    loss: list[float]  # averaged over the sweeps, then smoothed
+    sweeps: list[list[float]]  # each sweep's raw losses
+    suggested: float
+    rule: str = RULE
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lr_schedule(start: float, end: float, steps: int) -> list[float]:
+    """``steps`` learning rates from ``start`` to ``end``, evenly spaced in log scale."""
+    if not 0 < start < end:
+        raise ValueError(f"need 0 < start < end, got {start} and {end}")
+    if steps < 2:
+        raise ValueError(f"need at least 2 steps, got {steps}")
+    ratio = math.log(end / start) / (steps - 1)
+    return [start * math.exp(ratio * i) for i in range(steps)]
+
+
+def smooth(values: list[float], beta: float = BETA) -> list[float]:
+    """Bias-corrected exponential moving average (the first value is itself)."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**i))
+    return out
+
+
+def average(sweeps: list[list[float]]) -> list[float]:
+    """Step-wise mean over the steps every sweep reached."""
+    n = min(len(s) for s in sweeps)
+    return [sum(s[i] for s in sweeps) / len(sweeps) for i in range(n)]
+
+
+def suggest(lrs: list[float], loss: list[float]) -> float:
+    """:data:`RULE`: a tenth of the learning rate at the curve's minimum (first one on ties)."""
+    best = min(range(len(loss)), key=lambda i: (loss[i], i))
+    return lrs[best] / 10
+
+
+def diverged(smoothed: list[float]) -> bool:
+    last = smoothed[-1]
+    return not math.isfinite(last) or last > DIVERGED * min(smoothed)
+
+
+def _sweep(parts: RunParts, lrs: list[float], sweep: int) -> list[float]:
+    """One sweep on copies of the run's parts; the raw loss of each step until divergence."""
+    cfg = parts.cfg
+    frozen = set_phase(parts.groups, cfg.strategy or "full", cfg.freeze_epochs, 0)
+    model, opt, groups = copy.deepcopy((parts.trained, parts.optimizer, parts.groups))
+    top = max(g["lr"] for g in opt.param_groups)
+    scale = [g["lr"] / top for g in opt.param_groups]  # e.g. --backbone-lr-mult kept
+    n = len(parts.train_set)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + 7919 * sweep))
+    need = len(lrs) * cfg.batch_size
+    keys = [(int(order[i % n]), sweep) for i in range(need)]  # (index, epoch): seeded augment
+    batches = loader(parts.train_set, keys, cfg.batch_size, parts.workers, cfg.seed, parts.device)
+    train_mode(model, groups, frozen)
+    raw: list[float] = []
+    cuda = [parts.device] if parts.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # dropout & co. seeded; the run's RNG untouched
+        torch.manual_seed(cfg.seed + 7919 * sweep)
+        for lr, (x, y, _) in zip(lrs, batches, strict=False):
+            for g, s in zip(opt.param_groups, scale, strict=True):
+                g["lr"] = lr * s
+            opt.zero_grad(set_to_none=True)
+            x, y = move_to((x, y), parts.device, non_blocking=True)
+            loss = parts.loss_fn(forward(parts, model, x).float(), y)
+            raw.append(float(loss.detach()))
+            if diverged(smooth(raw)):
+                break
+            loss.backward()
+            opt.step()
+    return raw
+
+
+def find_lr(
+    options: TrainConfig,
+    *,
+    start: float = 1e-7,
+    end: float = 10.0,
+    steps: int = 100,
+    sweeps: int = 3,
+) -> LrFindResult:
+    """Run the range test for the model and data ``options`` describe.
+
+    Args:
+        options: training options, as for ``zoo finetune`` (those that shape a step count:
+            model, data, strategy, batch size, optimizer, loss, augmentation, seed).
+        start, end: the learning-rate range, geometric.
+        steps: steps per sweep.
+        sweeps: how many seeded sweeps are averaged.
+
+    Returns:
+        The averaged curve and the suggestion.
+
+    Raises:
+        TrainingError: no sweep got past its first step (the loss was not finite).
+        Everything :func:`resolve_config` and :func:`build_run` raise for bad options/data.
+    """
+    lrs = lr_schedule(start, end, steps)
+    parts = build_run(resolve_config(options))
+    runs = [_sweep(parts, lrs, s) for s in range(sweeps)]
+    if min(len(r) for r in runs) < 2:
+        raise TrainingError(
+            f"the loss diverged within one step at lr {start:g}: lower --start, or check the data"
+        )
+    loss = smooth(average(runs))
+    return LrFindResult(lrs[: len(loss)], loss, runs, suggest(lrs[: len(loss)], loss))
+
+
+def plot_lr_find(result: LrFindResult, out: Path) -> None:
+    from zoo.train.plots import plot_lr_curve
+
+    plot_lr_curve(result.lrs, result.loss, result.suggested, out)
