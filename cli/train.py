@@ -30,6 +30,19 @@ D = option_defaults()
 _FIELD = {"arch": "model"}
 
 
+def _lr(value: str | None) -> float | str | None:
+    """``--lr``: a positive number or ``auto`` (a usage error otherwise)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        lr = float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is neither a number nor 'auto'") from None
+    if not lr > 0:
+        raise typer.BadParameter(f"{value} must be above 0")
+    return lr
+
+
 def train_config(params: dict[str, Any]) -> TrainConfig:
     """The :class:`TrainConfig` of a command's training options (CLI spellings mapped to the
     fields, the data folder and a model folder made absolute)."""
@@ -81,7 +94,13 @@ def finetune_cmd(
         "batch_size"
     ],
     lr: Annotated[
-        float | None, typer.Option(help="head learning rate (default 1e-3 AdamW, 0.1 SGD)")
+        str | None,
+        typer.Option(
+            metavar="<float|auto>",
+            callback=lambda v: _lr(v),
+            help="head learning rate (default 1e-3 AdamW, 0.1 SGD); auto: zoo lr-find's "
+            "suggestion, found first and kept in the run's lr_find.json",
+        ),
     ] = D["lr"],
     backbone_lr_mult: Annotated[float, typer.Option(help="backbone LR = lr × this")] = D[
         "backbone_lr_mult"

@@ -95,3 +95,37 @@ def test_lr_find_twice_gives_the_same_suggestion(four_digits: Path, tmp_path: Pa
 def test_lr_find_refuses_bad_ranges(four_digits: Path) -> None:
     r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "1", "--end", "0.1")
     assert r.returncode == 2 and "--start 1 must be below --end 0.1" in r.stderr
+
+
+def test_finetune_lr_auto_trains_with_the_suggestion_and_records_it(
+    four_digits: Path, tmp_path: Path
+) -> None:
+    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--epochs", "1",
+                "--runs", str(tmp_path), "--name", "auto", "--num-workers", "0")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "auto"
+    found = json.loads((run / "lr_find.json").read_text())
+    config = json.loads((run / "config.json").read_text())
+    assert config["lr"] == found["suggested"] and found["rule"] == lr_find.RULE
+    assert found["suggested"] == pytest.approx(lr_find.suggest(found["lrs"], found["loss"]))
+    assert f"lr auto: {found['suggested']:.3g}" in r.stderr + r.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["lr"] <= found["suggested"]  # the schedule starts from the suggestion
+
+
+def test_lr_auto_is_for_a_new_single_process_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zoo.errors import InputError
+
+    with pytest.raises(InputError, match=r"resolved by zoo\.train\.fit"):
+        resolve_config(TrainConfig(model="mlp", data="d", lr="auto"))
+    with pytest.raises(InputError, match="a resumed run keeps its own LR"):
+        lr_find.auto_lr(TrainConfig(model="mlp", data="d", lr="auto", resume="runs/x"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InputError, match="run `zoo lr-find` first"):
+        lr_find.auto_lr(TrainConfig(model="mlp", data="d", lr="auto"))
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "0"])
+def test_a_bad_lr_is_a_usage_error(value: str, tmp_path: Path) -> None:
+    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--lr", value)
+    assert r.returncode == 2 and "--lr" in r.stderr, r.stderr

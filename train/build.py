@@ -281,7 +281,7 @@ def _optimizer(
     """AdamW or SGD (Nesterov) over the strategy's parameter groups (one group when the whole
     random-init model trains)."""
     lr = cfg.lr
-    assert lr is not None  # resolved
+    assert isinstance(lr, int | float)  # resolved: a number, never None or 'auto'
     if groups is None or (cfg.strategy == "full" and not pretrained):
         params: list[dict[str, Any]] = [
             {

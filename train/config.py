@@ -51,7 +51,7 @@ class TrainConfig:
     epochs: int = 5
     freeze_epochs: int = 1
     batch_size: int = 32
-    lr: float | None = None  # head LR; default 1e-3 (AdamW) / 0.1 (SGD)
+    lr: float | Literal["auto"] | None = None  # head LR; default 1e-3 (AdamW) / 0.1 (SGD)
     backbone_lr_mult: float = 0.1
     weight_decay: float = 0.05
     optimizer: OptimizerName = "adamw"

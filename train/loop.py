@@ -171,7 +171,7 @@ def _nonfinite(parts: RunParts, run: RunDir, idx: torch.Tensor) -> bool:
         raise TrainingError(
             f"Loss is not finite at {where} after {s.rollbacks} rollback(s) with halved LR. "
             f"Files in the offending batch: {', '.join(files) or 'n/a'}. Try: --lr "
-            f"{(cfg.lr or 1e-3) / 10:g} (10× lower), check the labels and that inputs hold no "
+            f"{(cfg.lr if isinstance(cfg.lr, float) else 1e-3) / 10:g} (10× lower), check the labels and that inputs hold no "
             "NaN, --clip-grad-norm 1.0, or --detect-anomaly to find the op that produced it."
         )
     parts.comm.barrier()  # rank 0 has finished writing last.pt

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,30 @@ def find_lr(
         )
     loss = smooth(average(runs))
     return LrFindResult(lrs[: len(loss)], loss, runs, suggest(lrs[: len(loss)], loss))
+
+
+def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
+    """``zoo finetune --lr auto``: the range test with its defaults on these options, and the
+    options with its suggestion as ``lr``.
+
+    Raises:
+        InputError: ``--resume`` (the run keeps its own LR) or several processes (run
+            ``zoo lr-find`` once, then pass its suggestion).
+    """
+    import os
+
+    from zoo.errors import InputError
+    from zoo.train.console import say
+
+    if options.resume:
+        raise InputError("--lr auto starts a new run; a resumed run keeps its own LR")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError(
+            "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE"
+        )
+    found = find_lr(replace(options, lr=None, dry_run=False))
+    say(f"lr auto: {found.suggested:.3g} ({found.rule}; {len(found.sweeps)} sweeps)")
+    return replace(options, lr=found.suggested), found
 
 
 def plot_lr_find(result: LrFindResult, out: Path) -> None:

@@ -44,6 +44,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             a run that already finished.
         UnknownModelError / ModelRefError: the model reference does not resolve.
     """
+    if options.lr == "auto":  # fit() turns it into lr-find's suggestion before this step
+        raise InputError("lr='auto' is resolved by zoo.train.fit (zoo finetune --lr auto)")
     run = checkpoint = None
     cfg = options
     if options.resume:

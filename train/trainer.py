@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,16 +51,22 @@ def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | 
             check before training passed.
     """
     try:
+        files: dict[str, Any] = {}
+        if options.lr == "auto":  # the range test first; the run records what it found
+            from zoo.train.lr_find import auto_lr
+
+            options, found = auto_lr(options)
+            files["lr_find.json"] = found.to_dict()
         resolved = resolve_config(options, explicit)
         anomaly = torch.autograd.detect_anomaly() if resolved.cfg.detect_anomaly else nullcontext()
         with anomaly:
-            return _train(resolved, build_run(resolved))
+            return _train(resolved, build_run(resolved), files)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(resolved: Resolved, parts: RunParts) -> Path | None:
+def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path | None:
     cfg, comm, state = parts.cfg, parts.comm, parts.state
     run = resolved.run
     if run is not None:  # --resume
@@ -78,7 +85,11 @@ def _train(resolved: Resolved, parts: RunParts) -> Path | None:
         say("dry run: stopping before training (no run folder written)")
         return None
     if run is None:  # every check passed: the run folder appears, complete
-        files = {"split.json": parts.data.splits.to_json(), "classes.json": parts.data.classes}
+        files = {
+            "split.json": parts.data.splits.to_json(),
+            "classes.json": parts.data.classes,
+            **files,
+        }
         path = comm.share(lambda: str(publish_run_dir(cfg, files)))
         run = RunDir(Path(path), top_k=cfg.top_k_checkpoints)
 
