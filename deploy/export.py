@@ -17,10 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.deploy.choices import EXPORTERS, FORMATS, JIT_MODES, Exporter, JitMode, Precision
-from zoo.deploy.choices import PRECISIONS as PRECISION_CHOICES
+from zoo.deploy.choices import (
+    EXPORTERS,
+    FORMATS,
+    JIT_MODES,
+    PRECISIONS,
+    Exporter,
+    JitMode,
+    Precision,
+)
 from zoo.deploy.lint import lint_graph
-from zoo.deploy.parity import PRECISIONS, ParityReport, check_parity, real_images
+from zoo.deploy.parity import TOLERANCES, ParityReport, check_parity, real_images
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
@@ -205,7 +212,7 @@ def export_onnx(
             f"(default {DEFAULT_OPSET})."
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
-    ChoiceError.check("precision", precision, PRECISION_CHOICES)
+    ChoiceError.check("precision", precision, PRECISIONS)
     ref = ModelRef.parse(name)
     name = ref.shown
     src_model, info, weights_sha = load_for_export(ref, weights)
@@ -265,7 +272,7 @@ def export_onnx(
                     dynamic_batch=dynamic_batch,
                     dynamic_size=dynamic_size,
                     images=images,
-                    tolerances=PRECISIONS[precision],
+                    tolerances=TOLERANCES[precision],
                 )
             except Exception as exc:  # exporter/check failures: record, maybe fall back
                 attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"

@@ -48,7 +48,7 @@ FP32 = Tolerances()
 # "fp16"): max abs 0.058 on logits up to 20.8 (0.28 % of the range), cosine 0.999991. The
 # bound (2 % of the range) leaves 7x room; a classifier weight off by 5 % still fails it.
 FP16 = Tolerances(range_atol=0.02, min_cosine=0.9999)
-PRECISIONS = {"fp32": FP32, "fp16": FP16}
+TOLERANCES = {"fp32": FP32, "fp16": FP16}  # per --precision (choices.PRECISIONS)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from PIL import Image
 from torch import nn
 
 from zoo.deploy import parity
+from zoo.deploy.choices import PRECISIONS
 from zoo.deploy.parity import ParityReport, TensorDiff, check_parity, compare, real_images
 from zoo.metadata import ModelInfo
 from zoo.samples import sample_image_paths
@@ -34,7 +35,8 @@ def test_tolerances_are_the_documented_ones() -> None:
         "range_atol": 0.0,
     }
     assert parity.Tolerances(range_atol=0.02, min_cosine=0.9999) == parity.FP16
-    assert parity.PRECISIONS == {"fp32": parity.FP32, "fp16": parity.FP16}
+    assert parity.TOLERANCES == {"fp32": parity.FP32, "fp16": parity.FP16}
+    assert tuple(parity.TOLERANCES) == PRECISIONS  # a bound for every --precision
 
 
 def _fp16_case() -> tuple[np.ndarray, np.ndarray]:
