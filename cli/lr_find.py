@@ -40,8 +40,8 @@ def _lr_find(
 
     if training.get("arch") is None or training.get("data") is None:
         raise typer.BadParameter("give ARCH and --data")
-    if not start < end:
-        raise typer.BadParameter(f"--start {start:g} must be below --end {end:g}")
+    if not 0 < start < end:
+        raise typer.BadParameter(f"--start {start:g} must be above 0 and below --end {end:g}")
     if plot.suffix.lower() != ".png":
         raise InputError(f"--plot {plot}: give a .png file")
     result = find_lr(train_config(training), start=start, end=end, steps=steps, sweeps=sweeps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -38,8 +39,8 @@ def _lr(value: str | None) -> float | str | None:
         lr = float(value)
     except ValueError:
         raise typer.BadParameter(f"{value!r} is neither a number nor 'auto'") from None
-    if not lr > 0:
-        raise typer.BadParameter(f"{value} must be above 0")
+    if not (math.isfinite(lr) and lr > 0):
+        raise typer.BadParameter(f"{value} must be a finite number above 0")
     return lr
 
 
@@ -204,6 +205,11 @@ def finetune_cmd(
     if extend and resume is None:
         raise typer.BadParameter("--extend only makes sense with --resume RUN_DIR")
     params = dict(ctx.params)
+    if nproc > 1 and lr == "auto":
+        raise typer.BadParameter(
+            "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE",
+            param_hint="--lr",
+        )
     if nproc > 1:
         from zoo.train.launch import launch
 

@@ -126,6 +126,11 @@ def quantize(
     ChoiceError.check("mode", mode, QUANT_MODES)
     ChoiceError.check("method", method, CALIB_METHODS)
     meta = read_metadata(model)
+    if meta.get("precision", "fp32") != "fp32":
+        raise InputError(
+            f"{model} is a {meta['precision']} export; int8 quantization starts from fp32: "
+            "quantize the export made without --precision"
+        )
     pre = read_preprocessing(meta, model)
     fp32_ops = op_counts(model)
     advice = advice_before(model.name, fp32_ops, mode)

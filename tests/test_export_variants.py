@@ -89,3 +89,14 @@ def test_slim_without_onnxslim_says_how_to_get_it(
 def test_slim_is_an_onnx_option() -> None:
     r = run_zoo("export", "simple_cnn", "--format", "torchscript", "--slim")
     assert r.returncode == 2 and "--slim applies to --format onnx" in r.stderr
+
+
+def test_int8_quantization_refuses_an_fp16_export(tmp_path: Path) -> None:
+    from zoo.deploy.quantize import quantize
+    from zoo.errors import InputError
+
+    half = tmp_path / "sc16.onnx"
+    export_onnx("simple_cnn", half, precision="fp16", exporter="legacy")
+    with pytest.raises(InputError, match="is a fp16 export; int8 quantization starts from fp32"):
+        quantize(half, tmp_path / "q.onnx", mode="dynamic")
+    assert not (tmp_path / "q.onnx").exists()

@@ -92,7 +92,9 @@ def test_lr_find_twice_gives_the_same_suggestion(four_digits: Path, tmp_path: Pa
 
 def test_lr_find_refuses_bad_ranges(four_digits: Path) -> None:
     r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "1", "--end", "0.1")
-    assert r.returncode == 2 and "--start 1 must be below --end 0.1" in r.stderr
+    assert r.returncode == 2 and "must be above 0 and below --end 0.1" in r.stderr
+    r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "0")
+    assert r.returncode == 2 and "--start 0 must be above 0" in r.stderr
 
 
 def test_finetune_lr_auto_trains_with_the_suggestion_and_records_it(
@@ -111,6 +113,27 @@ def test_finetune_lr_auto_trains_with_the_suggestion_and_records_it(
     assert rows[-1]["lr"] <= found["suggested"]  # the schedule starts from the suggestion
 
 
+def test_lr_auto_dry_run_runs_no_range_test(four_digits: Path, tmp_path: Path) -> None:
+    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--dry-run",
+                "--runs", str(tmp_path), "--num-workers", "0")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "--lr auto would run the LR range test first" in r.stderr and "lr auto:" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lr_auto_with_nproc_is_a_usage_error(four_digits: Path) -> None:
+    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--nproc", "2")
+    assert r.returncode == 2 and "run `zoo lr-find` first" in r.stderr, r.stderr
+
+
+def test_a_curve_that_ends_at_once_is_refused(small_digits: Path) -> None:
+    from zoo.errors import TrainingError
+
+    cfg = TrainConfig(model="mlp", data=str(small_digits), weights="none", num_workers=0)
+    with pytest.raises(TrainingError, match="lower --start"):
+        lr_find.find_lr(cfg, start=1e30, end=1e33, steps=10, sweeps=1)
+
+
 def test_lr_auto_is_for_a_new_single_process_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from zoo.errors import InputError
 
@@ -123,7 +146,7 @@ def test_lr_auto_is_for_a_new_single_process_run(monkeypatch: pytest.MonkeyPatch
         lr_find.auto_lr(TrainConfig(model="mlp", data="d", lr="auto"))
 
 
-@pytest.mark.parametrize("value", ["fast", "-1", "0"])
+@pytest.mark.parametrize("value", ["fast", "-1", "0", "inf"])
 def test_a_bad_lr_is_a_usage_error(value: str, tmp_path: Path) -> None:
     r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--lr", value)
     assert r.returncode == 2 and "--lr" in r.stderr, r.stderr

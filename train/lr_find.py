@@ -26,12 +26,14 @@ from zoo.device import move_to
 from zoo.errors import TrainingError
 from zoo.train.build import RunParts, build_run, loader
 from zoo.train.config import TrainConfig
+from zoo.train.console import say
 from zoo.train.loop import forward
 from zoo.train.resolve import resolve_config
 from zoo.train.strategy import set_phase, train_mode
 
 RULE = "one tenth of the learning rate at the lowest averaged, smoothed loss"
 DIVERGED = 4.0  # a sweep stops when its smoothed loss passes this multiple of its best
+MIN_STEPS = 5  # fewer steps before the curve ends: no suggestion
 BETA = 0.9  # smoothing of the loss curve (exponential moving average, bias-corrected)
 
 
@@ -106,7 +108,10 @@ def _sweep(parts: RunParts, lrs: list[float], sweep: int) -> list[float]:
             opt.zero_grad(set_to_none=True)
             x, y = move_to((x, y), parts.device, non_blocking=True)
             loss = parts.loss_fn(forward(parts, model, x).float(), y)
-            raw.append(float(loss.detach()))
+            value = float(loss.detach())
+            if not math.isfinite(value):  # diverged for good: the curve ends before it
+                break
+            raw.append(value)
             if diverged(smooth(raw)):
                 break
             loss.backward()
@@ -135,18 +140,27 @@ def find_lr(
         The averaged curve and the suggestion.
 
     Raises:
-        TrainingError: no sweep got past its first step (the loss was not finite).
+        TrainingError: a sweep ended (non-finite or diverged loss) within ``MIN_STEPS``.
         Everything :func:`resolve_config` and :func:`build_run` raise for bad options/data.
     """
     lrs = lr_schedule(start, end, steps)
     parts = build_run(resolve_config(options))
     runs = [_sweep(parts, lrs, s) for s in range(sweeps)]
-    if min(len(r) for r in runs) < 2:
+    if min(len(r) for r in runs) < MIN_STEPS:
         raise TrainingError(
-            f"the loss diverged within one step at lr {start:g}: lower --start, or check the data"
+            f"the loss was not finite or diverged within {MIN_STEPS} steps from lr {start:g}: "
+            "lower --start; if it already is tiny, check the data and the model"
         )
     loss = smooth(average(runs))
-    return LrFindResult(lrs[: len(loss)], loss, runs, suggest(lrs[: len(loss)], loss))
+    result = LrFindResult(lrs[: len(loss)], loss, runs, suggest(lrs[: len(loss)], loss))
+    best = result.loss.index(min(result.loss))
+    if best == 0 or best == len(result.loss) - 1:
+        say(
+            "warning: the loss was lowest at the "
+            + ("start" if best == 0 else "end")
+            + " of the range, so the suggestion sits on its edge: widen --start/--end"
+        )
+    return result
 
 
 def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
@@ -160,7 +174,6 @@ def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
     import os
 
     from zoo.errors import InputError
-    from zoo.train.console import say
 
     if options.resume:
         raise InputError("--lr auto starts a new run; a resumed run keeps its own LR")
@@ -168,7 +181,7 @@ def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
         raise InputError(
             "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE"
         )
-    found = find_lr(replace(options, lr=None, dry_run=False))
+    found = find_lr(replace(options, lr=None, dry_run=False))  # callers skip it for --dry-run
     say(f"lr auto: {found.suggested:.3g} ({found.rule}; {len(found.sweeps)} sweeps)")
     return replace(options, lr=found.suggested), found
 

@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from zoo import durable
@@ -42,16 +43,16 @@ def _text(draw: ImageDraw.ImageDraw, xy: tuple[float, float], s: str, size: int 
 
 def nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
     """About ``n`` round values (1, 2 or 5 × 10^k apart), the first ≤ ``lo``, the last ≥ ``hi``."""
-    if not hi > lo:  # one value (or one epoch): a unit range around it
-        lo, hi = lo - 0.5, lo + 0.5
+    if not hi - lo > 1e-9 * max(1.0, abs(lo), abs(hi)):  # one value (to float noise): a unit
+        lo, hi = lo - 0.5, lo + 0.5  # range around it (a 1e-20 spread would loop for ever)
     raw = (hi - lo) / max(1, n - 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     first = math.floor(lo / step) * step
     ticks: list[float] = []
     i = 0
-    while not ticks or ticks[-1] < hi - step * 1e-9:
-        ticks.append(round(first + i * step, 12))
+    while (not ticks or ticks[-1] < hi - step * 1e-9) and i <= 4 * n:
+        ticks.append(round((first + i * step) / step) * step)  # whole steps: no float drift
         i += 1
     return ticks
 
@@ -161,22 +162,31 @@ def plot_lr_curve(lrs: list[float], loss: list[float], suggested: float, out: Pa
     _save(im, out)
 
 
+_STOPS = np.array([[int(c[k : k + 2], 16) for k in (1, 3, 5)] for c in _BLUES], np.float64)
+
+
+def blues_array(t: np.ndarray) -> np.ndarray:
+    """The Blues map of every value of ``t`` (clipped to [0, 1]): uint8 RGB, one more axis."""
+    s = np.clip(np.asarray(t, np.float64), 0.0, 1.0) * (len(_BLUES) - 1)
+    i = np.minimum(s.astype(int), len(_BLUES) - 2)
+    f = (s - i)[..., None]
+    return np.round(_STOPS[i] + (_STOPS[i + 1] - _STOPS[i]) * f).astype(np.uint8)
+
+
 def blues(t: float) -> tuple[int, int, int]:
     """Colour of ``t`` in [0, 1] on the Blues map (0: near white, 1: dark blue)."""
-    t = min(1.0, max(0.0, t)) * (len(_BLUES) - 1)
-    i = min(int(t), len(_BLUES) - 2)
-    a, b = (tuple(int(c[k : k + 2], 16) for k in (1, 3, 5)) for c in _BLUES[i : i + 2])
-    f = t - i
-    return tuple(round(a[k] + (b[k] - a[k]) * f) for k in range(3))  # type: ignore[return-value]
+    r, g, b = blues_array(np.array(t)).tolist()
+    return r, g, b
 
 
 def _short(name: str, n: int = 18) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def confusion_layout(n: int) -> tuple[int, int, int]:
-    """``(cell, left, top)``: cell size in pixels and the grid's top-left corner."""
-    cell = max(4, min(56, 900 // max(1, n)))
+def confusion_layout(n: int) -> tuple[float, int, int]:
+    """``(cell, left, top)``: cell size in pixels (below 1 for more than 900 classes: the
+    grid stays 900 px wide) and the grid's top-left corner."""
+    cell = min(56, 900 // max(1, n)) or 900 / n
     label_room = 150 if cell >= 10 else 40
     return cell, label_room + 20, 50
 
@@ -185,28 +195,30 @@ def confusion_image(cm: list[list[int]], classes: list[str]) -> Image.Image:
     """Rows are the true class, columns the predicted one; darker is more images."""
     n = len(classes)
     cell, left, top = confusion_layout(n)
-    size = n * cell
+    size = round(n * cell)
     label_room = left - 20
     im = Image.new("RGB", (left + size + 110, top + size + label_room + 30), "white")
     draw = ImageDraw.Draw(im)
-    peak = max((max(r) for r in cm), default=0) or 1
-    font_size = max(7, min(13, int(cell * 0.4)))
-    for i in range(n):
-        for j in range(n):
-            x, y = left + j * cell, top + i * cell
-            v = cm[i][j]
-            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=blues(v / peak))
-            if n <= 30:
+    counts = np.asarray(cm, np.float64).reshape(n, n)
+    peak = float(counts.max(initial=0)) or 1.0
+    grid = Image.fromarray(blues_array(counts / peak))  # one pixel a cell, then scaled
+    im.paste(grid.resize((size, size), Image.Resampling.NEAREST), (left, top))
+    if n <= 30:
+        font_size = max(7, min(13, int(cell * 0.4)))
+        for i in range(n):
+            for j in range(n):
+                v = cm[i][j]
                 ink = (255, 255, 255) if v > peak / 2 else (0, 0, 0)
-                _text(draw, (x + cell / 2, y + cell / 2), str(v), font_size, "mm", ink)
+                xy = (left + (j + 0.5) * cell, top + (i + 0.5) * cell)
+                _text(draw, xy, str(v), font_size, "mm", ink)
     draw.rectangle([left - 1, top - 1, left + size, top + size], outline=_INK)
     _text(draw, (left + size / 2, top - 28), "Confusion matrix (validation)", 15, "ms")
     if cell >= 10:
-        ticks = max(8, min(12, cell - 2))
+        ticks = int(max(8, min(12, cell - 2)))
         for k, name in enumerate(classes):
             c = top + k * cell + cell / 2
             _text(draw, (left - 6, c), _short(name), ticks, "rm")
-            label = Image.new("RGB", (label_room, cell), "white")  # x labels read bottom-up
+            label = Image.new("RGB", (label_room, int(cell)), "white")  # x labels bottom-up
             _text(
                 ImageDraw.Draw(label),
                 (label_room - 2, cell / 2),
@@ -218,10 +230,10 @@ def confusion_image(cm: list[list[int]], classes: list[str]) -> Image.Image:
     _text(draw, (left + size / 2, im.height - 8), "predicted", 13, "ms")
     _text(draw, (12, top + size / 2), "true", 13, "lm")
     bar_x, bar_h = left + size + 24, size  # colour bar: 0 at the bottom, the peak at the top
-    for k in range(bar_h):
-        draw.line([(bar_x, top + k), (bar_x + 14, top + k)], fill=blues(1 - k / max(1, bar_h - 1)))
+    shades = blues_array(1 - np.arange(bar_h) / max(1, bar_h - 1))
+    im.paste(Image.fromarray(np.repeat(shades[:, None], 15, axis=1)), (bar_x, top))
     draw.rectangle([bar_x, top, bar_x + 14, top + bar_h], outline=_INK)
-    _text(draw, (bar_x + 20, top), str(peak), 12, "lm")
+    _text(draw, (bar_x + 20, top), f"{peak:g}", 12, "lm")
     _text(draw, (bar_x + 20, top + bar_h), "0", 12, "lm")
     return im
 

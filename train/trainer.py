@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,10 @@ def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | 
     """
     try:
         files: dict[str, Any] = {}
-        if options.lr == "auto":  # the range test first; the run records what it found
+        if options.lr == "auto" and options.dry_run:  # no training, so no range test either
+            say("dry run: --lr auto would run the LR range test first; checking with lr=None")
+            options = replace(options, lr=None)
+        elif options.lr == "auto":  # the range test first; the run records what it found
             from zoo.train.lr_find import auto_lr
 
             options, found = auto_lr(options)
