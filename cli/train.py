@@ -13,6 +13,7 @@ from zoo.samples import Example
 from zoo.train.config import (
     AmpDtype,
     ClassWeights,
+    ImageCacheMode,
     Monitor,
     OptimizerName,
     SamplerName,
@@ -148,6 +149,15 @@ def finetune_cmd(
     cache_features: Annotated[
         bool, typer.Option(help="linear: train the head on cached backbone features")
     ] = D["cache_features"],
+    image_cache: Annotated[
+        ImageCacheMode,
+        choice(
+            ImageCacheMode,
+            "--image-cache",
+            help="decode each image once into a shared uint8 cache ($ZOO_CACHE, default "
+            "~/.cache/zoo; zoo cache ls|clear); auto: when it fits half the free disk",
+        ),
+    ] = D["image_cache"],
     monitor: Annotated[
         Monitor | None,
         choice(
@@ -274,12 +284,39 @@ def check_cmd(
     strict: Annotated[
         bool, typer.Option(help="exit 1 when any image is unreadable or leaks across splits")
     ] = False,
+    cache_for: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODEL",
+            help="also fill the decode-once image cache for this model (as zoo finetune would)",
+        ),
+    ] = None,
+    image_size: Annotated[
+        int | None, typer.Option(help="with --cache-for: the size zoo finetune will train at")
+    ] = None,
 ) -> None:
     """Preflight an image folder: corrupt files, tiny images, odd modes, leaks, imbalance."""
     from zoo.train.check import check_splits, format_report
     from zoo.train.data import scan
 
-    report = check_splits(scan(data, val_fraction=val_fraction, seed=seed))
+    cache = None
+    if cache_for:
+        from zoo.train.build import cache_spec
+        from zoo.train.image_cache import ImageCache
+
+        spec = cache_spec(cache_for, image_size)
+        if spec is None:
+            raise typer.BadParameter(f"{cache_for} does not take images", param_hint="--cache-for")
+        cache = ImageCache(spec)
+    splits = scan(data, val_fraction=val_fraction, seed=seed)
+    report = check_splits(splits, image_cache=cache)
+    if cache is not None:  # files checked before (results cached) may still need decoding
+        bad = set(report.quarantined)
+        paths = [splits.root / r for items in splits.files.values() for r, _ in items]
+        built = cache.build([p for p in paths if str(p.relative_to(splits.root)) not in bad])
+        err.print(
+            f"image cache: {cache.spec.tag} at {cache.root} ({built} decoded after the check)"
+        )
     if as_json:
         print_json(report.to_dict())
     else:

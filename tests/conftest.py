@@ -12,6 +12,10 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ZOO_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+if "ZOO_CACHE" not in os.environ:  # decoded images and check results: one folder per session
+    import tempfile
+
+    os.environ["ZOO_CACHE"] = tempfile.mkdtemp(prefix="zoo-test-cache-")
 
 import pytest
 import torch

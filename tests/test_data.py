@@ -103,6 +103,7 @@ def test_check_finds_corrupt_odd_tiny_duplicates(tmp_path: Path) -> None:
 
 
 def test_check_cache_reuses_and_invalidates(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("ZOO_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "d"
     _img(root / "a" / "1.png")

@@ -356,6 +356,7 @@ def test_scan_multilabel_refusals(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("ZOO_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

@@ -140,3 +140,55 @@ def test_ort_cuda_session_is_asserted(mobilenet_onnx: Path) -> None:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime here has no CUDA provider (covered by test_deploy's error test)")
     assert make_session(mobilenet_onnx, device="cuda").get_providers()[0] == "CUDAExecutionProvider"
+
+
+def test_image_cache_path_augments_on_the_gpu(tmp_path: Path, mobilenet_weights: Path) -> None:
+    """--image-cache on with a CUDA device: uint8 crops from the workers, resampled, jittered
+    and normalised on the GPU; the batched finish agrees with the CPU's on the same batch."""
+    from zoo.samples import write_photo_folder
+    from zoo.train.augment import Augment, CachedImageDataset, finish_batch, pad_collate
+    from zoo.train.image_cache import CacheSpec, ImageCache
+
+    photos = write_photo_folder(tmp_path / "photos", per_class=12)
+    r = run_zoo(
+        "finetune", "mobilenet_v2", "--data", str(photos), "--epochs", "1", "-b", "16",
+        "--amp", "bf16", "--device", "cuda", "--image-cache", "on",
+        "--runs", str(tmp_path), "--name", "cached", "--no-progress",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "on the GPU in batches" in r.stderr
+    assert json.loads((tmp_path / "cached" / "config.json").read_text())["image_cache"] == "on"
+    pre = zoo.model_info("mobilenet_v2").preprocessing()
+    ds = CachedImageDataset(
+        [(p, 0) for p in sorted(photos.rglob("*.jpg"))[:16]],
+        ImageCache(CacheSpec.for_model(pre), tmp_path / "store"),
+        Augment.for_model(pre, train=True),
+        resample_on_device=True,
+    )
+    x, rows, _, _ = pad_collate([ds[i] for i in range(len(ds))])
+    on_cpu = finish_batch(ds.aug, x, rows, resample=True)
+    on_gpu = finish_batch(ds.aug, x.cuda(), rows.cuda(), resample=True).cpu()
+    torch.testing.assert_close(on_gpu, on_cpu, atol=2e-3, rtol=0)
+
+
+def test_fp16_through_torch_cuda_passes_the_fp16_gate(mobilenet_weights: Path) -> None:
+    """`--precision fp16`'s tolerances, checked where fp16 really computes in fp16: the model
+    halved on the GPU (ONNX Runtime here has no CUDA provider), against fp32 CPU eager, by
+    the export gate itself; fp32's bounds must reject it (the fp16 bounds are not vacuous)."""
+    import copy
+
+    from zoo.deploy.parity import FP16, FP32, check_parity
+    from zoo.factory import info_of
+
+    model = zoo.create_model("mobilenet_v2").eval()
+    half = copy.deepcopy(model).half().cuda()
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return half(torch.from_numpy(x).cuda().half()).float().cpu().numpy()
+
+    kw = dict(export_batch=4, dynamic_batch=True, dynamic_size=False, images=sample_image_paths())
+    report = check_parity(model, info_of(model), run, tolerances=FP16, **kw)
+    assert report.passed, report.failures()
+    print("fp16 on CUDA vs fp32 CPU:", report.tensors)
+    assert not check_parity(model, info_of(model), run, tolerances=FP32, **kw).passed

@@ -26,11 +26,13 @@ from zoo.metadata import ModelInfo
 from zoo.registry import Entry
 from zoo.system import available_cpus
 from zoo.train import data as data_mod
+from zoo.train.augment import Augment, CachedImageDataset, DeviceBatches, pad_collate
 from zoo.train.check import CheckReport, check_splits, format_report
 from zoo.train.comm import Single, join
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.features import FeatureDataset, extract_features, head_module
+from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
 from zoo.train.imbalance import class_weights, imbalance_hint, sample_weights
 from zoo.train.resolve import Resolved
 from zoo.train.rng import seed_everything
@@ -71,8 +73,8 @@ class RunParts:
     train_set: Any
     val_set: Any
     train_sampler: data_mod.ResumableSampler
-    train_loader: DataLoader[Any]
-    val_loader: DataLoader[Any]
+    train_loader: Any  # a DataLoader, or DeviceBatches over one
+    val_loader: Any
     workers: int  # loader workers for images (0 over cached features)
     steps_per_epoch: int
     optimizer: torch.optim.Optimizer
@@ -100,7 +102,9 @@ def build_run(resolved: Resolved) -> RunParts:
     if comm.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes
     seed_everything(cfg.seed)
-    data = _data(cfg, resolved.run.path if resolved.run else None)
+    spec = cache_spec(cfg.model, cfg.image_size) if cfg.image_cache != "off" else None
+    data, cache = _data(cfg, resolved.run.path if resolved.run else None, spec)
+    cfg = replace(cfg, image_cache="on" if cache else "off")  # recorded: a resume keeps it
     model, info, report = create_model_with_report(
         cfg.model, num_classes=len(data.classes), weights=cfg.weights, label_names=data.classes
     )
@@ -118,16 +122,10 @@ def build_run(resolved: Resolved) -> RunParts:
         assert groups is not None  # split_head raised otherwise
         set_backbone_frozen(groups, True)
 
-    workers = (
-        cfg.num_workers if cfg.num_workers is not None else min(4, max(0, available_cpus() - 1))
-    )
-    eval_tf = eval_transform(info)
-    train_set: Any = data_mod.ImageFolderDataset(
-        data.samples["train"],
-        train_transform(info, augment=cfg.augment and not cfg.cache_features),
-        seed=cfg.seed,
-    )
-    val_set: Any = data_mod.ImageFolderDataset(data.samples["val"], eval_tf, seed=cfg.seed)
+    workers = cfg.num_workers if cfg.num_workers is not None else auto_workers(comm.device)
+    if cache is not None and cache.spec != CacheSpec.for_model(info.preprocessing()):
+        cache = ImageCache(CacheSpec.for_model(info.preprocessing()))  # read-through
+    train_set, val_set = _datasets(cfg, info, data, cache, comm.device)
     trained = model
     if cfg.cache_features:
         assert info.classifier  # linear strategy: split_head found it
@@ -164,8 +162,9 @@ def build_run(resolved: Resolved) -> RunParts:
     say(
         f"data: {len(train_set)} train / {len(val_set)} val images, {len(data.classes)} "
         f"classes, batch {bs} per process × {comm.world} = {bs * comm.world} global, "
-        f"{steps} steps/epoch, num_workers={workers} (auto picks "
-        f"min(4, cpus-1); raise it while the data-wait share stays high)"
+        f"{steps} steps/epoch; loader: {workers} workers (auto: cpus-1 on CUDA, else "
+        f"min(4, cpus-1); raise it while the data-wait share stays high), prefetch "
+        f"{PREFETCH if workers else 0} batches each, persistent, " + _augmented_where(train_set)
     )
 
     optimizer = _optimizer(cfg, model, groups, pretrained=report is not None)
@@ -196,30 +195,119 @@ def build_run(resolved: Resolved) -> RunParts:
     )
 
 
+PREFETCH = 4  # batches each loader worker keeps ready
+
+
+def auto_workers(device: torch.device) -> int:
+    """Loader workers when ``--num-workers`` is not given: every CPU but one feeding a GPU;
+    on the CPU the model's own threads need cores too, so at most 4."""
+    cpus = available_cpus()
+    return max(0, cpus - 1) if device.type == "cuda" else min(4, max(0, cpus - 1))
+
+
 def loader(
     dataset: Any, sampler: Any, batch_size: int, workers: int, seed: int, device: torch.device
-) -> DataLoader[Any]:
-    """The run's loader settings: pinned memory on CUDA, persistent prefetching workers."""
-    return DataLoader(
+) -> Any:
+    """The run's loader settings: pinned memory on CUDA, persistent prefetching workers; the
+    image cache's uint8 batches are finished on ``device`` (:class:`DeviceBatches`)."""
+    cached = isinstance(dataset, CachedImageDataset)
+    dl = DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,
+        collate_fn=pad_collate if cached else None,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
-        prefetch_factor=4 if workers > 0 else None,
+        prefetch_factor=PREFETCH if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
     )
+    return DeviceBatches(dl, dataset, device) if cached else dl
 
 
-def _data(cfg: TrainConfig, run: Path | None) -> RunData:
-    """The splits (a resumed run's own ``split.json``), checked; unreadable files quarantined."""
+def cache_spec(model: str, image_size: int | None = None) -> CacheSpec | None:
+    """How ``model`` (trained at ``image_size``) wants its images stored (its eval resize);
+    None for a model that does not take images."""
+    info = resolve(model)[0].info
+    if image_size:
+        info = replace(info, input_size=(info.input_size[0], image_size, image_size))
+    try:
+        return CacheSpec.for_model(info.preprocessing())
+    except ValueError:  # not an image model
+        return None
+
+
+def _augmented_where(dataset: Any) -> str:
+    if not isinstance(dataset, CachedImageDataset):
+        return "PIL images decoded and augmented in the workers"
+    if dataset.resample_on_device:
+        return (
+            "cached uint8 crops, pinned; resampled, jittered and normalised on the GPU in batches"
+        )
+    return "cached uint8 images cropped in the workers; jittered and normalised here in batches"
+
+
+def _image_cache(cfg: TrainConfig, spec: CacheSpec, splits: data_mod.Splits) -> ImageCache | None:
+    """The decode-once cache, or None where ``auto`` finds it would not fit the budget."""
+    cache = ImageCache(spec)
+    if cfg.image_cache == "auto":
+        todo = cache.missing(
+            splits.root / rel for items in splits.files.values() for rel, _ in items
+        )
+        need = estimate_bytes(len(todo), spec)
+        ok, budget = fits(need)
+        if not ok:
+            say(
+                f"image cache: off: {len(todo)} images need ≈{need / 1e9:.1f} GB, over the "
+                f"budget of {budget / 1e9:.1f} GB (half the free disk at {cache.root}); "
+                "free space, set $ZOO_CACHE elsewhere, or pass --image-cache on"
+            )
+            return None
+    return cache
+
+
+def _datasets(
+    cfg: TrainConfig,
+    info: ModelInfo,
+    data: RunData,
+    cache: ImageCache | None,
+    device: torch.device,
+) -> tuple[Any, Any]:
+    """Train and val datasets: from the image cache (augmented on the GPU, or in the loader
+    workers), or decoded by PIL each epoch."""
+    augment = cfg.augment and not cfg.cache_features
+    pre = info.preprocessing()
+    if cache is not None:
+        return tuple(  # type: ignore[return-value]
+            CachedImageDataset(
+                data.samples[split],
+                cache,
+                Augment.for_model(pre, train=train),
+                seed=cfg.seed,
+                resample_on_device=device.type == "cuda",
+            )
+            for split, train in (("train", augment), ("val", False))
+        )
+    train_set = data_mod.ImageFolderDataset(
+        data.samples["train"], train_transform(info, augment=augment), seed=cfg.seed
+    )
+    val_set = data_mod.ImageFolderDataset(data.samples["val"], eval_transform(info), seed=cfg.seed)
+    return train_set, val_set
+
+
+def _data(
+    cfg: TrainConfig, run: Path | None, spec: CacheSpec | None
+) -> tuple[RunData, ImageCache | None]:
+    """The splits (a resumed run's own ``split.json``), checked, unreadable files quarantined;
+    and the image cache, filled (the check stores what it decodes; the rest is decoded now)."""
     if run is not None and (run / "split.json").exists():
         splits = data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
     else:  # written with the run folder, once every check has passed
         scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
         splits = scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
-    report = check_splits(splits)
+    cache = _image_cache(cfg, spec, splits) if spec is not None else None
+    t0 = time.perf_counter()
+    report = check_splits(splits, image_cache=cache)
     for line in format_report(report):
         say(f"data: {line}")
     if report.corrupt and cfg.strict_data:
@@ -238,7 +326,16 @@ def _data(cfg: TrainConfig, run: Path | None) -> RunData:
     for split in ("train", "val"):
         if not samples.get(split):
             raise DataError(f"The {split} split has no readable images.")
-    return RunData(splits, samples, report)
+    if cache is not None:
+        built = cache.build(
+            [p for split in samples.values() for p, _ in split], progress=cfg.progress
+        )
+        say(
+            f"image cache: {sum(map(len, samples.values()))} images ready in "
+            f"{time.perf_counter() - t0:.1f}s ({built} decoded after the check; {cache.spec.tag} "
+            f"at {cache.root}: zoo cache ls)"
+        )
+    return RunData(splits, samples, report), cache
 
 
 def _feature_cache(

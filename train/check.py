@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -17,8 +16,9 @@ from typing import Any
 from PIL import Image
 
 from zoo.images import open_image
-from zoo.system import available_cpus
+from zoo.system import available_cpus, cache_home
 from zoo.train.data import MULTI_SEP, Splits
+from zoo.train.image_cache import ImageCache
 
 TINY_SIDE = 16
 ODD_MODES = frozenset(
@@ -78,15 +78,18 @@ class CheckReport:
         return d
 
 
-def _check_file(path: Path) -> FileCheck:
+def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
     """Decode one file exactly as training will (``open_image``: EXIF applied, same pixel
-    limit), after PIL's structural ``verify``; sizes are the upright ones."""
+    limit), after PIL's structural ``verify``; sizes are the upright ones. With ``cache``, the
+    decoded image is also stored there (the decode-once cache costs no second decode)."""
     try:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         with Image.open(BytesIO(data)) as raw:
             raw.verify()  # structure
         im = open_image(data)  # every pixel: catches truncated files
+        if cache is not None:
+            cache.put(path, im)
         return FileCheck(
             str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
         )
@@ -96,14 +99,21 @@ def _check_file(path: Path) -> FileCheck:
 
 
 def _cache_file(root: Path) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zoo" / "datacheck"
-    return base / (hashlib.sha1(str(root).encode()).hexdigest()[:16] + ".json")
+    return (
+        cache_home() / "datacheck" / (hashlib.sha1(str(root).encode()).hexdigest()[:16] + ".json")
+    )
 
 
 def check_files(
-    root: Path, paths: list[Path], *, workers: int | None = None, use_cache: bool = True
+    root: Path,
+    paths: list[Path],
+    *,
+    workers: int | None = None,
+    use_cache: bool = True,
+    image_cache: ImageCache | None = None,
 ) -> dict[str, FileCheck]:
-    """Decode ``paths`` in parallel; results are cached by (size, mtime) per data folder."""
+    """Decode ``paths`` in parallel; results are cached by (size, mtime) per data folder.
+    ``image_cache``: store each image decoded into it."""
     cache_path = _cache_file(root)
     cache: dict[str, Any] = {}
     if use_cache and cache_path.exists():
@@ -126,7 +136,7 @@ def check_files(
             todo.append(p)
     if todo:
         with ThreadPoolExecutor(max_workers=workers or max(2, available_cpus() * 2)) as pool:
-            for fc in pool.map(_check_file, todo):
+            for fc in pool.map(lambda p: _check_file(p, image_cache), todo):
                 results[fc.path] = fc
         if use_cache:
             new = {}
@@ -145,7 +155,11 @@ def check_files(
 
 
 def check_splits(
-    splits: Splits, *, workers: int | None = None, use_cache: bool = True
+    splits: Splits,
+    *,
+    workers: int | None = None,
+    use_cache: bool = True,
+    image_cache: ImageCache | None = None,
 ) -> CheckReport:
     report = CheckReport(root=str(splits.root))
     all_paths = [
@@ -154,7 +168,11 @@ def check_splits(
         for rel, cls in items
     ]
     checks = check_files(
-        splits.root, [p for _, p, _ in all_paths], workers=workers, use_cache=use_cache
+        splits.root,
+        [p for _, p, _ in all_paths],
+        workers=workers,
+        use_cache=use_cache,
+        image_cache=image_cache,
     )
     report.n_files = len(all_paths)
     by_hash: dict[str, set[tuple[str, str]]] = defaultdict(set)

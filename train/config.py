@@ -22,6 +22,8 @@ Monitor = Literal["val/acc", "val/loss", "val/macro_f1", "val/balanced_acc"]
 """What picks the best checkpoint and drives early stopping."""
 ClassWeights = Literal["none", "auto"]
 """``auto``: the loss weighs each class by n_samples / (n_classes × its count) ("balanced")."""
+ImageCacheMode = Literal["auto", "on", "off"]
+"""The decode-once image cache (``image_cache.py``); ``auto``: on when it fits half the free disk."""
 SamplerName = Literal["shuffle", "balanced"]
 """``balanced``: each epoch draws as many images, every class equally likely (with replacement)."""
 
@@ -72,6 +74,7 @@ class TrainConfig:
     num_workers: int | None = None
     augment: bool = True
     cache_features: bool = False
+    image_cache: ImageCacheMode = "auto"
     patience: int | None = None
     # best checkpoint / early stopping; default: val/acc, or val/macro_f1 with --multi-label
     monitor: Monitor | None = None

@@ -28,6 +28,14 @@ def available_cpus() -> int:
     return max(1, n)
 
 
+def cache_home() -> Path:
+    """zoo's cache folder (data-check results, decoded images): ``$ZOO_CACHE``, else
+    ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""
+    if os.environ.get("ZOO_CACHE"):
+        return Path(os.environ["ZOO_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+
+
 def _version(mod: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 

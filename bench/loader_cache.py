@@ -1,0 +1,124 @@
+"""Loader throughput alone (decode → augment → batch ready), the decode-once image cache vs
+the PIL path, on real photographs (`zoo example photos`: 2,100 JPEGs, 300–640 px), same
+workers, same model preprocessing (mobilenet_v2, 224 px: random resized crop, flip, colour
+jitter, normalise), batches of 32. Passes alternate (PIL, cache, PIL, cache, …) on this noisy
+machine; the ratio is of the medians. The cache is built first, into a fresh folder, and
+its build time is reported separately. Goal: ≥ 3×.
+
+Then the trainer's data-wait share: `zoo finetune mobilenet_v2 --strategy gradual` at 224 px
+on the same folder, one epoch with the cache (default) and one without.
+
+    python bench/loader_cache.py            # writes docs/bench/loader_cache.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_path import ROOT  # noqa: F401
+from common import zoo_finetune
+from provenance import Recording, headline
+
+import zoo
+from zoo.samples import write_photo_folder
+from zoo.system import available_cpus
+
+
+def _pass(loader: object, limit: int) -> float:
+    n, t0 = 0, time.perf_counter()
+    for x, _, _ in loader:  # type: ignore[attr-defined]
+        n += len(x)
+        if n >= limit:
+            break
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workers", type=int, default=available_cpus())
+    p.add_argument("--images", type=int, default=1024, help="images per timed pass")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--trainer", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out", default=None, help="default: docs/bench/loader_cache.json")
+    args = p.parse_args()
+    rec = Recording("loader_cache")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["ZOO_CACHE"] = str(Path(tmp) / "cache")  # a cold cache, built below
+        from zoo.train import data as data_mod
+        from zoo.train.augment import Augment, CachedImageDataset
+        from zoo.train.build import loader
+        from zoo.train.image_cache import CacheSpec, ImageCache
+        from zoo.transforms import train_transform
+
+        folder = write_photo_folder(Path(tmp) / "photos")
+        samples = data_mod.scan(folder).samples("train")
+        pre = zoo.model_info("mobilenet_v2").preprocessing()
+        cache = ImageCache(CacheSpec.for_model(pre))
+        t0 = time.perf_counter()
+        cache.build([p for p, _ in samples])
+        build_s = time.perf_counter() - t0
+        sets = {
+            "pil": data_mod.ImageFolderDataset(samples, train_transform(pre)),
+            "cache": CachedImageDataset(samples, cache, Augment.for_model(pre, train=True)),
+        }
+        cpu = torch.device("cpu")
+        loaders = {
+            k: loader(ds, list(range(len(ds))), 32, args.workers, 0, cpu) for k, ds in sets.items()
+        }
+        for dl in loaders.values():
+            _pass(dl, 64)  # start the persistent workers
+        rates: dict[str, list[float]] = {k: [] for k in loaders}
+        for _ in range(args.rounds):
+            for k, dl in loaders.items():
+                rates[k].append(round(_pass(dl, args.images), 1))
+                print(k, rates[k][-1], "img/s", flush=True)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        ratio = round(med["cache"] / med["pil"], 2)
+        trainer = {}
+        if args.trainer:
+            opts = ["--strategy", "gradual", "--epochs", "1", "--no-progress"]
+            for mode in ("on", "off"):
+                proc = zoo_finetune(
+                    "mobilenet_v2", folder, Path(tmp) / "runs" / mode, *opts, "--image-cache", mode
+                )
+                row = proc.extra["rows"][-1]
+                trainer[mode] = {
+                    "data_wait": round(row["data_wait"], 3),
+                    "img_per_s": round(row["img_per_s"], 1),
+                    "whole_run_s": round(proc.seconds, 1),
+                    "val_acc": round(row["val/acc"], 4),
+                }
+                print("trainer", mode, trainer[mode], flush=True)
+    results = {
+        "data": "zoo example photos (2,100 JPEGs, 300–640 px, 7 classes), train split",
+        "workers": args.workers,
+        "batch": 32,
+        "images_per_pass": args.images,
+        "img_per_s": rates,
+        "median_img_per_s": med,
+        "ratio_cache_vs_pil": ratio,
+        "cache_build_s": round(build_s, 1),
+        "cache_build_images": len(samples),
+        "trainer": trainer,
+        "trainer_command": "zoo finetune mobilenet_v2 --data PHOTOS --strategy gradual "
+        "--epochs 1 --image-cache on|off",
+        "headlines": [
+            headline(
+                "loader img/s, image cache vs PIL path", "ratio_cache_vs_pil", ratio, ">=", 3.0
+            )
+        ],
+    }
+    rec.write(results, args.out)
+    print(
+        f"cache {med['cache']} vs PIL {med['pil']} img/s: {ratio}× (goal ≥ 3); build {build_s:.1f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()
