@@ -152,6 +152,9 @@ def trainer(args: argparse.Namespace, device: str, tmp: Path) -> dict[str, objec
         "val_acc": {m: round(r["val/acc"], 4) for m, r in rows.items()},
         "whole_process_s": {m: round(p.seconds, 1) for m, p in runs.items()},
         "ratio_cache_vs_ceiling": round(rows["on"]["img_per_s"] / ceiling_ips, 3),
+        "ratio_cache_gpu_resample_vs_ceiling": round(
+            rows["on_gpu_resample"]["img_per_s"] / ceiling_ips, 3
+        ),
         "ratio_pil_vs_ceiling": round(rows["off"]["img_per_s"] / ceiling_ips, 3),
         "tf32_hand_loop": ceiling.extra["summary"]["tf32"],
     }

@@ -156,7 +156,7 @@ def test_image_cache_path_augments_on_the_gpu(tmp_path: Path, mobilenet_weights:
         "--runs", str(tmp_path), "--name", "cached", "--no-progress",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "on the GPU in batches" in r.stderr
+    assert "normalised on the GPU in batches" in r.stderr
     assert json.loads((tmp_path / "cached" / "config.json").read_text())["image_cache"] == "on"
     pre = zoo.model_info("mobilenet_v2").preprocessing()
     ds = CachedImageDataset(

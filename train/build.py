@@ -10,6 +10,7 @@ what trains, on pooled backbone outputs computed once; the loop only sees ``trai
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -196,6 +197,9 @@ def build_run(resolved: Resolved) -> RunParts:
 
 
 PREFETCH = 4  # batches each loader worker keeps ready
+# Resample crops on the GPU (roi_align) instead of in the workers: 2.8x the bytes per batch
+# through shared and pinned memory, which capped the H200 machine's loader (docs/benchmarks.md)
+GPU_RESAMPLE = "ZOO_GPU_RESAMPLE"
 
 
 def auto_workers(device: torch.device) -> int:
