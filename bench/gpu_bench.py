@@ -122,11 +122,22 @@ def trainer(args: argparse.Namespace, device: str, tmp: Path) -> dict[str, objec
     zoo_opts += ["--num-workers", str(args.workers), "--channels-last", "--device", device]
     zoo_opts += ["--no-progress"] + (["--amp", "bf16"] if device == "cuda" else [])
     ceiling = hand_train(data, tmp / "synthetic", *hand_opts, "--synthetic")
+    variants = {
+        "on": ("on", {}),
+        "on_gpu_resample": ("on", {"ZOO_GPU_RESAMPLE": "1"}),
+        "off": ("off", {}),
+    }
     runs = {
-        mode: zoo_finetune(
-            "resnet18", data, tmp / "runs" / mode, *zoo_opts, "--image-cache", mode, env=env
+        name: zoo_finetune(
+            "resnet18",
+            data,
+            tmp / "runs" / name,
+            *zoo_opts,
+            "--image-cache",
+            mode,
+            env={**env, **extra},
         )
-        for mode in ("on", "off")
+        for name, (mode, extra) in variants.items()
     }
     ceiling_ips = round(ceiling.extra["rows"][-1]["img_per_s"])
     rows = {mode: proc.extra["rows"][-1] for mode, proc in runs.items()}

@@ -27,6 +27,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, torchvision, onnxruntime; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tv', torchvision.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log"
+# GPU_TESTS_K=expr runs only the matching gpu tests (a rerun after one change)
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider -rs ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$OUT/gpu_tests.log"
 timeout "${BENCH_TIMEOUT:-330}" python3 bench/gpu_bench.py --out-dir "$OUT/bench" 2>&1 | tail -80 | tee "$OUT/gpu_bench.log"
 ls -l "$OUT/bench"

@@ -288,7 +288,7 @@ def _datasets(
                 cache,
                 Augment.for_model(pre, train=train),
                 seed=cfg.seed,
-                resample_on_device=device.type == "cuda",
+                resample_on_device=device.type == "cuda" and os.environ.get(GPU_RESAMPLE) == "1",
             )
             for split, train in (("train", augment), ("val", False))
         )
