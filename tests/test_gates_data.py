@@ -428,7 +428,7 @@ def test_check_files_cache_hits_and_invalidation(
     paths = [_img(root / "a.png"), _img(root / "b.png", 10)]
     decoded: list[Path] = []
     real = chk._check_file
-    monkeypatch.setattr(chk, "_check_file", lambda p: decoded.append(p) or real(p))
+    monkeypatch.setattr(chk, "_check_file", lambda p, c=None: decoded.append(p) or real(p, c))
     first = chk.check_files(root, paths, workers=1)
     assert decoded == paths and all(first[str(p)].ok for p in paths)
     cache = json.loads(chk._cache_file(root).read_text())
@@ -460,7 +460,7 @@ def test_check_files_ignores_a_bad_or_old_cache(
     path = chk._cache_file(root)
     decoded: list[Path] = []
     real = chk._check_file
-    monkeypatch.setattr(chk, "_check_file", lambda p: decoded.append(p) or real(p))
+    monkeypatch.setattr(chk, "_check_file", lambda p, c=None: decoded.append(p) or real(p, c))
     old = json.loads(path.read_text())
     path.write_text(json.dumps({**old, "version": chk.CACHE_VERSION + 1}))
     chk.check_files(root, paths)

@@ -143,10 +143,12 @@ def test_ort_cuda_session_is_asserted(mobilenet_onnx: Path) -> None:
 
 
 def test_image_cache_path_augments_on_the_gpu(tmp_path: Path, mobilenet_weights: Path) -> None:
-    """--image-cache on with a CUDA device: uint8 crops from the workers, resampled, jittered
-    and normalised on the GPU; the batched finish agrees with the CPU's on the same batch."""
+    """--image-cache on with a CUDA device: uint8 crops from the workers, jittered and
+    normalised on the GPU; the batched finish there agrees with the CPU's on the same batch."""
+    from torch.utils.data import default_collate
+
     from zoo.samples import write_photo_folder
-    from zoo.train.augment import Augment, CachedImageDataset, finish_batch, pad_collate
+    from zoo.train.augment import Augment, CachedImageDataset, finish_batch
     from zoo.train.image_cache import CacheSpec, ImageCache
 
     photos = write_photo_folder(tmp_path / "photos", per_class=12)
@@ -163,11 +165,10 @@ def test_image_cache_path_augments_on_the_gpu(tmp_path: Path, mobilenet_weights:
         [(p, 0) for p in sorted(photos.rglob("*.jpg"))[:16]],
         ImageCache(CacheSpec.for_model(pre), tmp_path / "store"),
         Augment.for_model(pre, train=True),
-        resample_on_device=True,
     )
-    x, rows, _, _ = pad_collate([ds[i] for i in range(len(ds))])
-    on_cpu = finish_batch(ds.aug, x, rows, resample=True)
-    on_gpu = finish_batch(ds.aug, x.cuda(), rows.cuda(), resample=True).cpu()
+    (x, rows), _, _ = default_collate([ds[i] for i in range(len(ds))])
+    on_cpu = finish_batch(ds.aug, x, rows)
+    on_gpu = finish_batch(ds.aug, x.cuda(), rows.cuda()).cpu()
     torch.testing.assert_close(on_gpu, on_cpu, atol=2e-3, rtol=0)
 
 

@@ -1,9 +1,8 @@
 """The decode-once image cache and the augmentation of cached images: entries equal a fresh
 decode, edits and torn entries are decoded again, broken files are quarantined as without the
 cache, concurrent builders (real processes) leave a sound store, the random parameters are
-torchvision's own draws, the colour map is torchvision's three operations, the GPU path's
-batched resampling agrees with the CPU path's, and the eval view is ``eval_transform``'s
-pixels exactly."""
+torchvision's own draws, the colour map is torchvision's three operations, and the eval view
+is ``eval_transform``'s pixels exactly."""
 
 from __future__ import annotations
 
@@ -29,11 +28,8 @@ from zoo.train import image_cache as ic
 from zoo.train.augment import (
     Augment,
     CachedImageDataset,
-    augment_u8,
     colour_matrix,
     draw,
-    finish_batch,
-    pad_collate,
 )
 from zoo.train.check import check_splits
 from zoo.train.config import TrainConfig
@@ -209,44 +205,6 @@ def test_colour_map_is_torchvisions_three_operations_in_any_order() -> None:
             torch.testing.assert_close(fused[i], ref, atol=2e-3, rtol=0)
     moved = (fused - x).abs().mean()
     assert moved > 0.01, "the factors must change the image for this test to mean anything"
-
-
-def _crops(paths: list[Path], aug: Augment, seed: int) -> list[tuple]:
-    out = []
-    for i, path in enumerate(paths):
-        image = torch.from_numpy(ic.decode(path, SPEC)).permute(2, 0, 1)
-        torch.manual_seed(seed + i)
-        out.append((image, *draw(aug, image)))
-    return out
-
-
-def test_the_gpu_paths_batched_resampling_agrees_with_the_cpu_path(photos: Path) -> None:
-    """The same parameter rows, finished both ways on this CPU: per-sample antialiased crops
-    (the workers' path) against padded crop boxes resampled in one roi_align call (the GPU
-    path). Different resampling filters, so close, not equal."""
-    aug = Augment.for_model(PRE, train=True)
-    samples = _crops(sorted(photos.rglob("*.jpg"))[::5], aug, seed=7)
-    cpu_items, gpu_items = [], []
-    for image, (top, left, h, w), row in samples:
-        crop = image[:, top : top + h, left : left + w].contiguous()
-        cpu_items.append(((augment_u8(aug, image, (top, left, h, w), row), row), 0, 0))
-        gpu_items.append(((crop, row), 0, 0))
-        rows_mean = crop.reshape(3, -1).double().mean(1) / 255
-        row[6:9] = rows_mean.float()
-    x_cpu, rows, _, _ = pad_collate(cpu_items)
-    x_gpu, rows_g, _, _ = pad_collate(gpu_items)
-    a = finish_batch(aug, x_cpu, rows, resample=False)
-    b = finish_batch(aug, x_gpu, rows_g, resample=True)
-    assert a.shape == b.shape == (len(samples), 3, 224, 224)
-    std = torch.tensor(aug.std).view(1, 3, 1, 1)
-    diff = ((a - b) * std).abs()  # in [0, 1] pixel units
-    assert diff.mean() < 0.02, diff.mean()
-    flipped = rows[:, 2] > 0
-    assert flipped.any() and (~flipped).any()
-    mirrored = finish_batch(
-        aug, x_gpu, torch.cat([rows_g[:, :2], 1 - rows_g[:, 2:3], rows_g[:, 3:]], 1), resample=True
-    )
-    assert ((mirrored - a) * std).abs().mean() > 2 * diff.mean(), "a flip that is ignored"
 
 
 def test_eval_view_is_exactly_eval_transform(photos: Path) -> None:

@@ -2,18 +2,15 @@
 its random parameters drawn per sample from (seed, epoch, index) — so ``--resume`` stays exact
 and a sample's crop does not depend on where it is finished.
 
-Loader workers send uint8 batches (a quarter of float32's bytes through shared memory, and of
-a GPU copy); :class:`DeviceBatches` turns them into normalised float batches where the model
-runs. Where the crop is resampled depends on that device:
-
-- CPU: each worker crops its sample (random resized crop, antialiased, on the uint8 fast
-  path) and flips it (:func:`augment_u8`); the main process jitters and normalises the batch
-  (:func:`finish_batch`: a few batched passes, a small share of a CPU training step).
-- GPU: workers only cut each sample's crop box out of its stored image (a slice, no
-  resampling) and pad the batch (:func:`pad_collate`); the device resamples every crop to the
-  output size at once (``torchvision.ops.roi_align``: bilinear, about one sample per source
-  pixel, so an area average when shrinking), flips, jitters and normalises, in batches, from
-  pinned memory copied without blocking.
+Loader workers do what is per sample: read the stored image, draw the parameters, crop
+(random resized crop, antialiased, on torch's uint8 fast path) and flip (:func:`augment_u8`).
+They send uint8 batches (a quarter of float32's bytes through shared memory, pinned memory
+and a GPU copy); :class:`DeviceBatches` does the rest in batches where the model runs
+(:func:`finish_batch`): conversion, colour jitter and normalisation, on the GPU from pinned
+memory copied without blocking, or in the main process on a CPU (a few passes, a small share
+of a CPU training step). Resampling the crops on the GPU too (``roi_align`` over padded crop
+boxes) was measured on the H200 machine and was slower: 2.8× the bytes per batch through
+the host (docs/benchmarks.md).
 
 The parameter distributions are torchvision's own (``RandomResizedCrop.get_params``,
 ``ColorJitter.get_params``), drawn in the PIL path's order. The colour jitter is one affine
@@ -30,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset
 from torchvision import transforms as T
-from torchvision.ops import roi_align
 from torchvision.transforms.v2 import functional as F
 
 from zoo.preprocessing import Preprocessing
@@ -139,41 +135,16 @@ def augment_u8(
     return (x.flip(-1) if row[2] > 0 else x).contiguous()
 
 
-def pad_collate(batch: list[tuple[tuple[torch.Tensor, torch.Tensor], Any, int]]) -> tuple[Any, ...]:
-    """``((uint8 image, param row), label, index)`` samples → one uint8 batch padded to the
-    largest image (edges repeated, so resampling near a crop's border reads its own pixels;
-    equal sizes need none), the parameter rows, labels and indices. In a worker the batch is
-    built in shared memory, as ``default_collate`` does."""
-    images = [s[0][0] for s in batch]
-    hmax = max(x.shape[1] for x in images)
-    wmax = max(x.shape[2] for x in images)
-    out = torch.empty(len(images), images[0].shape[0], hmax, wmax, dtype=torch.uint8)
-    if get_worker_info() is not None:
-        out.share_memory_()
-    for i, x in enumerate(images):
-        h, w = x.shape[1:]
-        out[i, :, :h, :w] = x
-        if w < wmax:
-            out[i, :, :h, w:] = x[:, :, -1:]
-        if h < hmax:
-            out[i, :, h:, :] = out[i, :, h - 1 : h, :]
-    rows = torch.stack([s[0][1] for s in batch])
-    labels, idx = default_collate([(s[1], s[2]) for s in batch])
-    return out, rows, labels, idx
-
-
 def finish_batch(
     aug: Augment,
     x: torch.Tensor,
     rows: torch.Tensor,
     *,
-    resample: bool,
     scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """uint8 batch ``(B, C, H, W)`` + parameter rows → normalised float32 ``(B, C, crop,
-    crop)``, every op batched on ``x``'s device. ``resample``: ``x`` holds the padded crop
-    boxes (the GPU path), resampled and flipped here; otherwise they are at the output size.
-    Then the colour jitter (:func:`colour_matrix`) and the model's normalisation.
+    """uint8 batch ``(B, C, crop, crop)`` + parameter rows → normalised float32, every op
+    batched on ``x``'s device: the colour jitter (:func:`colour_matrix`) and the model's
+    normalisation.
     ``scratch``: a float32 buffer at least ``x``'s size for the conversion (a fresh
     allocation of a whole batch costs page faults on every CPU batch)."""
     if not aug.train or x.shape[1] != 3:
@@ -182,13 +153,6 @@ def finish_batch(
         xf = scratch.view(-1)[: x.numel()].view(x.shape).copy_(x)
     else:
         xf = x.float()
-    if resample:
-        n = len(xf)
-        boxes = torch.zeros(n, 5, device=x.device)
-        boxes[:, 0] = torch.arange(n, device=x.device)
-        boxes[:, 3], boxes[:, 4] = rows[:, 1], rows[:, 0]  # x2 = w, y2 = h
-        xf = roi_align(xf, boxes, [aug.crop, aug.crop], aligned=True)
-        xf = torch.where(rows[:, 2].view(-1, 1, 1, 1) > 0, xf.flip(-1), xf)
     # the colour map, the scaling to [0, 1] and the normalisation folded into one affine map,
     # then the clip to [0, 1] in normalised units, a channel at a time (scalar bounds)
     a, o = colour_matrix(rows)
@@ -201,10 +165,9 @@ def finish_batch(
 
 
 class CachedImageDataset(Dataset[tuple[Any, Any, int]]):
-    """Samples from the image cache, as ``((uint8 image, param row), label, index)`` for
-    :func:`pad_collate`; keys as :class:`zoo.train.data.ImageFolderDataset` (``index`` or
-    ``(index, epoch)``). ``resample_on_device``: the image is the crop box, not yet resampled
-    (the GPU path); otherwise the augmented sample at the output size (the CPU path)."""
+    """Samples from the image cache, as ``((uint8 crop, param row), label, index)``, finished
+    by :class:`DeviceBatches`; keys as :class:`zoo.train.data.ImageFolderDataset` (``index``
+    or ``(index, epoch)``)."""
 
     def __init__(
         self,
@@ -213,11 +176,9 @@ class CachedImageDataset(Dataset[tuple[Any, Any, int]]):
         aug: Augment,
         *,
         seed: int = 0,
-        resample_on_device: bool = False,
     ) -> None:
         self.samples = list(samples)
         self.cache, self.aug, self.seed = cache, aug, seed
-        self.resample_on_device = resample_on_device
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -234,16 +195,12 @@ class CachedImageDataset(Dataset[tuple[Any, Any, int]]):
             # the seed of ImageFolderDataset: the same draw sequence for the same sample
             torch.default_generator.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
             box, row = draw(self.aug, image)
-        if self.resample_on_device and self.aug.train:
-            top, left, h, w = box
-            crop = image[:, top : top + h, left : left + w].contiguous()
-        else:
-            crop = augment_u8(self.aug, image, box, row)
+        crop = augment_u8(self.aug, image, box, row)
         return (crop, _set_means(row, crop) if self.aug.train else row), label, i
 
 
 class DeviceBatches:
-    """A loader of :func:`pad_collate` batches that yields finished ``(x, y, idx)`` batches
+    """A loader of :class:`CachedImageDataset` batches that yields finished ``(x, y, idx)`` batches
     on ``device`` (timm's prefetch loader does the same for normalisation): uint8 copied from
     pinned memory without blocking, then :func:`finish_batch` there."""
 
@@ -254,11 +211,10 @@ class DeviceBatches:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, Any, Any]]:
-        aug, resample = self.dataset.aug, self.dataset.resample_on_device
         scratch = None
-        for x, rows, y, idx in self.loader:
+        for (x, rows), y, idx in self.loader:
             x = x.to(self.device, non_blocking=True)
             rows = rows.to(self.device, non_blocking=True)
             if self.device.type == "cpu" and (scratch is None or scratch.numel() < x.numel()):
                 scratch = torch.empty(x.shape)
-            yield finish_batch(aug, x, rows, resample=resample, scratch=scratch), y, idx
+            yield finish_batch(self.dataset.aug, x, rows, scratch=scratch), y, idx

@@ -10,7 +10,6 @@ what trains, on pooled backbone outputs computed once; the loop only sees ``trai
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from zoo.metadata import ModelInfo
 from zoo.registry import Entry
 from zoo.system import available_cpus
 from zoo.train import data as data_mod
-from zoo.train.augment import Augment, CachedImageDataset, DeviceBatches, pad_collate
+from zoo.train.augment import Augment, CachedImageDataset, DeviceBatches
 from zoo.train.check import CheckReport, check_splits, format_report
 from zoo.train.comm import Single, join
 from zoo.train.config import TrainConfig
@@ -126,7 +125,7 @@ def build_run(resolved: Resolved) -> RunParts:
     workers = cfg.num_workers if cfg.num_workers is not None else auto_workers(comm.device)
     if cache is not None and cache.spec != CacheSpec.for_model(info.preprocessing()):
         cache = ImageCache(CacheSpec.for_model(info.preprocessing()))  # read-through
-    train_set, val_set = _datasets(cfg, info, data, cache, comm.device)
+    train_set, val_set = _datasets(cfg, info, data, cache)
     trained = model
     if cfg.cache_features:
         assert info.classifier  # linear strategy: split_head found it
@@ -165,7 +164,8 @@ def build_run(resolved: Resolved) -> RunParts:
         f"classes, batch {bs} per process × {comm.world} = {bs * comm.world} global, "
         f"{steps} steps/epoch; loader: {workers} workers (auto: cpus-1 on CUDA, else "
         f"min(4, cpus-1); raise it while the data-wait share stays high), prefetch "
-        f"{PREFETCH if workers else 0} batches each, persistent, " + _augmented_where(train_set)
+        f"{PREFETCH if workers else 0} batches each, persistent, "
+        + _augmented_where(train_set, comm.device)
     )
 
     optimizer = _optimizer(cfg, model, groups, pretrained=report is not None)
@@ -197,9 +197,6 @@ def build_run(resolved: Resolved) -> RunParts:
 
 
 PREFETCH = 4  # batches each loader worker keeps ready
-# Resample crops on the GPU (roi_align) instead of in the workers: 2.8x the bytes per batch
-# through shared and pinned memory, which capped the H200 machine's loader (docs/benchmarks.md)
-GPU_RESAMPLE = "ZOO_GPU_RESAMPLE"
 
 
 def auto_workers(device: torch.device) -> int:
@@ -220,7 +217,6 @@ def loader(
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,
-        collate_fn=pad_collate if cached else None,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
         prefetch_factor=PREFETCH if workers > 0 else None,
@@ -241,14 +237,11 @@ def cache_spec(model: str, image_size: int | None = None) -> CacheSpec | None:
         return None
 
 
-def _augmented_where(dataset: Any) -> str:
+def _augmented_where(dataset: Any, device: torch.device) -> str:
     if not isinstance(dataset, CachedImageDataset):
         return "PIL images decoded and augmented in the workers"
-    if dataset.resample_on_device:
-        return (
-            "cached uint8 crops, pinned; resampled, jittered and normalised on the GPU in batches"
-        )
-    return "cached uint8 images cropped in the workers; jittered and normalised here in batches"
+    where = "on the GPU" if device.type == "cuda" else "in this process"
+    return f"cached uint8 images cropped in the workers; jittered and normalised {where} in batches"
 
 
 def _image_cache(cfg: TrainConfig, spec: CacheSpec, splits: data_mod.Splits) -> ImageCache | None:
@@ -275,10 +268,9 @@ def _datasets(
     info: ModelInfo,
     data: RunData,
     cache: ImageCache | None,
-    device: torch.device,
 ) -> tuple[Any, Any]:
-    """Train and val datasets: from the image cache (augmented on the GPU, or in the loader
-    workers), or decoded by PIL each epoch."""
+    """Train and val datasets: from the image cache (cropped in the workers, finished where
+    the model runs), or decoded by PIL each epoch."""
     augment = cfg.augment and not cfg.cache_features
     pre = info.preprocessing()
     if cache is not None:
@@ -288,7 +280,6 @@ def _datasets(
                 cache,
                 Augment.for_model(pre, train=train),
                 seed=cfg.seed,
-                resample_on_device=device.type == "cuda" and os.environ.get(GPU_RESAMPLE) == "1",
             )
             for split, train in (("train", augment), ("val", False))
         )
