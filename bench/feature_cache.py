@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from dataclasses import replace
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench_path import ROOT  # noqa: F401

@@ -207,6 +207,9 @@ def feature_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "",
         f"{fmt(r['acc_delta_points'])} points",
     )
+    if "backbone_pass_s" in r:
+        t.add("one backbone pass over every image, alone", fmt(r["backbone_pass_s"], 1), "", "")
+        t.add("**cached run / one pass**", f"**{fmt(r['cached_vs_one_pass'])}×**", "", "")
     return [
         f"`{r['command']}`, {r['epochs']} epochs at {r['image_size']} px.",
         "",
@@ -365,27 +368,34 @@ def serve_load(name: str, d: dict[str, Any], out: Doc) -> list[str]:
 def gpu_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     tr = r["trainer"]
-    t = Table(name, "run", "img/s")
-    t.add("hand-written loop, before", fmt(tr["raw_img_per_s"][0], 0))
-    t.add("zoo trainer", fmt(tr["trainer_img_per_s"], 0))
-    t.add("hand-written loop, after", fmt(tr["raw_img_per_s"][1], 0))
-    t.add(
-        "same loop on synthetic GPU tensors (no data loading)",
-        fmt(tr["synthetic_ceiling_img_per_s"], 0),
-    )
-    t.add(
-        "**zoo / hand-written (mean of before and after)**",
-        f"**{fmt(tr['ratio_trainer_vs_raw'], 3)}**",
-    )
-    t.add("zoo's share of time waiting for data", pct(tr["trainer_data_wait"]))
-    tf = r.get("tf32") or {}
+    ceiling = tr["synthetic_ceiling_img_per_s"]
+    t = Table(name, "run", "img/s", "× ceiling", "data-wait share", "whole process (s)")
+    t.add("same loop on synthetic GPU tensors (no data loading)", fmt(ceiling, 0), "1", "", "")
+    labels = {
+        "on": "`zoo finetune`, image cache (crops in the workers, jitter on the GPU)",
+        "on_gpu_resample": "`zoo finetune`, image cache, crops resampled on the GPU (roi_align)",
+        "off": "`zoo finetune`, no cache (PIL decode + augmentation in the workers)",
+    }
+    for k, ips in tr["img_per_s"].items():
+        t.add(
+            labels.get(k, k),
+            fmt(ips, 0),
+            f"**{fmt(ips / ceiling, 3)}**" if k == "on" else fmt(ips / ceiling, 3),
+            pct(tr["data_wait"][k]),
+            fmt(tr["whole_process_s"][k], 1),
+        )
     lines = [
         f"Device: {r['device']}, torch {r['torch']}. Trainer: {tr['model']}, batch {tr['batch']}, "
-        f"bf16 autocast, channels_last, {fmt(tr['train_images'], 0)} training images at "
-        f"{tr['image_size']} px, {tr['workers']} loader workers, last of {tr['epochs']} epochs.",
+        f"bf16 autocast, channels_last, {fmt(tr['train_images'], 0)} training images "
+        f"({tr['data']}) at {tr['image_size']} px, {tr['workers']} loader workers, last of "
+        f"{tr['epochs']} epochs. Image cache built first by `{tr['cache_build_command']}` in "
+        f"{fmt(tr['cache_build_s'], 1)} s (not in the runs' figures).",
         "",
         *t.lines(out),
         "",
+    ]
+    tf = r.get("tf32") or {}
+    lines += [
         f"TF32 for the latency and parity figures: {tf.get('mode', 'unknown')} (CUDA matmul "
         f"{tf.get('cuda_matmul', '?')}, cuDNN conv {tf.get('cudnn_conv', '?')})"
         + (f"; {tf['note']}" if tf.get("note") else "")
@@ -418,6 +428,40 @@ def gpu_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         *par.lines(out),
         "",
     ]
+
+
+def loader_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(name, "loader workers", "PIL path (img/s)", "image cache (img/s)", "cache / PIL")
+    for w, row in r["by_workers"].items():
+        ratio = row["ratio"]
+        cell = f"**{fmt(ratio)}×**" if int(w) == r["auto_workers"] else f"{fmt(ratio)}×"
+        t.add(
+            f"{w} (the trainer's default here)" if int(w) == r["auto_workers"] else w,
+            fmt(row["median_img_per_s"]["pil"], 0),
+            fmt(row["median_img_per_s"]["cache"], 0),
+            cell,
+        )
+    lines = [
+        f"{r['data']}; batches of {r['batch']}, {r['images_per_pass']} images per timed pass, "
+        f"medians of {r['rounds']} alternating passes. Cache built first in "
+        f"{fmt(r['cache_build_s'], 1)} s for {fmt(r['cache_build_images'], 0)} images.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+    if r.get("trainer"):
+        tr = Table(name, "`--image-cache`", "data-wait share", "img/s", "whole run (s)", "val acc")
+        for mode, row in r["trainer"].items():
+            tr.add(
+                mode,
+                pct(row["data_wait"]),
+                fmt(row["img_per_s"], 1),
+                fmt(row["whole_run_s"], 1),
+                fmt(row["val_acc"], 4),
+            )
+        lines += [f"`{r['trainer_command']}`:", "", *tr.lines(out), ""]
+    return lines
 
 
 def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
@@ -476,6 +520,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "deploy_bench": deploy_bench,
     "serve_load": serve_load,
     "gpu_bench": gpu_bench,
+    "loader_cache": loader_cache,
     "cli_startup": cli_startup,
     "predict_throughput": predict_throughput,
 }
