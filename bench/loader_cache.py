@@ -15,11 +15,15 @@ on the same folder, one epoch with the cache (default) and one without.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from bench_path import ROOT  # noqa: F401
@@ -31,13 +35,22 @@ from zoo.samples import write_photo_folder
 from zoo.system import available_cpus
 
 
-def _pass(loader: object, limit: int) -> float:
+def _pass(make: Callable[[], Any], limit: int) -> float:
+    """img/s of a fresh loader over ``limit`` images, timed from its first batch (worker
+    start-up excluded); the loader is shut down afterwards, so no prefetching worker of one
+    pass runs into the next."""
+    dl = make()
+    it = iter(dl)
+    next(it)
     n, t0 = 0, time.perf_counter()
-    for x, _, _ in loader:  # type: ignore[attr-defined]
+    for x, _, _ in it:
         n += len(x)
         if n >= limit:
             break
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    del it, dl
+    gc.collect()
+    return rate
 
 
 def main() -> None:
@@ -77,17 +90,15 @@ def main() -> None:
             counts.append(available_cpus())
         by_workers = {}
         for workers in counts:
-            loaders = {
-                k: loader(ds, list(range(len(ds))), 32, workers, 0, cpu) for k, ds in sets.items()
+            makers = {
+                k: partial(loader, ds, list(range(len(ds))), 32, workers, 0, cpu)
+                for k, ds in sets.items()
             }
-            for dl in loaders.values():
-                _pass(dl, 64)  # start the persistent workers
-            rates: dict[str, list[float]] = {k: [] for k in loaders}
+            rates: dict[str, list[float]] = {k: [] for k in makers}
             for _ in range(args.rounds):
-                for k, dl in loaders.items():
-                    rates[k].append(round(_pass(dl, args.images), 1))
+                for k, make in makers.items():
+                    rates[k].append(round(_pass(make, args.images), 1))
                     print(workers, k, rates[k][-1], "img/s", flush=True)
-            del loaders  # stop the workers before the next count (and before cleanup)
             med = {k: statistics.median(v) for k, v in rates.items()}
             by_workers[str(workers)] = {
                 "img_per_s": rates,
