@@ -438,8 +438,8 @@ def loader_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         cell = f"**{fmt(ratio)}×**" if int(w) == r["auto_workers"] else f"{fmt(ratio)}×"
         t.add(
             f"{w} (the trainer's default here)" if int(w) == r["auto_workers"] else w,
-            fmt(row["median_img_per_s"]["pil"], 0),
-            fmt(row["median_img_per_s"]["cache"], 0),
+            fmt(row["median_img_per_s"]["pil"], 1),
+            fmt(row["median_img_per_s"]["cache"], 1),
             cell,
         )
     lines = [

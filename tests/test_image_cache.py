@@ -28,8 +28,10 @@ from zoo.train import image_cache as ic
 from zoo.train.augment import (
     Augment,
     CachedImageDataset,
+    augment_u8,
     colour_matrix,
     draw,
+    finish_batch,
 )
 from zoo.train.check import check_splits
 from zoo.train.config import TrainConfig
@@ -205,6 +207,45 @@ def test_colour_map_is_torchvisions_three_operations_in_any_order() -> None:
             torch.testing.assert_close(fused[i], ref, atol=2e-3, rtol=0)
     moved = (fused - x).abs().mean()
     assert moved > 0.01, "the factors must change the image for this test to mean anything"
+
+
+def test_crop_and_flip_follow_the_drawn_parameters() -> None:
+    """The worker's crop is torchvision's resized crop of the drawn box, mirrored when the
+    draw says so (on the stored image seen as CHW: the uint8 fast path)."""
+    aug = Augment.for_model(PRE, train=True)
+    image = torch.from_numpy(ic.decode(sample_image_paths()[0], SPEC)).permute(2, 0, 1)
+    flips = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        box, row = draw(aug, image)
+        ref = TF.resized_crop(image.contiguous(), *box, [224, 224], antialias=True)
+        ref = TF.hflip(ref) if row[2] > 0 else ref
+        got = augment_u8(aug, image, box, row)
+        assert got.shape == (3, 224, 224) and (got.int() - ref.int()).abs().max() <= 1
+        flips.add(bool(row[2] > 0))
+    assert flips == {True, False}
+
+
+def test_finish_batch_is_jitter_then_normalise() -> None:
+    """The folded map (scaling, colour map, normalisation) and the clip in normalised units
+    equal the plain sequence: /255, torchvision's three operations, clip, Normalize."""
+    aug = Augment.for_model(PRE, train=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(60, 150, (3, 3, 40, 40), generator=g, dtype=torch.uint8)
+    x[2, :, :8] = 255  # a clipped corner: brightness 1.2 takes it past 1
+    rows = torch.tensor([[40, 40, 0, 1.1, 0.9, 1.15, 0, 0, 0]] * 3)
+    rows[2, 3:6] = torch.tensor([1.2, 1.0, 1.0])
+    rows[:, 6:9] = x.float().mean(dim=(-2, -1)) / 255
+    got = finish_batch(aug, x, rows)
+    norm = T.Normalize(aug.mean, aug.std)
+    for i in range(3):
+        ref = x[i].float() / 255
+        b, c, s = rows[i, 3:6].tolist()
+        ref = TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(ref, b), c), s)
+        torch.testing.assert_close(got[i], norm(ref.clamp(0, 1)), atol=1e-2, rtol=0)
+    assert torch.equal(finish_batch(aug, x, rows, scratch=torch.empty(10**6)), got)
+    top = ((1 - torch.tensor(aug.mean)) / torch.tensor(aug.std)).view(3, 1, 1)
+    assert torch.allclose(got[2, :, :8], top.expand(3, 8, 40))
 
 
 def test_eval_view_is_exactly_eval_transform(photos: Path) -> None:

@@ -9,8 +9,8 @@ and a GPU copy); :class:`DeviceBatches` does the rest in batches where the model
 (:func:`finish_batch`): conversion, colour jitter and normalisation, on the GPU from pinned
 memory copied without blocking, or in the main process on a CPU (a few passes, a small share
 of a CPU training step). Resampling the crops on the GPU too (``roi_align`` over padded crop
-boxes) was measured on the H200 machine and was slower: 2.8× the bytes per batch through
-the host (docs/benchmarks.md).
+boxes) was measured on the H200 machine and was slower: padded boxes are several times
+the bytes of finished crops, through the host twice (docs/benchmarks.md).
 
 The parameter distributions are torchvision's own (``RandomResizedCrop.get_params``,
 ``ColorJitter.get_params``), drawn in the PIL path's order. The colour jitter is one affine
@@ -32,6 +32,7 @@ from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
 from zoo.preprocessing import Preprocessing
+from zoo.train.data import sample_seed
 from zoo.train.image_cache import ImageCache
 from zoo.transforms import interpolation_mode
 
@@ -39,9 +40,8 @@ SCALE = (0.5, 1.0)  # the PIL path's RandomResizedCrop scale (zoo.transforms.tra
 RATIO = (3 / 4, 4 / 3)
 JITTER = 0.2  # brightness, contrast and saturation, as the PIL path
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
-# Per-sample parameter row: crop height, width, flip, brightness, contrast, saturation, and
+# A sample's parameter row: crop height, width, flip, brightness, contrast, saturation, and
 # the crop's channel means in [0, 1] (contrast blends towards the mean gray).
-N_PARAMS = 9
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def _normalise(x: torch.Tensor, aug: Augment) -> torch.Tensor:
 def augment_u8(
     aug: Augment, image: torch.Tensor, box: tuple[int, int, int, int], row: torch.Tensor
 ) -> torch.Tensor:
-    """The CPU path, in a loader worker: one stored uint8 ``(C, H, W)`` image → its crop at
-    the output size (antialiased; the eval view: the centre crop), flipped, still uint8."""
+    """In a loader worker: one stored uint8 ``(C, H, W)`` image → its crop at the output size
+    (antialiased; the eval view: the centre crop), flipped, still uint8."""
     top, left, h, w = box
     if not aug.train:
         return image[:, top : top + h, left : left + w].contiguous()
@@ -192,8 +192,7 @@ class CachedImageDataset(Dataset[tuple[Any, Any, int]]):
         path, label = self.samples[i]
         image = torch.from_numpy(self.cache.get(path)).permute(2, 0, 1)
         with torch.random.fork_rng(devices=[]):
-            # the seed of ImageFolderDataset: the same draw sequence for the same sample
-            torch.default_generator.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, i))
             box, row = draw(self.aug, image)
         crop = augment_u8(self.aug, image, box, row)
         return (crop, _set_means(row, crop) if self.aug.train else row), label, i

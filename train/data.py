@@ -216,6 +216,11 @@ def _need_two(classes: list[str], where: Path) -> None:
         )
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation in one epoch (every image path draws from it)."""
+    return (seed * 1_000_003 + epoch) * 10_000_019 + index
+
+
 class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
     """(image tensor, label, index). Augmentation randomness is seeded per (seed, epoch,
     index), so a batch is the same whichever worker loads it and whenever a run resumes.
@@ -247,7 +252,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
         with torch.random.fork_rng(devices=[]):
             # The CPU generator only: torch.manual_seed also queues a CUDA seed, which costs a
             # captured stack trace per image (ms each) and outlives fork_rng on a GPU.
-            torch.default_generator.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + i)
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, i))
             x = self.transform(im)
         return x, label, i
 
