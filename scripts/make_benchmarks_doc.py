@@ -464,6 +464,27 @@ def loader_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     return lines
 
 
+def cache_accuracy(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(
+        name,
+        "task",
+        "`--image-cache on` (per seed)",
+        "`off` (per seed)",
+        "gap of the means (points)",
+        "largest seed spread (points)",
+    )
+    for task, x in r["tasks"].items():
+        t.add(
+            f"{task}: `{x['model']} {x['options']}`",
+            ", ".join(fmt(v, 4) for v in x["val_acc"]["on"]),
+            ", ".join(fmt(v, 4) for v in x["val_acc"]["off"]),
+            fmt(x["gap_points"]),
+            fmt(x["seed_spread_points"]),
+        )
+    return [f"Seeds {', '.join(str(s) for s in r['seeds'])}.", "", *t.lines(out), ""]
+
+
 def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     t = Table(name, "command", "median wall clock (s)", "× typer + rich", "peak RSS (MiB, max)")
@@ -521,6 +542,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "serve_load": serve_load,
     "gpu_bench": gpu_bench,
     "loader_cache": loader_cache,
+    "cache_accuracy": cache_accuracy,
     "cli_startup": cli_startup,
     "predict_throughput": predict_throughput,
 }

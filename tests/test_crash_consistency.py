@@ -33,6 +33,9 @@ WALK = [
     *("finetune", "mlp", "--epochs", "4", "--patience", "1", "--schedule", "constant"),
     *("--batch-size", "16", "--save-every-steps", "4", "--top-k-checkpoints", "2"),
     *("--log-grad-norms", "--seed", "1", "--no-progress", "--name", "r"),
+    # the scenario below (best ≠ last, early stop, a top-k removal) is built on the PIL path's
+    # numbers; a resume through the image cache is compared bitwise in test_resume.py
+    *("--image-cache", "off"),
 ]
 # One kind of write per mechanism, killed *inside* (complete temporary file or folder, not yet
 # renamed; TensorBoard events queued, not flushed): the run folder's publication, TensorBoard,
@@ -81,25 +84,32 @@ def _zoo(fork_server: Any, argv: list[str], log: Path, **env: str) -> int:
 
 
 def _kill_then_resume(
-    fork_server: Any, data: Path, root: Path, kill: str, workers: int, *, done: bool = False
+    fork_server: Any,
+    data: Path,
+    root: Path,
+    kill: str,
+    workers: int,
+    *,
+    done: bool = False,
+    walk: list[str] = WALK,
 ) -> Path | None:
     """Run WALK killed at ``kill``, then ``--resume`` it; the run folder, or None when the
     kill came before the folder existed. A lost exit status (seen once in CI: 255 for a
     self-SIGKILLed child) reruns the whole scenario once, from a clean folder."""
     try:
-        return _kill_then_resume_once(fork_server, data, root, kill, workers, done=done)
+        return _kill_then_resume_once(fork_server, data, root, kill, workers, done, walk)
     except _StatusLost:
         shutil.rmtree(root)
         (root.parent / f"{root.name}.log").unlink()
-        return _kill_then_resume_once(fork_server, data, root, kill, workers, done=done)
+        return _kill_then_resume_once(fork_server, data, root, kill, workers, done, walk)
 
 
 def _kill_then_resume_once(
-    fork_server: Any, data: Path, root: Path, kill: str, workers: int, *, done: bool
+    fork_server: Any, data: Path, root: Path, kill: str, workers: int, done: bool, walk: list[str]
 ) -> Path | None:
     root.mkdir()
     log = root.parent / f"{root.name}.log"
-    argv = [*WALK, "--num-workers", str(workers), "--data", str(data), "--runs", str(root)]
+    argv = [*walk, "--num-workers", str(workers), "--data", str(data), "--runs", str(root)]
     assert _zoo(fork_server, argv, log, ZOO_FAULT_KILL_AT=kill) == KILLED, log.read_text()
     run = root / "r"
     if not run.exists():
@@ -152,6 +162,30 @@ def test_kill_at_every_write_then_resume_equals_the_uninterrupted_run(
     with ThreadPoolExecutor(PARALLEL) as pool:  # each child is a process of its own
         outcome = dict(zip(kills, pool.map(kill_resume_compare, kills), strict=True))
     assert [k for k, v in outcome.items() if v == "no run"] == ["1:inside"]
+
+
+@pytest.mark.slow
+def test_killed_mid_epoch_through_the_image_cache_resumes_to_the_same_run(
+    fork_server: Any, four_digits: Path, tmp_path: Path
+) -> None:
+    """The walk's run with the decode-once image cache: killed at a mid-epoch step save
+    with 2 loader workers, resumed; the same run as the uninterrupted one."""
+    walk = [*WALK[:-2], "--image-cache", "on"]
+    ref_root = tmp_path / "ref"
+    ref_root.mkdir()
+    argv = [*walk, "--num-workers", "0", "--data", str(four_digits), "--runs", str(ref_root)]
+    trace = tmp_path / "trace"
+    assert crash.run(fork_server, argv, tmp_path / "ref.log", ZOO_FAULT_TRACE=str(trace)) == 0
+    labels = crash.trace(trace)
+    ref = ref_root / "r"
+    assert json.loads((ref / "config.json").read_text())["image_cache"] == "on"
+    first, second = _commit(labels, 1), _commit(labels, 2)
+    mid = next(  # epoch 2's step save, mid-epoch
+        n for n in range(first + 1, second) if labels[n - 1] == "checkpoints/last.pt"
+    )
+    run = _kill_then_resume(fork_server, four_digits, tmp_path / "k", str(mid), 2, walk=walk)
+    assert run is not None
+    crash.assert_same_run(ref, run)
 
 
 @pytest.mark.slow

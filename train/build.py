@@ -163,8 +163,8 @@ def build_run(resolved: Resolved) -> RunParts:
         f"data: {len(train_set)} train / {len(val_set)} val images, {len(data.classes)} "
         f"classes, batch {bs} per process × {comm.world} = {bs * comm.world} global, "
         f"{steps} steps/epoch; loader: {workers} workers (auto: cpus-1 on CUDA, else "
-        f"min(4, cpus-1); raise it while the data-wait share stays high), prefetch "
-        f"{PREFETCH if workers else 0} batches each, persistent, "
+        f"min(4, cpus-1); raise it while the data-wait share stays high)"
+        + (f", prefetch {PREFETCH} batches each, persistent, " if workers else ", ")
         + _augmented_where(train_set, comm.device)
     )
 

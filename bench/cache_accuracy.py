@@ -1,0 +1,96 @@
+"""Does the image cache change what a run learns? The same `zoo finetune` with
+`--image-cache on` and `off`, two seeds each, on sklearn's real digits (simple_cnn from
+scratch, with augmentation) and on the real photographs of `zoo example photos` (mobilenet_v2,
+ImageNet weights, gradual, 128 px, a small share of each class for training). Reported: each
+run's best validation accuracy, and the gap between the two means against the spread between
+seeds. Accuracy figures, not timings: the machine's load does not change them.
+
+    python bench/cache_accuracy.py              # writes docs/bench/cache_accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
+from common import zoo_finetune
+from provenance import Recording, headline
+
+from zoo.samples import write_digits_folder, write_photo_folder
+
+SEEDS = (0, 1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", default=None, help="default: docs/bench/cache_accuracy.json")
+    args = p.parse_args()
+    rec = Recording("cache_accuracy")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tasks = {
+            "digits": (
+                "simple_cnn",
+                write_digits_folder(root / "digits"),
+                ["--weights", "none", "--epochs", "6", "-b", "64"],
+            ),
+            "photos": (
+                "mobilenet_v2",
+                write_photo_folder(root / "photos", per_class=60),
+                ["--epochs", "3", "--image-size", "128", "--val-fraction", "0.5", "-b", "32"],
+            ),
+        }
+        results: dict[str, dict[str, object]] = {}
+        for task, (model, data, opts) in tasks.items():
+            acc: dict[str, list[float]] = {"on": [], "off": []}
+            for seed in SEEDS:
+                for mode in ("on", "off"):
+                    proc = zoo_finetune(
+                        model,
+                        data,
+                        root / "runs" / f"{task}-{mode}-{seed}",
+                        *opts,
+                        "--seed",
+                        str(seed),
+                        "--image-cache",
+                        mode,
+                        "--no-progress",
+                    )
+                    acc[mode].append(round(proc.extra["report"]["best"]["val/acc"], 4))
+                    print(task, mode, seed, acc[mode][-1], flush=True)
+            means = {m: round(statistics.mean(v), 4) for m, v in acc.items()}
+            spread = max(max(v) - min(v) for v in acc.values())
+            results[task] = {
+                "model": model,
+                "options": " ".join(opts),
+                "val_acc": acc,
+                "mean": means,
+                "gap_points": round(100 * (means["on"] - means["off"]), 2),
+                "seed_spread_points": round(100 * spread, 2),
+            }
+    gap = max(abs(r["gap_points"]) for r in results.values())  # type: ignore[arg-type]
+    rec.write(
+        {
+            "seeds": list(SEEDS),
+            "tasks": results,
+            "max_abs_gap_points": gap,
+            "headlines": [
+                headline(
+                    "image cache: |accuracy gap| on vs off, largest of the two tasks (points)",
+                    "max_abs_gap_points",
+                    gap,
+                    "<=",
+                    2.0,
+                )
+            ],
+        },
+        args.out,
+    )
+    print({k: (v["mean"], v["gap_points"], v["seed_spread_points"]) for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    main()
