@@ -238,6 +238,8 @@ def cache_spec(model: str, image_size: int | None = None) -> CacheSpec | None:
 
 
 def _augmented_where(dataset: Any, device: torch.device) -> str:
+    if isinstance(dataset, FeatureDataset):
+        return "cached backbone features (the images were read once, for them)"
     if not isinstance(dataset, CachedImageDataset):
         return "PIL images decoded and augmented in the workers"
     where = "on the GPU" if device.type == "cuda" else "in this process"
