@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,10 +13,7 @@ from zoo.cli.common import JsonOpt, out, print_json
 cache_app = typer.Typer(help="zoo's caches: decoded images and data-check results.")
 
 
-def _folder_bytes(folder: object) -> int:
-    from pathlib import Path
-
-    root = Path(str(folder))
+def _folder_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
 
 

@@ -89,7 +89,7 @@ def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
             raw.verify()  # structure
         im = open_image(data)  # every pixel: catches truncated files
         if cache is not None:
-            cache.put(path, im)
+            cache.get(path, im)
         return FileCheck(
             str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
         )

@@ -138,9 +138,13 @@ class ImageCache:
         self.root = Path(root) if root is not None else images_dir()
         self._entries: dict[Path, Path] = {}  # per process: a run's files do not change
 
-    def get(self, path: Path) -> np.ndarray:
-        """Raises:
-        InputError / PayloadTooLargeError: as :func:`open_image` (an unreadable file)."""
+    def get(self, path: Path, decoded: Image.Image | None = None) -> np.ndarray:
+        """The stored array of ``path``; ``decoded``: the image already opened by
+        :func:`open_image` (the data check's decode), used on a miss instead of the file.
+
+        Raises:
+            InputError / PayloadTooLargeError: as :func:`open_image` (an unreadable file).
+        """
         entry = self._entries.get(path)
         if entry is None:
             entry = entry_path(path, self.spec, self.root)
@@ -148,15 +152,9 @@ class ImageCache:
                 self._entries[path] = entry
         arr = _read(entry, self.spec)
         if arr is None:
-            arr = decode(path, self.spec)
+            arr = decode(decoded if decoded is not None else path, self.spec)
             _write(entry, arr)
         return arr
-
-    def put(self, path: Path, im: Image.Image) -> None:
-        """Store an image already decoded by :func:`open_image` (the data check's decode)."""
-        entry = entry_path(path, self.spec, self.root)
-        if _read(entry, self.spec) is None:
-            _write(entry, decode(im, self.spec))
 
     def missing(self, paths: Iterable[Path]) -> list[Path]:
         return [p for p in paths if not entry_path(p, self.spec, self.root).exists()]
