@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 
 from tests.test_batcher import Recorder, _samples, expected
-from zoo.deploy.serve.batcher import DynamicBatcher
+from zoo.deploy.serve.batcher import DynamicBatcher, moving_average
 from zoo.deploy.serve.metrics import ServerMetrics
+from zoo.errors import ServerBusyError
 
 Setup = Callable[[DynamicBatcher], Awaitable[list[asyncio.Future[np.ndarray]]]]
 
@@ -438,3 +440,64 @@ def test_stop_does_not_wait_for_a_loop_that_died() -> None:
     asyncio.run(asyncio.wait_for(main(), 10))
     assert isinstance(outcome[0][0], TimeoutError)  # type: ignore[index]
     assert isinstance(outcome[1], IndexError)
+
+
+def test_moving_average_moves_a_fifth_of_the_way() -> None:
+    assert moving_average(None, 3.0) == 3.0
+    assert moving_average(1.0, 2.0) == pytest.approx(1.2)
+    assert moving_average(2.0, 1.0, weight=0.5) == pytest.approx(1.5)
+
+
+def test_expected_wait_counts_queued_running_and_new_samples() -> None:
+    async def main() -> None:
+        b = _batcher(Recorder(), max_batch=4)
+        assert b.expected_wait_s(1) is None  # nothing measured yet: admit
+        tasks = [asyncio.ensure_future(b.submit(_samples(i, n), 5)) for i, n in ((0, 2), (5, 3))]
+        await asyncio.sleep(0)  # queued; the loop is not started
+        b.per_sample_s, b._running = 0.5, 4
+        assert b.expected_wait_s(2) == pytest.approx((2 + 3 + 4 + 2) * 0.5)
+        b.start()
+        await asyncio.gather(*tasks)
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_work_beyond_the_timeout_is_refused_at_once_with_retry_after() -> None:
+    """Once a batch has been timed, a request whose queue would outlast its timeout gets
+    ServerBusyError (429) immediately instead of waiting to time out (504)."""
+    gate = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    class Slow(Recorder):
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            time.sleep(0.05)  # at least 50 ms per batch: a lower bound on any machine
+            return super().__call__(x)
+
+    rec = Slow()
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=4)
+        b.start()
+        await b.submit(_samples(0, 1), 5)  # timed: >= 50 ms per sample
+        outcome["per_sample"] = b.per_sample_s
+        rec.gate = gate
+        running = asyncio.ensure_future(b.submit(_samples(1, 4), 5))
+        while b._running != 4:
+            await asyncio.sleep(0.001)
+        try:
+            await b.submit(_samples(9, 1), 0.1)  # (4 running + 1) x 50 ms > 100 ms
+        except ServerBusyError as exc:
+            outcome["error"] = exc
+        outcome["admitted"] = asyncio.ensure_future(b.submit(_samples(7, 1), 60))
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(running, outcome["admitted"])
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert outcome["per_sample"] >= 0.05
+    err = outcome["error"]
+    assert "timeout" in str(err) and err.retry_after_s >= 1
+    assert [9.0] not in rec.batches and rec.batches[-1] == [7.0]
+    np.testing.assert_array_equal(outcome["admitted"].result(), expected(_samples(7, 1)))

@@ -69,6 +69,27 @@ def test_numpy_and_torchvision_agree(
         assert np.abs(got - ref).max() <= TOLERANCE, (interpolation, im.size)
 
 
+@pytest.mark.parametrize("channels", [3, 1])
+def test_every_pixel_value_is_scaled_exactly_and_written_into_out(channels: int) -> None:
+    """All 256 values of every channel (no resize, no crop at 16 px, crop_pct 1): the lookup
+    table gives bit for bit ``(x / 255 - mean) / std`` in float32, in the batch row passed as
+    ``out`` and nowhere else."""
+    rng = np.random.default_rng(0)
+    pixels = np.stack([rng.permutation(256).reshape(16, 16) for _ in range(channels)], -1)
+    pixels = pixels.astype(np.uint8)
+    mean, std = IMAGENET[0][:channels], IMAGENET[1][:channels]
+    pre = Preprocessing((channels, 16, 16), 1.0, "bilinear", mean, std)
+    im = Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels)
+    x = pixels.astype(np.float32) / np.float32(255.0)
+    ref = ((x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).transpose(2, 0, 1)
+    batch = np.full((3, channels, 16, 16), np.nan, np.float32)
+    got = preprocess(im, pre, out=batch[1])
+    assert np.shares_memory(got, batch) and got.flags.c_contiguous
+    np.testing.assert_array_equal(batch[1], ref)
+    assert np.isnan(batch[[0, 2]]).all()
+    np.testing.assert_array_equal(preprocess(im, pre), ref)
+
+
 def test_interpolations_differ() -> None:
     """Each name selects its own filter (a table mapping every name to one filter would pass
     the agreement test above)."""

@@ -328,21 +328,25 @@ def test_queue_full_gives_429_with_retry_after(mobilenet_onnx: Path) -> None:
         assert busy.headers["retry-after"] == "1" and "queue full" in busy.json()["error"]
 
 
-def test_timeout_gives_504(mobilenet_onnx: Path) -> None:
+def test_timeout_gives_504_then_overload_is_refused_with_429(mobilenet_onnx: Path) -> None:
+    """The first request (nothing timed yet) is admitted and outlasts a 1 ms timeout: 504.
+    Once a batch has been timed, requests that cannot finish in time are refused at once."""
     with server(mobilenet_onnx, "--max-batch", "1", "--timeout-ms", "1", "--threads", "1") as (
         url,
         _,
     ):
         x = json_infer(x_of(6, 1))
+
+        def call(_: int) -> httpx.Response:
+            return httpx.post(f"{url}/v2/models/{NAME}/infer", json=x, timeout=60)
+
+        assert call(0).status_code == 504
+        time.sleep(0.5)  # the late batch finishes and is timed
         with ThreadPoolExecutor(8) as pool:
-            codes = [
-                r.status_code
-                for r in pool.map(
-                    lambda _: httpx.post(f"{url}/v2/models/{NAME}/infer", json=x, timeout=60),
-                    range(8),
-                )
-            ]
-        assert 504 in codes and set(codes) <= {200, 504}, codes
+            responses = list(pool.map(call, range(8)))
+        assert [r.status_code for r in responses] == [429] * 8
+        assert all(int(r.headers["retry-after"]) >= 1 for r in responses)
+        assert "over the 0.001 s timeout" in responses[0].json()["error"]
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
 
 

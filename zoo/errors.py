@@ -154,7 +154,11 @@ class ChoiceError(InputError):
 
 
 class ServerBusyError(ZooError, RuntimeError):
-    """The server's request queue is full; the client should retry later."""
+    """The server's request queue is full; the client should retry later (``retry_after_s``)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PayloadTooLargeError(InputError):

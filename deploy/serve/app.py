@@ -202,7 +202,7 @@ class ModelServer:
             status, outcome, message = 400, "bad_request", str(exc)
         except ServerBusyError as exc:
             status, outcome, message = 429, "queue_full", f"{exc}; retry later"
-            headers = {"Retry-After": "1"}
+            headers = {"Retry-After": str(exc.retry_after_s)}
         except TimeoutError:
             status, outcome = 504, "timeout"
             message = f"request waited more than {self.cfg.timeout_ms:g} ms"
@@ -299,26 +299,30 @@ class ModelServer:
                 raise InputError(
                     "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"
                 )
-            image = await asyncio.to_thread(open_image, data, max_pixels=self.cfg.max_image_pixels)
-            x = (await asyncio.to_thread(preprocess, image, self.clf.pre))[None]
+            x = await asyncio.to_thread(self._image_tensor, data)
             probs = scores(await self._infer_array(x), self.clf.multi_label)[0]
             top = np.argsort(-probs)[: max(1, k)]
             labels = self.clf.classes
-            return JSONResponse(
-                {
-                    "model_name": self.cfg.name,
-                    "predictions": [
-                        {
-                            "label": labels[i] if i < len(labels) else str(i),
-                            "index": int(i),
-                            "score": float(probs[i]),
-                        }
-                        for i in top
-                    ],
-                }
-            )
+            body = {
+                "model_name": self.cfg.name,
+                "predictions": [
+                    {
+                        "label": labels[i] if i < len(labels) else str(i),
+                        "index": int(i),
+                        "score": float(probs[i]),
+                    }
+                    for i in top
+                ],
+            }
+            return Response(msgspec.json.encode(body), media_type="application/json")
 
         return await self._guard(request, "predict", go)
+
+    def _image_tensor(self, data: bytes) -> np.ndarray:
+        """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop)."""
+        assert self.clf is not None
+        image = open_image(data, max_pixels=self.cfg.max_image_pixels)
+        return preprocess(image, self.clf.pre)[None]
 
     async def _upload(self, request: Request) -> bytes:
         """The bytes of the multipart field ``file``, within the body limit."""

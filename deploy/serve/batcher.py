@@ -1,11 +1,17 @@
 """Dynamic batching: requests are gathered into one ONNX Runtime call of at most
 ``max_batch`` samples. By default no delay is added (the largest batch available *now*, like
 Triton); ``max_delay_ms`` opts into waiting for more. Inference runs in a worker thread, so
-the event loop (and the health probes) stay responsive under full load."""
+the event loop (and the health probes) stay responsive under full load.
+
+Admission: a request that could not be answered within its timeout (the samples queued ahead of
+it, times the measured seconds per sample) is refused at once with 429 and a Retry-After, rather
+than queued to time out later as a 504: overload is the client's signal to back off, not our
+failure."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +21,11 @@ import numpy as np
 
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.errors import ServerBusyError
+
+
+def moving_average(old: float | None, new: float, weight: float = 0.2) -> float:
+    """Exponential moving average: ``new`` moves the average ``weight`` of the way."""
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 @dataclass
@@ -44,6 +55,8 @@ class DynamicBatcher:
         self._idle = asyncio.Event()  # set by the loop: nothing queued, nothing running
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self.per_sample_s: float | None = None  # moving average, from the batches that ran
+        self._running = 0  # samples in the batch being computed
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -55,9 +68,24 @@ class DynamicBatcher:
             self._task.cancel()
         self.executor.shutdown(wait=True)
 
+    def expected_wait_s(self, n: int) -> float | None:
+        """Seconds until ``n`` more samples would be answered, from the measured seconds per
+        sample; None before the first batch has run."""
+        if self.per_sample_s is None:
+            return None
+        ahead = sum(len(j.x) for j in self.queue) + self._running
+        return (ahead + n) * self.per_sample_s
+
     async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
         if len(self.queue) >= self.max_queue:
             raise ServerBusyError(f"queue full ({self.max_queue} requests waiting)")
+        wait = self.expected_wait_s(len(x))
+        if wait is not None and wait > timeout_s:
+            raise ServerBusyError(
+                f"queue full: about {wait:.1f} s of work is waiting, over the "
+                f"{timeout_s:g} s timeout (--timeout-ms)",
+                retry_after_s=max(1, math.ceil(wait - timeout_s)),
+            )
         loop = asyncio.get_running_loop()
         job = _Job(x, loop.create_future(), loop.time())
         self.queue.append(job)
@@ -122,11 +150,14 @@ class DynamicBatcher:
         finally:  # ended (cancelled by stop(), or a bug): nothing runs now, stop() must not wait
             self._idle.set()
 
+    def _run_batch(self, xs: list[np.ndarray]) -> np.ndarray:
+        return self.run(np.concatenate(xs) if len(xs) > 1 else xs[0])
+
     async def _run_jobs(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
-        x = np.concatenate([j.x for j in jobs]) if len(jobs) > 1 else jobs[0].x
-        t0 = loop.time()
-        try:
-            y = await loop.run_in_executor(self.executor, self.run, x)
+        t0, n = loop.time(), sum(len(j.x) for j in jobs)
+        self._running = n
+        try:  # the batch is assembled in the worker: a copy of megabytes stays off the loop
+            y = await loop.run_in_executor(self.executor, self._run_batch, [j.x for j in jobs])
         except Exception as exc:  # one bad request must not poison the others: retry alone
             if len(jobs) > 1:
                 for j in jobs:
@@ -135,8 +166,12 @@ class DynamicBatcher:
             if not jobs[0].future.done():
                 jobs[0].future.set_exception(exc)
             return
-        self.metrics.compute_seconds.observe(loop.time() - t0)
-        self.metrics.batch_size.observe(len(x))
+        finally:
+            self._running = 0
+        seconds = loop.time() - t0
+        self.per_sample_s = moving_average(self.per_sample_s, seconds / n)
+        self.metrics.compute_seconds.observe(seconds)
+        self.metrics.batch_size.observe(n)
         start = 0
         for j in jobs:
             if not j.future.done():

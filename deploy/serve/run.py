@@ -4,6 +4,7 @@ entry exported on the fly) and run it under uvicorn with graceful shutdown."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import signal
 import tempfile
@@ -105,12 +106,20 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
         name = cfg_kwargs.pop("name", None) or default_name(path)
         cfg = ServeConfig(model_path=str(path), name=str(name), **cfg_kwargs)  # type: ignore[arg-type]
         app = create_app(cfg)
+        # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
         config = uvicorn.Config(
             app,
             host=cfg.host,
             port=cfg.port,
+            loop=loop,
+            http=http,
             log_level="warning",
             timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
             access_log=False,
+        )
+        logging.getLogger("zoo.serve").info(
+            "zoo serve: http://%s:%s (uvicorn, %s loop, %s parser)", cfg.host, cfg.port, loop, http
         )
         _graceful_server_class()(config).run()

@@ -1,0 +1,404 @@
+"""`zoo serve` against the server a user would otherwise write: a plain LitServe app
+(`bench/peers/litserve_app.py`) on the same ONNX file (the real MobileNetV2 ImageNet export),
+the same cores and the same closed-loop client. Both run with their defaults (`max_batch` 16).
+
+Requests: image uploads (multipart field `file`, the bundled 451×300 JPEG of a cat) and
+tensors (zoo: KServe v2 binary; LitServe: base64 FP32 in JSON, its equivalent). For each kind
+and concurrency the two servers take turns in windows (the idle one is paused with SIGSTOP so
+it takes no CPU) until each server's last two windows agree within 10% (at most 6 rounds).
+
+Also measured: the in-process ceiling with images (decode + preprocess on a thread per core,
+then ORT at the best batch, no HTTP), and zoo's image RPS against it.
+
+    pip install -e ".[bench]"
+    python bench/serve_peers.py            # writes docs/bench/serve_peers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import importlib.metadata
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import httpx
+import numpy as np
+import psutil
+from bench_path import ROOT
+from provenance import Recording, headline
+
+from zoo.deploy.bench_harness import _percentile
+from zoo.deploy.export import export_onnx
+from zoo.deploy.preprocess import preprocess
+from zoo.deploy.runtime import OnnxClassifier
+from zoo.images import open_image
+from zoo.preprocessing import Preprocessing
+from zoo.samples import sample_image_paths
+from zoo.system import available_cpus
+
+NAME = "mobilenet_v2"
+BOUNDARY = "zoo-bench-boundary"
+
+
+def multipart(jpeg: bytes) -> tuple[bytes, dict[str, str]]:
+    body = (
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
+            "Content-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        + jpeg
+        + f"\r\n--{BOUNDARY}--\r\n".encode()
+    )
+    return body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def v2_binary(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x.tobytes(), {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def b64_json(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    doc = {"tensor": base64.b64encode(x.tobytes()).decode(), "shape": list(x.shape)}
+    return json.dumps(doc).encode(), {"Content-Type": "application/json"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server process group on loopback; paused (SIGSTOP) while the other one is measured."""
+
+    def __init__(self, argv: list[str], health: str, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        for _ in range(1200):
+            try:
+                if httpx.get(self.url + health, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{argv[:3]} exited with {self.proc.returncode}")
+            time.sleep(0.1)
+        raise RuntimeError(f"{argv[:3]} did not become ready")
+
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.resume()
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+async def window(
+    url: str, body: bytes, headers: dict[str, str], conc: int, seconds: float
+) -> dict[str, object]:
+    """Closed loop: ``conc`` clients, each sends its next request when the last one answered."""
+    lat: list[float] = []
+    codes: dict[str, int] = {}
+    deadline = time.perf_counter() + seconds
+    conn = aiohttp.TCPConnector(limit=conc)
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=60)
+    ) as session:
+
+        async def client() -> None:
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        key = str(r.status)
+                except aiohttp.ClientError as exc:
+                    key = f"transport:{type(exc).__name__}"
+                else:
+                    lat.append((time.perf_counter() - t0) * 1000)
+                codes[key] = codes.get(key, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(conc)))
+        elapsed = time.perf_counter() - t0
+    ok = codes.get("200", 0)
+    return {
+        "rps": round(ok / elapsed, 1),
+        "p50_ms": round(_percentile(lat, 0.5), 1),
+        "p99_ms": round(_percentile(lat, 0.99), 1),
+        "n": sum(codes.values()),
+        "codes": codes,
+    }
+
+
+def _agree(runs: list[dict[str, object]]) -> bool:
+    if len(runs) < 2:
+        return False
+    a, b = float(runs[-2]["rps"]), float(runs[-1]["rps"])  # type: ignore[arg-type]
+    return abs(a - b) / max(a, b, 1e-9) < 0.10
+
+
+def compare(
+    servers: dict[str, tuple[Server, str, bytes, dict[str, str]]],
+    conc: int,
+    seconds: float,
+    rounds: int,
+) -> dict[str, object]:
+    """Alternate windows between the servers until each one's last two windows agree."""
+    runs: dict[str, list[dict[str, object]]] = {k: [] for k in servers}
+    for k, (srv, path, body, headers) in servers.items():  # warm-up windows, discarded
+        for other, (o, *_rest) in servers.items():
+            (o.resume if other == k else o.pause)()
+        asyncio.run(window(srv.url + path, body, headers, conc, seconds / 2))
+    for _ in range(rounds):
+        for k, (srv, path, body, headers) in servers.items():
+            for other, (o, *_rest) in servers.items():
+                (o.resume if other == k else o.pause)()
+            runs[k].append(asyncio.run(window(srv.url + path, body, headers, conc, seconds)))
+        if all(_agree(r) for r in runs.values()):
+            break
+    for srv, *_rest in servers.values():
+        srv.resume()
+    out: dict[str, object] = {"concurrency": conc}
+    for k, r in runs.items():
+        out[k] = {**r[-1], "windows": len(r), "rps_windows": [w["rps"] for w in r]}
+    first, second = (out[k] for k in servers)  # the ratio is the first server's over the second's
+    out["rps_ratio"] = round(first["rps"] / max(second["rps"], 1e-9), 2)  # type: ignore[index]
+    return out
+
+
+def idle_cpu(server: Server, seconds: float = 3.0) -> float:
+    """CPU seconds per second the server's processes use while no request comes."""
+    root = psutil.Process(server.proc.pid)
+    procs = [root, *root.children(recursive=True)]
+
+    def used() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+    before = used()
+    time.sleep(seconds)
+    return round((used() - before) / seconds, 2)
+
+
+def _decode_into(
+    jpeg: bytes, pre: Preprocessing, ready: queue.Queue[np.ndarray], stop: threading.Event
+) -> None:
+    """Decode and preprocess ``jpeg`` into ``ready`` until ``stop``."""
+    while not stop.is_set():
+        x = preprocess(open_image(jpeg, channels=3), pre)
+        while not stop.is_set():
+            try:
+                ready.put(x, timeout=0.1)
+                break
+            except queue.Full:
+                pass
+
+
+def image_ceiling(model: Path, jpeg: bytes, cpus: int) -> dict[str, object]:
+    """Images/s with no HTTP, the best of: decoder threads preprocessing continuously into a
+    queue while one thread runs ORT on batches of B (the stages overlap), for three splits of
+    the cores; and the stages in turn (decode B on a thread per core, then run B). The most a
+    server on these cores could answer."""
+    by_setting: dict[str, float] = {}
+    for ort_threads, decoders in {(cpus, 1), (cpus, cpus), (max(1, cpus - 1), 1)}:
+        clf = OnnxClassifier(model, threads=ort_threads)
+        for b in (4, 8, 16):
+            ready: queue.Queue[np.ndarray] = queue.Queue(maxsize=2 * b)
+            stop = threading.Event()
+
+            workers = [
+                threading.Thread(target=_decode_into, args=(jpeg, clf.pre, ready, stop))
+                for _ in range(decoders)
+            ]
+            for w in workers:
+                w.start()
+            for _ in range(2):  # warm-up batches
+                clf.run(np.stack([ready.get() for _ in range(b)]))
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < 4.0:
+                clf.run(np.stack([ready.get() for _ in range(b)]))
+                n += b
+            by_setting[f"ort{ort_threads}_decode{decoders}_batch{b}"] = round(
+                n / (time.perf_counter() - t0), 1
+            )
+            stop.set()
+            for w in workers:
+                w.join()
+    clf = OnnxClassifier(model, threads=cpus)
+    with ThreadPoolExecutor(cpus) as pool:  # the stages in turn: decode B, then run B
+
+        def one(_: int) -> np.ndarray:
+            return preprocess(open_image(jpeg, channels=3), clf.pre)
+
+        for b in (4, 8, 16):
+            clf.run(np.stack(list(pool.map(one, range(b)))))
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < 4.0:
+                clf.run(np.stack(list(pool.map(one, range(b)))))
+                n += b
+            by_setting[f"in_turn_ort{cpus}_decode{cpus}_batch{b}"] = round(
+                n / (time.perf_counter() - t0), 1
+            )
+    best = max(by_setting, key=by_setting.__getitem__)
+    return {"images_per_s": by_setting, "best_setting": best, "best": by_setting[best]}
+
+
+def top1(url: str, body: bytes, headers: dict[str, str]) -> str:
+    r = httpx.post(url, content=body, headers=headers, timeout=60)
+    r.raise_for_status()
+    return str(r.json()["predictions"][0]["label"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--window", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--out", default=None, help="default: docs/bench/serve_peers.json")
+    args = p.parse_args()
+    rec = Recording("serve_peers")
+    jpeg = sample_image_paths()[0].read_bytes()  # chelsea.jpg, 451×300
+    result: dict[str, object] = {"cpus": available_cpus(), "image_bytes": len(jpeg)}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "mobilenet_v2.onnx"
+        export_onnx("mobilenet_v2", model, dynamic_batch=True)
+        clf = OnnxClassifier(model)
+        x = preprocess(open_image(jpeg, channels=3), clf.pre)[None]
+        del clf
+        result["ceiling"] = image_ceiling(model, jpeg, available_cpus())
+        zp, lp, tp = _free_port(), _free_port(), _free_port()
+        zoo_bin = str(Path(sys.executable).parent / "zoo")
+        zoo_cmd = [zoo_bin, "serve", str(model), "--name", NAME]
+        zoo = Server([*zoo_cmd, "--port", str(zp)], "/v2/health/ready", zp)
+        peer = Server(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "peers" / "litserve_app.py"),
+                str(model),
+                str(lp),
+            ],
+            "/health",
+            lp,
+        )
+        one = Server([*zoo_cmd, "--port", str(tp), "--threads", "1"], "/v2/health/ready", tp)
+        try:
+            time.sleep(3)  # start-up work done: what each costs while nobody asks
+            result["idle_cpu_per_s"] = {"zoo": idle_cpu(zoo), "litserve": idle_cpu(peer)}
+            img = multipart(jpeg)
+            labels = {
+                "zoo": top1(f"{zoo.url}/v2/models/{NAME}/predict", *img),
+                "litserve": top1(f"{peer.url}/predict", *img),
+            }
+            assert labels["zoo"] == labels["litserve"] == "Egyptian cat", labels
+            result["top1"] = labels
+            predict = f"/v2/models/{NAME}/predict"
+            kinds = {
+                "images": {"zoo": (zoo, predict, *img), "litserve": (peer, "/predict", *img)},
+                "tensors": {
+                    "zoo": (zoo, f"/v2/models/{NAME}/infer", *v2_binary(x)),
+                    "litserve": (peer, "/infer", *b64_json(x)),
+                },
+                "zoo_threads": {  # the default thread count against ORT on one core
+                    "zoo": (zoo, predict, *img),
+                    "zoo_threads_1": (one, predict, *img),
+                },
+            }
+            for kind, servers in kinds.items():
+                result[kind] = []
+                concurrency = args.concurrency.split(",")
+                for c in concurrency if kind != "zoo_threads" else ("8", "32"):
+                    others = [
+                        s for s in (zoo, peer, one) if s not in {v[0] for v in servers.values()}
+                    ]
+                    for s in others:
+                        s.pause()
+                    row = compare(servers, int(c), args.window, args.rounds)  # type: ignore[arg-type]
+                    print(kind, json.dumps(row), flush=True)
+                    result[kind].append(row)  # type: ignore[attr-defined]
+        finally:
+            for s in (zoo, peer, one):
+                s.stop()
+    result["litserve_version"] = importlib.metadata.version("litserve")
+    headlines = []
+    for kind, goal in (("images", 1.2), ("tensors", 1.0)):
+        for row in result[kind]:  # type: ignore[attr-defined]
+            c = row["concurrency"]
+            if c == 1:
+                continue
+            i = result[kind].index(row)  # type: ignore[attr-defined]
+            headlines.append(
+                headline(
+                    f"serving {kind}: zoo serve vs LitServe RPS at c={c}",
+                    f"{kind}.{i}.rps_ratio",
+                    row["rps_ratio"],
+                    ">=",
+                    goal,
+                )
+            )
+            zoo_p99, peer_p99 = row["zoo"]["p99_ms"], row["litserve"]["p99_ms"]
+            result.setdefault("p99_ratios", {})[f"{kind}_c{c}"] = round(zoo_p99 / peer_p99, 2)  # type: ignore[union-attr]
+            headlines.append(
+                headline(
+                    f"serving {kind}: zoo p99 vs LitServe p99 at c={c}",
+                    f"p99_ratios.{kind}_c{c}",
+                    result["p99_ratios"][f"{kind}_c{c}"],  # type: ignore[index]
+                    "<=",
+                    1.0,
+                )
+            )
+    peak = max(r["zoo"]["rps"] for r in result["images"])  # type: ignore[attr-defined]
+    result["zoo_images_vs_ceiling"] = round(peak / result["ceiling"]["best"], 2)  # type: ignore[index]
+    headlines.append(
+        headline(
+            "serving images: zoo peak RPS vs in-process decode+ORT ceiling",
+            "zoo_images_vs_ceiling",
+            result["zoo_images_vs_ceiling"],  # type: ignore[arg-type]
+            ">=",
+            0.8,
+        )
+    )
+    result["headlines"] = headlines
+    path = rec.write(result, args.out)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
