@@ -72,6 +72,9 @@ def test_ready_only_after_warm_up_at_batch_1_and_max_batch(
                 break
             threading.Event().wait(0.1)
         assert gate.calls == [(1, False), (6, False)]  # both warm-ups before ready
+        assert srv.clf is not None  # ORT's idle threads sleep: the cores also decode and talk
+        options = srv.clf.session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         binary_logits(httpx.post(f"{url}/v2/models/{NAME}/infer", **binary_infer(x)), 1)
         assert gate.calls[-1] == (1, True)
 

@@ -66,8 +66,8 @@ class ModelServer:
     def _load(self) -> None:
         """Create the session and warm it up at batch 1 and max batch (in a thread)."""
         try:
-            clf = OnnxClassifier(
-                self.cfg.model_path, device=self.cfg.device, threads=self.cfg.threads
+            clf = OnnxClassifier(  # no spinning: the same cores decode and answer HTTP
+                self.cfg.model_path, device=self.cfg.device, threads=self.cfg.threads, spin=False
             )
             shape = clf.input.shape
             sample = [
