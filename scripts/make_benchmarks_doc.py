@@ -70,10 +70,10 @@ def pct(v: Any, digits: int = 1) -> str:
 
 
 def dig(doc: dict[str, Any], key: str) -> Any:
-    """``results`` value at a dotted key."""
+    """``results`` value at a dotted key (a list's item by its index: ``images.1.rps_ratio``)."""
     node: Any = doc["results"]
     for part in key.split("."):
-        node = node[part]
+        node = node[int(part)] if isinstance(node, list) else node[part]
     return node
 
 
@@ -365,6 +365,57 @@ def serve_load(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def serve_peers(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    servers = {"zoo": "zoo serve", "litserve": f"LitServe {r['litserve_version']}"}
+    t = Table(name, "requests", "c", "server", "RPS (windows)", "p50", "p99", "zoo / LitServe")
+    for kind in ("images", "tensors"):
+        for row in r[kind]:
+            for key, shown in servers.items():
+                w = row[key]
+                t.add(
+                    kind,
+                    row["concurrency"],
+                    shown,
+                    f"{fmt(w['rps'], 1)} ({', '.join(fmt(v, 1) for v in w['rps_windows'])})",
+                    f"{fmt(w['p50_ms'], 1)} ms",
+                    f"{fmt(w['p99_ms'], 1)} ms",
+                    f"**{fmt(row['rps_ratio'])}×**" if key == "zoo" else "",
+                )
+    th = Table(name, "c", "default threads: RPS, p99", "`--threads 1`: RPS, p99", "ratio")
+    for row in r["zoo_threads"]:
+        a, b = row["zoo"], row["zoo_threads_1"]
+        th.add(
+            row["concurrency"],
+            f"{fmt(a['rps'], 1)}, {fmt(a['p99_ms'], 1)} ms",
+            f"{fmt(b['rps'], 1)}, {fmt(b['p99_ms'], 1)} ms",
+            f"{fmt(row['rps_ratio'])}×",
+        )
+    c, idle = r["ceiling"], r["idle_cpu_per_s"]
+    ce = Table(name, "turn", "in-process ceiling (img/s)", "zoo serve at c=32 (RPS)")
+    for i, (a, b) in enumerate(zip(c["images_per_s"], c["zoo_rps_c32"], strict=True)):
+        ce.add(i + 1, fmt(a, 1), fmt(b, 1))
+    ce.add("median ratio", "", f"**{fmt(c['ratio'])}**")
+    return [
+        *t.lines(out),
+        "",
+        f"Both answered the cat photograph with the same top-1 label "
+        f"({r['top1']['zoo']}). Idle, LitServe's processes used {fmt(idle['litserve'])} CPU "
+        f"seconds per second (its workers poll their queues) and zoo's {fmt(idle['zoo'])}: "
+        "that is why the server not being measured is paused.",
+        "",
+        f"The server against the in-process ceiling (setting `{c['setting']}`, the fastest of "
+        "the sweep in the raw results), measured in turns:",
+        "",
+        *ce.lines(out),
+        "",
+        "zoo's default ORT threads (all usable CPUs) against one:",
+        "",
+        *th.lines(out),
+        "",
+    ]
+
+
 def gpu_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     tr = r["trainer"]
@@ -540,6 +591,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "imbalance": imbalance,
     "deploy_bench": deploy_bench,
     "serve_load": serve_load,
+    "serve_peers": serve_peers,
     "gpu_bench": gpu_bench,
     "loader_cache": loader_cache,
     "cache_accuracy": cache_accuracy,
