@@ -5,6 +5,7 @@ Runtime call wrapped so the test can hold it; the last serves a fine-tuned multi
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,12 +14,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from starlette.requests import Request
 
 from tests.conftest import run_zoo
 from tests.serving import NAME, binary_infer, binary_logits, free_port, in_process_server, server
 from zoo.deploy.runtime import OnnxClassifier, make_session
+from zoo.deploy.serve.app import ModelServer
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.run import default_name
+from zoo.errors import ServerBusyError
 
 pytestmark = pytest.mark.serve
 
@@ -156,3 +160,16 @@ def test_multi_label_model_serves_independent_sigmoid_scores(
     assert len(got) == 14
     np.testing.assert_allclose([got[i] for i in range(14)], sigmoid, rtol=1e-5, atol=1e-6)
     assert abs(sum(got.values()) - 1.0) > 0.05  # independent per-class scores, not a softmax
+
+
+def test_a_refusal_tells_the_client_when_to_come_back(tmp_path: Path) -> None:
+    """The Retry-After of a 429 is the batcher's estimate, not a constant."""
+
+    async def busy() -> None:
+        raise ServerBusyError("queue full: about 9.0 s of work is waiting", retry_after_s=7)
+
+    s = ModelServer(ServeConfig(str(tmp_path / "m.onnx"), NAME))
+    request = Request({"type": "http", "method": "POST", "path": "/x", "headers": []})
+    resp = asyncio.run(s._guard(request, "infer", busy))
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "7"
+    assert b"retry later" in resp.body
