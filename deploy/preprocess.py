@@ -38,7 +38,8 @@ def preprocess(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = Non
     Args:
         im: a decoded image, any mode (converted to ``pre.channels``).
         pre: the model's preprocessing.
-        out: a C-contiguous float32 (C, H, W) array to write into (e.g. a row of a batch).
+        out: a C-contiguous float32 (C, H, W) array to write into (e.g. a row of a batch);
+            ValueError if it is not one.
 
     Returns:
         The normalised, center-cropped array (``out`` when given), C-contiguous.
@@ -61,9 +62,14 @@ def preprocess(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = Non
     chw = pixels[None] if pixels.ndim == 2 else np.ascontiguousarray(pixels.transpose(2, 0, 1))
     if out is None:
         out = np.empty(chw.shape, np.float32)
+    elif out.shape != chw.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous float32 array of shape {chw.shape}, got "
+            f"{out.dtype} {out.shape}"
+        )
     table = _lookup(tuple(pre.mean), tuple(pre.std))
-    for c in range(len(chw)):
-        np.take(table[c], chw[c], out=out[c])
+    for c in range(len(chw)):  # uint8 indices cannot leave the table: "clip" skips a buffer
+        np.take(table[c], chw[c], out=out[c], mode="clip")
     return out
 
 

@@ -448,45 +448,54 @@ def test_moving_average_moves_a_fifth_of_the_way() -> None:
     assert moving_average(2.0, 1.0, weight=0.5) == pytest.approx(1.5)
 
 
-def test_expected_wait_counts_queued_running_and_new_samples() -> None:
+def test_expected_wait_counts_batches_ahead_and_skips_timed_out_jobs() -> None:
     async def main() -> None:
         b = _batcher(Recorder(), max_batch=4)
         assert b.expected_wait_s(1) is None  # nothing measured yet: admit
-        tasks = [asyncio.ensure_future(b.submit(_samples(i, n), 5)) for i, n in ((0, 2), (5, 3))]
+        b.batch_s = 0.5
+        assert b.expected_wait_s(100) == 0.0  # idle: admit, however large
+        sizes = ((0, 2), (5, 3), (10, 1))
+        tasks = [asyncio.ensure_future(b.submit(_samples(i, n), 5)) for i, n in sizes]
         await asyncio.sleep(0)  # queued; the loop is not started
-        b.per_sample_s, b._running = 0.5, 4
-        assert b.expected_wait_s(2) == pytest.approx((2 + 3 + 4 + 2) * 0.5)
+        assert b.expected_wait_s(2) == pytest.approx(2 * 0.5)  # 6 + 2 samples: two batches
+        assert b.expected_wait_s(3) == pytest.approx(3 * 0.5)  # 6 + 3: three
+        b._running = 4
+        assert b.expected_wait_s(2) == pytest.approx(3 * 0.5)  # and the one running
+        assert b.expected_wait_s(1) == pytest.approx(3 * 0.5)  # 7 queued: two, + running
+        b.queue[1].cancelled = True  # timed out: it will be skipped, so it is not ahead
+        assert b.expected_wait_s(1) == pytest.approx(2 * 0.5)  # 4 queued: one, + running
+        b._running = 0
         b.start()
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks[:1], tasks[2])
         await b.stop()
 
     asyncio.run(asyncio.wait_for(main(), 10))
 
 
+class Slow(Recorder):
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        time.sleep(0.05)  # at least 50 ms per batch: a lower bound on any machine
+        return super().__call__(x)
+
+
 def test_work_beyond_the_timeout_is_refused_at_once_with_retry_after() -> None:
-    """Once a batch has been timed, a request whose queue would outlast its timeout gets
-    ServerBusyError (429) immediately instead of waiting to time out (504)."""
+    """Once a batch has been timed, a request whose batches ahead would outlast its timeout
+    gets ServerBusyError (429) immediately instead of waiting to time out (504)."""
     gate = threading.Event()
     outcome: dict[str, Any] = {}
-
-    class Slow(Recorder):
-        def __call__(self, x: np.ndarray) -> np.ndarray:
-            time.sleep(0.05)  # at least 50 ms per batch: a lower bound on any machine
-            return super().__call__(x)
-
     rec = Slow()
 
     async def main() -> None:
         b = _batcher(rec, max_batch=4)
         b.start()
-        await b.submit(_samples(0, 1), 5)  # timed: >= 50 ms per sample
-        outcome["per_sample"] = b.per_sample_s
+        await b.submit(_samples(0, 1), 5)  # timed: >= 50 ms per batch
+        outcome["batch_s"] = b.batch_s
         rec.gate = gate
         running = asyncio.ensure_future(b.submit(_samples(1, 4), 5))
         while b._running != 4:
             await asyncio.sleep(0.001)
         try:
-            await b.submit(_samples(9, 1), 0.1)  # (4 running + 1) x 50 ms > 100 ms
+            await b.submit(_samples(9, 1), 0.07)  # (1 running + 1 queued) x 50 ms > 70 ms
         except ServerBusyError as exc:
             outcome["error"] = exc
         outcome["admitted"] = asyncio.ensure_future(b.submit(_samples(7, 1), 60))
@@ -496,8 +505,29 @@ def test_work_beyond_the_timeout_is_refused_at_once_with_retry_after() -> None:
         await b.stop()
 
     asyncio.run(asyncio.wait_for(main(), 20))
-    assert outcome["per_sample"] >= 0.05
+    assert outcome["batch_s"] >= 0.05
     err = outcome["error"]
     assert "timeout" in str(err) and err.retry_after_s >= 1
     assert [9.0] not in rec.batches and rec.batches[-1] == [7.0]
     np.testing.assert_array_equal(outcome["admitted"].result(), expected(_samples(7, 1)))
+
+
+def test_a_slow_batch_never_locks_out_an_idle_server() -> None:
+    """A batch far slower than the timeout (a stall) must not make an idle server refuse: the
+    next request is admitted (and, being slow, may time out), never refused forever."""
+    rec = Slow()
+    outcome: list[Any] = []
+
+    async def main() -> None:
+        b = _batcher(rec, max_batch=1)
+        b.start()
+        outcome.append(await asyncio.gather(b.submit(_samples(0, 1), 0.01), return_exceptions=True))
+        await b._idle.wait()  # the stalled batch has finished and been timed
+        assert b.batch_s is not None and b.batch_s > 0.01
+        big = _samples(1, 3)  # larger than max_batch, alone: admitted
+        outcome.append(await asyncio.gather(b.submit(big, 5), return_exceptions=True))
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert isinstance(outcome[0][0], TimeoutError)
+    np.testing.assert_array_equal(outcome[1][0], expected(_samples(1, 3)))

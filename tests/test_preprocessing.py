@@ -88,6 +88,9 @@ def test_every_pixel_value_is_scaled_exactly_and_written_into_out(channels: int)
     np.testing.assert_array_equal(batch[1], ref)
     assert np.isnan(batch[[0, 2]]).all()
     np.testing.assert_array_equal(preprocess(im, pre), ref)
+    for wrong in (batch[1, :, :8], batch[1].astype(np.float16), np.zeros((4, 16, 16), np.float32)):
+        with pytest.raises(ValueError, match="C-contiguous float32"):
+            preprocess(im, pre, out=wrong)
 
 
 def test_interpolations_differ() -> None:

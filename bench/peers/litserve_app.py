@@ -1,8 +1,9 @@
 """The peer in `bench/serve_peers.py`: the LitServe app a user would write in an afternoon
 (ONNX Runtime session with its default threads, PIL preprocessing, `max_batch_size=16`).
 Images come as a multipart field `file` on /predict; tensors as JSON
-`{"tensor": base64 FP32 bytes, "shape": [...]}` on /infer (LitServe has no binary-tensor
-protocol; base64 in JSON is its documented equivalent).
+`{"tensor": base64 FP32 bytes, "shape": [...]}` on /infer, answered with base64 FP32 logits
+(LitServe has no binary-tensor protocol; base64 in JSON is the equivalent of zoo's binary
+KServe v2 tensors on both sides).
 
     python bench/peers/litserve_app.py MODEL.onnx PORT
 """
@@ -75,8 +76,8 @@ class TensorAPI(ImageAPI):
         raw = base64.b64decode(request["tensor"])
         return np.frombuffer(raw, np.float32).reshape(request["shape"])[0]
 
-    def encode_response(self, output):
-        return {"logits": output.tolist()}
+    def encode_response(self, output):  # binary logits, as zoo answers: base64 FP32
+        return {"logits": base64.b64encode(output.astype(np.float32).tobytes()).decode()}
 
 
 if __name__ == "__main__":

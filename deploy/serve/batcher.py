@@ -3,10 +3,11 @@
 Triton); ``max_delay_ms`` opts into waiting for more. Inference runs in a worker thread, so
 the event loop (and the health probes) stay responsive under full load.
 
-Admission: a request that could not be answered within its timeout (the samples queued ahead of
-it, times the measured seconds per sample) is refused at once with 429 and a Retry-After, rather
-than queued to time out later as a 504: overload is the client's signal to back off, not our
-failure."""
+Admission: when work is queued or running, a request that could not be answered within its
+timeout (the batches ahead of it times the measured seconds per batch) is refused at once with
+429 and a Retry-After, rather than queued to time out later as a 504: overload is the client's
+signal to back off, not our failure. Seconds per batch, not per sample: a burst after single
+requests is not refused for a cost that batching spreads; an idle server never refuses."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class DynamicBatcher:
         self._idle = asyncio.Event()  # set by the loop: nothing queued, nothing running
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self.per_sample_s: float | None = None  # moving average, from the batches that ran
+        self.batch_s: float | None = None  # seconds per batch: a moving average of those run
         self._running = 0  # samples in the batch being computed
 
     def start(self) -> None:
@@ -69,12 +70,17 @@ class DynamicBatcher:
         self.executor.shutdown(wait=True)
 
     def expected_wait_s(self, n: int) -> float | None:
-        """Seconds until ``n`` more samples would be answered, from the measured seconds per
-        sample; None before the first batch has run."""
-        if self.per_sample_s is None:
+        """Seconds until ``n`` more samples would be answered: the batches ahead of them (the
+        running one, and the queued samples plus ``n`` in batches of ``max_batch``) times the
+        measured seconds per batch. None before the first batch has run, and 0 when nothing is
+        queued or running: an idle server admits every request, however large or slow."""
+        if self.batch_s is None:
             return None
-        ahead = sum(len(j.x) for j in self.queue) + self._running
-        return (ahead + n) * self.per_sample_s
+        queued = sum(len(j.x) for j in self.queue if not j.cancelled)
+        if not queued and not self._running:
+            return 0.0
+        batches = math.ceil((queued + n) / self.max_batch) + (1 if self._running else 0)
+        return batches * self.batch_s
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
         if len(self.queue) >= self.max_queue:
@@ -82,8 +88,8 @@ class DynamicBatcher:
         wait = self.expected_wait_s(len(x))
         if wait is not None and wait > timeout_s:
             raise ServerBusyError(
-                f"queue full: about {wait:.1f} s of work is waiting, over the "
-                f"{timeout_s:g} s timeout (--timeout-ms)",
+                f"server busy: about {wait:.2g} s of work is ahead, over the {timeout_s:g} s "
+                "timeout (--timeout-ms)",
                 retry_after_s=max(1, math.ceil(wait - timeout_s)),
             )
         loop = asyncio.get_running_loop()
@@ -169,7 +175,7 @@ class DynamicBatcher:
         finally:
             self._running = 0
         seconds = loop.time() - t0
-        self.per_sample_s = moving_average(self.per_sample_s, seconds / n)
+        self.batch_s = moving_average(self.batch_s, seconds)
         self.metrics.compute_seconds.observe(seconds)
         self.metrics.batch_size.observe(n)
         start = 0
