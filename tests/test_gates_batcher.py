@@ -531,3 +531,64 @@ def test_a_slow_batch_never_locks_out_an_idle_server() -> None:
     asyncio.run(asyncio.wait_for(main(), 20))
     assert isinstance(outcome[0][0], TimeoutError)
     np.testing.assert_array_equal(outcome[1][0], expected(_samples(1, 3)))
+
+
+@pytest.mark.parametrize(
+    ("batches_ahead", "timeout_s", "retry_after"), [(3, 1.0, 1), (5, 0.6, 2), (3, 1.5, None)]
+)
+def test_refusal_boundary_and_retry_after(
+    batches_ahead: int, timeout_s: float, retry_after: int | None
+) -> None:
+    """Refused only when the wait is over the timeout (equal is admitted); Retry-After is the
+    wait beyond the timeout, rounded up."""
+    outcome: list[Any] = []
+
+    async def main() -> None:
+        b = _batcher(Recorder(), max_batch=1)
+        b.batch_s, b._running = 0.5, 1  # one batch running, then the queued ones, then ours
+        n = batches_ahead - 2
+        filler = [asyncio.ensure_future(b.submit(_samples(i, 1), 60)) for i in range(n)]
+        await asyncio.sleep(0)  # queued; the loop is not started
+        assert b.expected_wait_s(1) == pytest.approx(batches_ahead * 0.5)
+        try:
+            outcome.append(await asyncio.wait_for(b.submit(_samples(9, 1), timeout_s), 0.01))
+        except ServerBusyError as exc:
+            outcome.append(exc)
+        except TimeoutError:  # admitted: queued behind the others (the loop is not started)
+            outcome.append("admitted")
+        b._running = 0
+        for f in filler:
+            f.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    if retry_after is None:
+        assert outcome == ["admitted"]
+    else:
+        err = outcome[0]
+        assert isinstance(err, ServerBusyError) and err.retry_after_s == retry_after
+        assert f"over the {timeout_s:g} s timeout (--timeout-ms)" in str(err)
+
+
+def test_seconds_per_batch_is_a_moving_average_and_running_resets() -> None:
+    pauses = iter([0.05, 0.5])
+
+    class Paced(Recorder):
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            time.sleep(next(pauses))
+            return super().__call__(x)
+
+    seen: list[Any] = []
+
+    async def main() -> None:
+        b = _batcher(Paced(), max_batch=1)
+        b.start()
+        await b.submit(_samples(0, 1), 60)
+        await b.submit(_samples(1, 1), 60)
+        await b._idle.wait()
+        seen.extend([b.batch_s, b._running, b.expected_wait_s(1)])
+        await b.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    batch_s, running, wait = seen
+    assert 0.05 * 0.8 + 0.5 * 0.2 <= batch_s < 0.3  # not the last batch's 0.5 s alone
+    assert running == 0 and wait == 0.0
