@@ -73,6 +73,28 @@ def photo_crops(out: Path, sources: tuple[str, ...], per_source: int, seed: int)
     return counts
 
 
+def v2_binary(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A KServe v2 binary-tensor request for ``x`` (the model input named ``input``): body and
+    headers, asking for the ``logits`` output in binary too."""
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x.tobytes(), {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
 @dataclass
 class Process:
     """A finished command: wall-clock seconds from spawn to exit, the CPU seconds it and its

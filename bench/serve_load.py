@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from bench_path import ROOT  # noqa: F401
+from common import v2_binary
 from provenance import Recording, headline
 
 from zoo.deploy.bench_harness import _percentile
@@ -39,21 +39,9 @@ NAME = "resnet18.tv_in1k"
 
 
 def _body(seed: int) -> tuple[bytes, dict[str, str]]:
-    x = np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [1, 3, 224, 224],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
+    return v2_binary(
+        np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    )
 
 
 def ceiling(model: Path, threads: int) -> dict[str, float]:

@@ -40,6 +40,7 @@ import httpx
 import numpy as np
 import psutil
 from bench_path import ROOT
+from common import v2_binary
 from provenance import Recording, headline
 
 from zoo.deploy.bench_harness import _percentile
@@ -65,26 +66,6 @@ def multipart(jpeg: bytes) -> tuple[bytes, dict[str, str]]:
         + f"\r\n--{BOUNDARY}--\r\n".encode()
     )
     return body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
-
-
-def v2_binary(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": list(x.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    return head + x.tobytes(), {
-        "Inference-Header-Content-Length": str(len(head)),
-        "Content-Type": "application/octet-stream",
-    }
 
 
 def b64_json(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
