@@ -27,6 +27,7 @@ from zoo.deploy.choices import (
     Format,
     JitMode,
     Precision,
+    PredictEngine,
     QuantMode,
 )
 
@@ -227,6 +228,25 @@ def predict_cmd(
         bool,
         typer.Option("--overwrite", help="--out: replace the file and discard an interrupted job"),
     ] = False,
+    embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--embeddings",
+            help="--out: add `embedding`, the penultimate-layer features (.parquet/.jsonl)",
+        ),
+    ] = False,
+    engine: Annotated[
+        PredictEngine,
+        choice(
+            PredictEngine,
+            "--engine",
+            help="--out: score here, or on Ray Data (pip install 'zoo[ray]'; --workers: actors)",
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="--engine ray: the cluster to join (default: a local Ray)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
@@ -234,15 +254,19 @@ def predict_cmd(
     Without --out the labels are printed (a few images, all in memory); with --out any number
     of images are scored into a file, resumably.
     """
+    if address and engine != "ray":
+        raise typer.BadParameter("--address applies to --engine ray only.")
     if out_file is not None:
         _predict_to_file(
             model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
             chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
-            as_json=as_json,
+            embeddings=embeddings, engine=engine, address=address, as_json=as_json,
         )  # fmt: skip
         return
-    if strict or overwrite:
-        raise typer.BadParameter("--strict and --overwrite apply to --out only.")
+    if strict or overwrite or embeddings or engine != "local" or address:
+        raise typer.BadParameter(
+            "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
+        )
     from zoo.deploy.predict import predict
     from zoo.deploy.predict_inputs import iter_inputs
 

@@ -6,7 +6,9 @@ preprocesses them ahead of the model (the same :func:`zoo.images.open_image` and
 own preprocessing as ``zoo predict`` and ``zoo serve``; PIL's decoding and resizing release the
 GIL); the model scores them in batches; every ``chunk_size`` inputs the results are committed
 atomically (:class:`zoo.deploy.predict_store.ChunkStore`). A file that cannot be opened goes to
-``FILE.errors.jsonl`` with its reason, unless ``strict``.
+``FILE.errors.jsonl`` with its reason, unless ``strict``. With ``engine="ray"`` the decoding and
+scoring run on Ray Data actors instead (:mod:`zoo.deploy.ray_engine`); the batches, rows, chunks
+and resume are the same.
 """
 
 from __future__ import annotations
@@ -24,15 +26,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from zoo.deploy.choices import ENGINES
 from zoo.deploy.predict import Scorer, load_scorer
 from zoo.deploy.predict_inputs import describe_inputs, iter_inputs
+from zoo.deploy.predict_rows import Decoded, Result, decode, score_decoded
 from zoo.deploy.predict_store import ChunkStore, columns, digest, format_of
 from zoo.errors import InputError
-from zoo.images import open_image
 from zoo.ref import ModelRef
 from zoo.system import available_cpus
-
-Decoded = tuple[str, np.ndarray | None, str | None]  # path, array or None, reason or None
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,6 @@ class BatchSummary:
         return {**asdict(self), "images_per_s": self.images_per_s}
 
 
-def _decode(path: str, prepare: Callable[[Image.Image], np.ndarray]) -> Decoded:
-    try:
-        return path, prepare(open_image(path)), None
-    except (OSError, ValueError) as exc:  # InputError (missing, undecodable, a bomb) included
-        return path, None, str(exc)
-
-
 def decoded(
     paths: Iterator[str], prepare: Callable[[Image.Image], np.ndarray], workers: int
 ) -> Generator[Decoded, None, None]:
@@ -85,7 +79,7 @@ def decoded(
     pending: deque[Any] = deque()
     try:
         for p in paths:
-            pending.append(pool.submit(_decode, p, prepare))
+            pending.append(pool.submit(decode, p, prepare))
             if len(pending) >= ahead:
                 yield pending.popleft().result()
         while pending:
@@ -106,13 +100,14 @@ def _skip(paths: Iterator[str], committed: list[dict[str, Any]], parts: Path) ->
     return sum(m["inputs"] for m in committed)
 
 
-def _row(scorer: Scorer, path: str, scores: np.ndarray, k: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"path": path}
-    for i, t in enumerate(scorer.top(scores, k), 1):
-        row.update({f"label_{i}": t["label"], f"index_{i}": t["index"], f"score_{i}": t["score"]})
-    if scorer.multi_label:
-        row["labels"] = ";".join(scorer.decided(scores))
-    return row
+def local_results(
+    paths: Iterator[str], scorer: Scorer, k: int, *, embeddings: bool, batch_size: int, workers: int
+) -> Generator[Result, None, None]:
+    """The local engine: ``workers`` decoding threads, batches of ``batch_size`` per model
+    call, results in input order."""
+    with closing(decoded(paths, scorer.prepare, workers)) as stream:
+        while batch := list(islice(stream, batch_size)):  # a batch of arrays in memory
+            yield from score_decoded(scorer, batch, k, embeddings)
 
 
 def predict_to_file(
@@ -127,13 +122,16 @@ def predict_to_file(
     workers: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
+    embeddings: bool = False,
+    engine: str = "local",
+    address: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> BatchSummary:
     """Score every image ``inputs`` name into ``out``, resuming an interrupted job.
 
     Args:
         model: a model reference (see :func:`zoo.deploy.predict.load_scorer`), or a loaded
-            :class:`~zoo.deploy.predict.Scorer`.
+            :class:`~zoo.deploy.predict.Scorer` (local engine only).
         inputs: image files, folders (recursive), globs and text files listing paths.
         out: ``.csv``, ``.jsonl`` or ``.parquet``: one row per scored image (``path``, then
             ``label_i``, ``index_i``, ``score_i`` for the ``top_k`` best classes; a
@@ -143,34 +141,56 @@ def predict_to_file(
         chunk_size: inputs per committed chunk (what a kill can cost; part of the job's
             identity: a resume needs the same value).
         batch_size: images per model call.
-        workers: decoding threads (default: the CPUs available).
+        workers: decoding threads (local; default: the CPUs available), or model replicas
+            (Ray actors; default: the cluster's CPUs).
         strict: stop at the first input that cannot be scored instead of listing it.
         overwrite: replace an existing ``out`` and discard an interrupted job.
+        embeddings: add ``embedding``, the penultimate-layer features as a list of float32
+            (``.parquet`` or ``.jsonl`` only).
+        engine: ``local`` (this process) or ``ray`` (Ray Data, see
+            :mod:`zoo.deploy.ray_engine`; the file is written here, in the same chunks).
+        address: the Ray cluster to join (default: a local Ray started for the job).
         on_progress: called as ``(handled_this_run, skipped)`` after each batch.
 
     Returns:
         The :class:`BatchSummary`.
 
     Raises:
-        InputError: an unknown output extension, an existing output (without
-            ``overwrite``), an interrupted job with other settings or inputs, a bad input
-            spec, an option below 1, or (``strict``) an input that cannot be scored.
+        InputError: an unknown output extension or engine, embeddings into CSV, an existing
+            output (without ``overwrite``), an interrupted job with other settings or
+            inputs, a bad input spec, an option below 1, or (``strict``) an input that
+            cannot be scored.
+        BackendUnavailableError: ``engine="ray"`` without Ray installed.
         Everything :func:`zoo.deploy.predict.load_scorer` raises.
     """
     t0 = time.perf_counter()
     out = Path(out)
-    format_of(out)
+    fmt = format_of(out)
     for name, value in (("top_k", top_k), ("chunk_size", chunk_size), ("batch_size", batch_size)):
         if value < 1:
             raise InputError(f"{name} must be at least 1, got {value}.")
-    scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device)
+    if engine not in ENGINES:
+        raise InputError(f"Unknown engine {engine!r}: use {' or '.join(ENGINES)}.")
+    if embeddings and fmt == "csv":
+        raise InputError(
+            f"Embeddings are a list of floats per row and CSV has no list type: name the output "
+            f"{out.with_suffix('.parquet').name} or {out.with_suffix('.jsonl').name}."
+        )
+    if isinstance(model, Scorer) and (engine != "local" or (embeddings and model.embed is None)):
+        raise InputError("Pass a model reference, not a loaded Scorer, for this engine/option.")
+    scorer = (
+        model
+        if isinstance(model, Scorer)
+        else load_scorer(model, device=device, embeddings=embeddings and engine == "local")
+    )
     k = min(top_k, scorer.num_classes)
-    store = ChunkStore(out, columns(k, scorer.multi_label))
+    store = ChunkStore(out, columns(k, scorer.multi_label, embeddings))
     manifest = {
         "model": scorer.identity,
         "inputs": describe_inputs(inputs),
         "top_k": k,
         "chunk_size": chunk_size,
+        "embeddings": embeddings,
     }
     committed = store.open(manifest, overwrite=overwrite)
     paths = iter_inputs(inputs)
@@ -179,30 +199,38 @@ def predict_to_file(
     handled, n_chunks = 0, len(committed)
     if on_progress:
         on_progress(0, skipped)
-    with closing(decoded(paths, scorer.prepare, workers or available_cpus())) as stream:
+    if engine == "ray":
+        from zoo.deploy.ray_engine import ray_results
+
+        ref = ModelRef.parse(model)  # type: ignore[arg-type]  # a Scorer was refused above
+        results = ray_results(
+            paths, str(ref.path.resolve()) if ref.is_path else str(ref), k,
+            embeddings=embeddings, device=device, batch_size=batch_size, actors=workers,
+            address=address, multi_label=scorer.multi_label,
+        )  # fmt: skip
+    else:
+        results = local_results(
+            paths, scorer, k, embeddings=embeddings, batch_size=batch_size,
+            workers=workers or available_cpus(),
+        )  # fmt: skip
+    with closing(results):
         while True:
-            chunk = islice(stream, chunk_size)
             chunk_paths: list[str] = []
             chunk_rows: list[dict[str, Any]] = []
             errors: list[dict[str, str]] = []
-            while batch := list(islice(chunk, batch_size)):  # a batch of arrays in memory
-                chunk_paths += [p for p, _, _ in batch]
-                for p, _, reason in batch:
-                    if reason is not None and strict:
-                        raise InputError(
-                            f"{reason} --strict stops at the first input that cannot be read: "
-                            f"fix or remove {p!r}, or drop --strict to list such inputs in "
-                            f"{store.errors_file} and go on."
-                        )
-                    if reason is not None:
-                        errors.append({"path": p, "reason": reason})
-                ok = [(p, a) for p, a, _ in batch if a is not None]
-                if ok:
-                    probs = scorer.score(np.stack([a for _, a in ok]))
-                    chunk_rows += [
-                        _row(scorer, p, s, k) for (p, _), s in zip(ok, probs, strict=True)
-                    ]
-                if on_progress:
+            for p, row, reason in islice(results, chunk_size):
+                chunk_paths.append(p)
+                if reason is not None and strict:
+                    raise InputError(
+                        f"{reason} --strict stops at the first input that cannot be read: "
+                        f"fix or remove {p!r}, or drop --strict to list such inputs in "
+                        f"{store.errors_file} and go on."
+                    )
+                if reason is not None:
+                    errors.append({"path": p, "reason": reason})
+                else:
+                    chunk_rows.append(row)  # type: ignore[arg-type]  # scored: a row
+                if on_progress and len(chunk_paths) % batch_size == 0:
                     on_progress(handled + len(chunk_paths), skipped)
             if not chunk_paths:
                 break
@@ -210,6 +238,8 @@ def predict_to_file(
             n_chunks += 1
             handled += len(chunk_paths)
             rows += len(chunk_rows)
+            if on_progress:
+                on_progress(handled, skipped)
     n_errors = store.finish(n_chunks)
     return BatchSummary(
         out=str(out),
@@ -222,4 +252,4 @@ def predict_to_file(
     )
 
 
-__all__ = ["BatchSummary", "decoded", "predict_to_file"]
+__all__ = ["BatchSummary", "decoded", "local_results", "predict_to_file"]

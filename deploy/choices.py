@@ -24,6 +24,8 @@ CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
 Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_fp16", "ort_int8"]
 """``zoo bench --backends``."""
+PredictEngine = Literal["local", "ray"]
+"""``zoo predict --out --engine``: this process, or Ray Data."""
 
 FORMATS: tuple[str, ...] = get_args(Format)
 EXPORTERS: tuple[str, ...] = get_args(Exporter)
@@ -32,3 +34,4 @@ JIT_MODES: tuple[str, ...] = get_args(JitMode)
 QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
 CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
 BACKENDS: tuple[str, ...] = get_args(Backend)
+ENGINES: tuple[str, ...] = get_args(PredictEngine)

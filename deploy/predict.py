@@ -36,6 +36,8 @@ class Scorer:
         thresholds: multi-label decision threshold per class (None: 0.5 for every class).
         identity: what names this model for a resumed job (reference, and for a file its
             size and modification time).
+        embed: like ``score`` but also returns each sample's penultimate features, ``(N, D)``
+            float32 (None unless loaded with ``embeddings=True``).
     """
 
     prepare: Callable[[Image.Image], np.ndarray]
@@ -45,6 +47,7 @@ class Scorer:
     multi_label: bool = False
     thresholds: tuple[float, ...] | None = None
     identity: dict[str, Any] = field(default_factory=dict)
+    embed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
     def label(self, i: int) -> str:
         return self.labels[i] if i < len(self.labels) else str(i)
@@ -73,13 +76,21 @@ def _identity(ref: ModelRef, device: str) -> dict[str, Any]:
     return ident
 
 
-def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
+def load_scorer(
+    model: str | ModelRef,
+    *,
+    device: str = "cpu",
+    embeddings: bool = False,
+    threads: int | None = None,
+) -> Scorer:
     """Load a model for prediction, once.
 
     Args:
         model: a model reference: an ``.onnx`` file runs in ONNX Runtime from its embedded
             metadata alone; anything else is built with :func:`zoo.create_model`.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+        embeddings: also offer :attr:`Scorer.embed` (see :mod:`zoo.deploy.embeddings`).
+        threads: ONNX Runtime's threads (default: the CPUs available); PyTorch keeps its own.
 
     Returns:
         The loaded :class:`Scorer`.
@@ -93,9 +104,14 @@ def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
         from zoo.deploy.preprocess import preprocess
         from zoo.deploy.runtime import OnnxClassifier
 
-        clf = OnnxClassifier(str(ref.path), device=device)
+        clf = OnnxClassifier(str(ref.path), device=device, threads=threads, embeddings=embeddings)
         width = clf.session.get_outputs()[0].shape[-1]
         thresholds = clf.meta.get("thresholds")
+
+        def onnx_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            logits, feats = clf.run_with_features(x)
+            return scores(logits, clf.multi_label), feats
+
         return Scorer(
             prepare=lambda im: preprocess(im, clf.pre),
             score=lambda x: scores(clf.run(x), clf.multi_label),
@@ -104,9 +120,11 @@ def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
             multi_label=clf.multi_label,
             thresholds=tuple(thresholds) if thresholds else None,
             identity=_identity(ref, device),
+            embed=onnx_embed if embeddings else None,
         )
     import torch
 
+    from zoo.deploy.embeddings import torch_features
     from zoo.device import pick_device
     from zoo.factory import create_model, info_of
     from zoo.transforms import eval_transform
@@ -121,6 +139,14 @@ def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
             logits = net(torch.from_numpy(x).to(dev)).float().cpu().numpy()
         return scores(logits, info.multi_label)
 
+    both = torch_features(net, info.classifier) if embeddings else None
+
+    def torch_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert both is not None
+        with torch.inference_mode():
+            logits, feats = both(torch.from_numpy(x).to(dev))
+        return scores(logits.float().cpu().numpy(), info.multi_label), feats
+
     return Scorer(
         prepare=lambda im: tf(im).numpy(),
         score=score,
@@ -129,6 +155,7 @@ def load_scorer(model: str | ModelRef, *, device: str = "cpu") -> Scorer:
         multi_label=info.multi_label,
         thresholds=info.thresholds,
         identity=_identity(ref, str(dev)),
+        embed=torch_embed if embeddings else None,
     )
 
 

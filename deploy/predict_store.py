@@ -52,18 +52,26 @@ def digest(paths: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(paths).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def columns(k: int, multi_label: bool) -> list[tuple[str, str]]:
-    """The output's columns and their types (``str``, ``int``, ``float``)."""
+def columns(k: int, multi_label: bool, embeddings: bool = False) -> list[tuple[str, str]]:
+    """The output's columns and their types (``str``, ``int``, ``float``, ``floats``: a list of
+    float32, the penultimate features)."""
     cols = [("path", "str")]
     for i in range(1, k + 1):
         cols += [(f"label_{i}", "str"), (f"index_{i}", "int"), (f"score_{i}", "float")]
-    return [*cols, ("labels", "str")] if multi_label else cols
+    if multi_label:
+        cols.append(("labels", "str"))
+    return [*cols, ("embedding", "floats")] if embeddings else cols
 
 
 def _schema(cols: list[tuple[str, str]]) -> Any:
     import pyarrow as pa
 
-    types = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
+    types = {
+        "str": pa.string(),
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "floats": pa.list_(pa.float32()),
+    }
     return pa.schema([(name, types[t]) for name, t in cols])
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo.deploy.embeddings import flat, with_feature_output
 from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
 from zoo.deploy.preprocess import preprocess, scores
 from zoo.errors import BackendUnavailableError, InputError
@@ -55,7 +56,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
 def make_session(
-    path: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True
+    path: str | Path | bytes, *, device: str = "cpu", threads: int | None = None, spin: bool = True
 ) -> Any:
     """An ``InferenceSession`` on ``device``; raises if the provider is missing or the session
     silently fell back to another one (never a CPU number labelled CUDA).
@@ -81,9 +82,11 @@ def make_session(
     if not spin:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
-        sess = ort.InferenceSession(str(path), sess_options=opts, providers=[provider])
+        source = path if isinstance(path, bytes) else str(path)
+        sess = ort.InferenceSession(source, sess_options=opts, providers=[provider])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise InputError(f"onnxruntime cannot load {path}: {exc}") from exc
+        where = "the model" if isinstance(path, bytes) else path
+        raise InputError(f"onnxruntime cannot load {where}: {exc}") from exc
     if sess.get_providers()[0] != provider:
         raise BackendUnavailableError(
             f"Asked for {provider} but the session runs on {sess.get_providers()[0]}."
@@ -108,12 +111,17 @@ class OnnxClassifier:
         device: str = "cpu",
         threads: int | None = None,
         spin: bool = True,
+        embeddings: bool = False,
     ) -> None:
         self.path = Path(path)
         self.meta = read_metadata(self.path)
         self.pre = read_preprocessing(self.meta, self.path)
         t0 = time.perf_counter()
-        self.session = make_session(self.path, device=device, threads=threads, spin=spin)
+        source: Path | bytes = self.path
+        self.feature_name: str | None = None  # embeddings: the second output's name
+        if embeddings:
+            source, self.feature_name = with_feature_output(self.path)
+        self.session = make_session(source, device=device, threads=threads, spin=spin)
         self.load_s = time.perf_counter() - t0
         self.input = self.session.get_inputs()[0]
         self.static_batch = static_batch_of(self.session)
@@ -129,6 +137,25 @@ class OnnxClassifier:
         if self.static_batch is None:
             return self.session.run([self.output_name], {self.input.name: batch})[0]
         return run_padded(self._run_once, batch, self.static_batch)
+
+    def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logits and penultimate features (``(N, D)`` float32) in one pass; needs
+        ``embeddings=True``."""
+        if self.feature_name is None:
+            raise ValueError("OnnxClassifier(embeddings=True) is needed for features.")
+        names = [self.output_name, self.feature_name]
+        width = 0
+
+        def both(x: np.ndarray) -> np.ndarray:  # one array, so run_padded chunks it as usual
+            nonlocal width
+            logits, feats = self.session.run(names, {self.input.name: x})
+            width = logits.shape[1]
+            return np.concatenate([logits, flat(feats).astype(logits.dtype)], axis=1)
+
+        out = (
+            both(batch) if self.static_batch is None else run_padded(both, batch, self.static_batch)
+        )
+        return out[:, :width], flat(out[:, width:])
 
     def preprocess_images(self, images: list[Any]) -> np.ndarray:
         return np.stack(

@@ -11,12 +11,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from tests import crash
+from zoo import create_model
 from zoo.deploy.batch_predict import predict_to_file
 from zoo.deploy.predict import load_scorer, predict
+from zoo.errors import InputError
 from zoo.samples import sample_image_paths
 
 KILLED = -9
@@ -183,3 +186,62 @@ def test_resume_refuses_other_options_and_inputs(
     assert code == 0, log
     rows = read_rows(out)
     assert len(rows) == 6 and all("label_3" in r and "label_4" not in r for r in rows)
+
+
+def test_embeddings_from_onnx_and_pytorch_are_the_classifier_input(
+    mobilenet_onnx: Path, photos: Path, tmp_path: Path
+) -> None:
+    """The embedding is what the classifier layer reads: the layer's own weights applied to it
+    give the row's scores; the ONNX file and the PyTorch model give the same vectors."""
+    scorer = load_scorer("mobilenet_v2", embeddings=True)
+    onnx_out, torch_out = tmp_path / "o.parquet", tmp_path / "t.jsonl"
+    common = {"top_k": 3, "batch_size": 4, "chunk_size": 5, "workers": 2, "embeddings": True}
+    predict_to_file(str(mobilenet_onnx), [str(photos)], onnx_out, **common)  # type: ignore[arg-type]
+    predict_to_file(scorer, [str(photos)], torch_out, **common)  # type: ignore[arg-type]
+    from_onnx, from_torch = read_rows(onnx_out), read_rows(torch_out)
+    assert [r["path"] for r in from_onnx] == good_images(photos)
+    net = create_model("mobilenet_v2").eval()
+    w, b = (p.detach().numpy() for p in net.classifier[1].parameters())
+    for o, t in zip(from_onnx, from_torch, strict=True):
+        e_onnx, e_torch = np.asarray(o["embedding"]), np.asarray(t["embedding"])
+        assert e_onnx.shape == (1280,) and np.abs(e_onnx - e_torch).max() < 1e-4
+        logits = e_torch @ w.T + b
+        probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        assert int(probs.argmax()) == t["index_1"] == o["index_1"]
+        assert abs(probs.max() - t["score_1"]) < 1e-5 and abs(o["score_1"] - t["score_1"]) < 1e-5
+    with pytest.raises(InputError, match=r"CSV has no list type: name the output p\.parquet"):
+        predict_to_file(scorer, [str(photos)], tmp_path / "p.csv", embeddings=True)
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.csv.parts").exists()
+
+
+@pytest.mark.ray
+def test_ray_engine_resumes_a_local_job_and_gives_the_same_rows(
+    fork_server: Any, mobilenet_onnx: Path, photos: Path, tmp_path: Path
+) -> None:
+    """A real local Ray runtime: the job killed after its first chunk on the local engine is
+    finished by `--engine ray` (2 actors), and the file equals an uninterrupted local run:
+    same rows, scores and embeddings within 1e-5, the same errors file."""
+
+    argv = ["predict", str(mobilenet_onnx), str(photos), "-k", "3", "--chunk-size", "3"]
+    ref = tmp_path / "ref" / "p.parquet"
+    ref.parent.mkdir()
+    code, log = zoo(fork_server, tmp_path / "log0", *argv, "--embeddings", "--out", str(ref))
+    assert code == 0, log
+    out = tmp_path / "p.parquet"
+    args = [*argv, "--embeddings", "--out", str(out)]
+    assert zoo(fork_server, tmp_path / "log1", *args, ZOO_FAULT_KILL_AT="3")[0] == KILLED
+    code, log = zoo(fork_server, tmp_path / "log2", *args, "--engine", "ray", "--workers", "2")
+    assert code == 0 and "3 skipped as already done, 2 unreadable" in log, log
+    rows, expected = read_rows(out), read_rows(ref)
+    for r in (*rows, *expected):
+        r["embedding"] = np.asarray(r.pop("embedding"))
+    assert [r["path"] for r in rows] == good_images(photos)
+    for r, e in zip(rows, expected, strict=True):
+        assert np.abs(r["embedding"] - e["embedding"]).max() < 1e-5, r["path"]
+    assert_same_rows(
+        [{k: v for k, v in r.items() if k != "embedding"} for r in rows],
+        [{k: v for k, v in e.items() if k != "embedding"} for e in expected],
+    )
+    errors = (tmp_path / "p.parquet.errors.jsonl").read_text()
+    assert errors == (ref.parent / "p.parquet.errors.jsonl").read_text()
+    assert not (tmp_path / "p.parquet.parts").exists()

@@ -1,0 +1,67 @@
+"""One batch of ``zoo predict --out``: decode an input, score a batch of them in one model
+call, and the rows they give. The local engine (:mod:`zoo.deploy.batch_predict`) and the Ray
+actors (:mod:`zoo.deploy.ray_engine`) both run exactly this, so their rows agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from zoo.deploy.predict import Scorer
+from zoo.images import open_image
+
+Decoded = tuple[str, np.ndarray | None, str | None]  # path, array or None, reason or None
+Result = tuple[str, dict[str, Any] | None, str | None]  # path, row or None, reason or None
+
+
+def decode(
+    path: str, prepare: Callable[[Image.Image], np.ndarray], source: str | bytes | None = None
+) -> Decoded:
+    """Open (``source``: the encoded bytes, or another path to read; default ``path``) and
+    preprocess one input; a file that cannot be read gives its reason instead of an array."""
+    try:
+        return path, prepare(open_image(path if source is None else source)), None
+    except (OSError, ValueError) as exc:  # InputError (missing, undecodable, a bomb) included
+        return path, None, str(exc)
+
+
+def _row(scorer: Scorer, path: str, scores: np.ndarray, k: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": path}
+    for i, t in enumerate(scorer.top(scores, k), 1):
+        row.update({f"label_{i}": t["label"], f"index_{i}": t["index"], f"score_{i}": t["score"]})
+    if scorer.multi_label:
+        row["labels"] = ";".join(scorer.decided(scores))
+    return row
+
+
+def score_decoded(
+    scorer: Scorer, batch: Sequence[Decoded], k: int, embeddings: bool = False
+) -> list[Result]:
+    """Score one batch of decoded inputs in one model call.
+
+    Returns:
+        ``(path, row, None)`` per scored input (with ``embedding``, a list of floats, when
+        ``embeddings``) and ``(path, None, reason)`` per input that could not be read, in order.
+    """
+    ok = [i for i, (_, a, _) in enumerate(batch) if a is not None]
+    results: list[Result] = [(p, None, reason) for p, _, reason in batch]
+    if not ok:
+        return results
+    x = np.stack([batch[i][1] for i in ok])  # type: ignore[misc]  # ok: arrays only
+    if embeddings:
+        assert scorer.embed is not None, "load the scorer with embeddings=True"
+        probs, feats = scorer.embed(x)
+    else:
+        probs, feats = scorer.score(x), None
+    for j, i in enumerate(ok):
+        row = _row(scorer, batch[i][0], probs[j], k)
+        if feats is not None:
+            row["embedding"] = feats[j].tolist()
+        results[i] = (batch[i][0], row, None)
+    return results
+
+
+__all__ = ["Decoded", "Result", "decode", "score_decoded"]
