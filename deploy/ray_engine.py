@@ -11,7 +11,8 @@ your own pipelines too::
 
     ds = ray.data.read_binary_files("s3://bucket/images/", include_paths=True)
     ds = ds.map_batches(ZooPredictor, fn_constructor_kwargs={"model": "resnet18.onnx"},
-                        batch_size=32, concurrency=8, num_cpus=1)
+                        batch_size=32, num_cpus=1,  # leave CPUs free for the read tasks
+                        compute=ray.data.ActorPoolStrategy(size=8))
     ds.filter(lambda r: not r["error"]).write_parquet("s3://bucket/predictions/")
 
 A batch holds ``path`` and, optionally, ``bytes`` (the encoded image: opened instead of the

@@ -245,3 +245,38 @@ def test_ray_engine_resumes_a_local_job_and_gives_the_same_rows(
     errors = (tmp_path / "p.parquet.errors.jsonl").read_text()
     assert errors == (ref.parent / "p.parquet.errors.jsonl").read_text()
     assert not (tmp_path / "p.parquet.parts").exists()
+
+
+@pytest.mark.ray
+def test_the_actor_class_in_a_users_own_ray_pipeline(mobilenet_onnx: Path, photos: Path) -> None:
+    """The README's pipeline: encoded bytes from `read_binary_files`, `ZooPredictor` in
+    `map_batches`, unreadable files flagged in `error`, the rest equal to `predict`."""
+    import ray
+
+    from zoo.deploy.ray_engine import ZooPredictor
+
+    files = [*good_images(photos), *(str(photos / n) for n in BROKEN)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ds = ray.data.read_binary_files(files, include_paths=True)
+        ds = ds.map_batches(
+            ZooPredictor,
+            fn_constructor_kwargs={"model": str(mobilenet_onnx), "top_k": 2},
+            batch_size=3,
+            compute=ray.data.ActorPoolStrategy(size=1),  # the other CPU reads the files
+            num_cpus=1,
+        )
+        rows = {r["path"]: r for r in ds.take_all()}
+    finally:
+        ray.shutdown()
+    assert sorted(rows) == sorted(files)
+    for name in BROKEN:
+        bad = rows[str(photos / name)]
+        assert "Cannot decode" in bad["error"] and bad["index_1"] == -1 and bad["label_1"] == ""
+        assert np.isnan(bad["score_1"])
+    for p in predict(str(mobilenet_onnx), good_images(photos), k=2):
+        row = rows[p["image"]]
+        assert row["error"] == "" and "embedding" not in row
+        for i, t in enumerate(p["top"], 1):
+            assert (row[f"label_{i}"], row[f"index_{i}"]) == (t["label"], t["index"])
+            assert abs(row[f"score_{i}"] - t["score"]) <= 1e-5
