@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import logging
 import threading
 from collections.abc import AsyncIterator
+from importlib.resources import files
 from typing import Any
 
 import msgspec
@@ -16,7 +18,7 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.deploy.preprocess import preprocess, scores
@@ -61,6 +63,7 @@ class ModelServer:
         self.clf: OnnxClassifier | None = None
         self.batcher: DynamicBatcher | None = None
         self._openapi: bytes | None = None
+        self._page: str | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def _load(self) -> None:
@@ -346,6 +349,13 @@ class ModelServer:
             raise InputError("multipart upload needs a 'file' field")
         return await upload.read()
 
+    async def demo_page(self, request: Request) -> Response:
+        """``GET /``: a page where a person drops an image and sees the top labels."""
+        if self._page is None:
+            template = (files("zoo.deploy.serve") / "demo.html").read_text(encoding="utf-8")
+            self._page = template.replace("{{MODEL}}", html.escape(self.cfg.name, quote=True))
+        return HTMLResponse(self._page)
+
     async def openapi_ep(self, request: Request) -> Response:
         if self._openapi is None:
             self._openapi = msgspec.json.encode(openapi_document(self.cfg.name))
@@ -372,6 +382,7 @@ def create_app(cfg: ServeConfig) -> Starlette:
     """
     s = ModelServer(cfg)
     routes = [
+        Route("/", s.demo_page),
         Route("/v2/health/live", s.live),
         Route("/v2/health/ready", s.ready_ep),
         Route("/v2/models/{name}", s.model_meta),

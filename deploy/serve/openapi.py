@@ -153,6 +153,17 @@ def openapi_document(model_name: str) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "zoo serve", "version": "1", "description": f"Serving {model_name}"},
         "paths": {
+            "/": {
+                "get": {
+                    "summary": "Demo page: drop an image, see the top labels",
+                    "responses": {
+                        "200": {
+                            "description": "an HTML page (no external resources)",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
             "/v2/health/live": {
                 "get": {
                     "summary": "Liveness",
