@@ -251,14 +251,40 @@ def eval_cmd(
     batch_size: int = 64,
     device: str = "auto",
     num_workers: int = 0,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="also write report.html: per-class metrics, confusion matrix with its images, "
+            "top losses with Grad-CAM, calibration, training curves (into a run folder)",
+        ),
+    ] = False,
+    report_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--report-out", help="--report: where (default: RUN/report.html, or ./report.html)"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
-    from zoo.train.evaluate import run_eval
+    from zoo.ref import ModelRef
+    from zoo.train.evaluate import evaluate_split
 
-    result = run_eval(
+    if report_out is not None and not report:
+        raise typer.BadParameter("--report-out applies to --report only.")
+    ev = evaluate_split(
         model, data=data, split=split, batch_size=batch_size, device=device, num_workers=num_workers
     )
+    result = ev.result
+    if report:
+        from zoo.train.report import write_report
+
+        ref = ModelRef.parse(model)
+        run = ref.path if ref.kind == "run" else None
+        dest = report_out or (run / "report.html" if run is not None else Path("report.html"))
+        result = {**result, "report": write_report(ev, dest, run)}
+        err.print(f"report: {dest} ({result['report']['images']} images embedded)")
     if as_json:
         print_json(result)
         return

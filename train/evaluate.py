@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
+from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
@@ -83,27 +85,24 @@ def _splits_for(model_arg: str, data: str | None) -> Splits:
     return scan(data)
 
 
-def run_eval(
+@dataclass
+class Evaluated:
+    """One evaluation pass, kept whole for the report: the model, the samples in order and
+    their logits."""
+
+    model: nn.Module
+    info: ModelInfo
+    names: list[str]
+    samples: list[tuple[Path, Any]]
+    logits: torch.Tensor
+    targets: torch.Tensor
+    result: dict[str, Any]
+
+
+def evaluate_split(
     model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
-) -> dict[str, Any]:
-    """``zoo eval``: a model's metrics on an image folder, its classes matched by name.
-
-    Args:
-        model_arg: a model reference (a run folder evaluates its own ``split.json``).
-        data: the image folder (default: a run's own data).
-        split: ``val``, ``train`` or ``all`` (a foreign flat folder: every image).
-        batch_size: images per forward pass.
-        device: ``auto``, ``cpu``, ``cuda``….
-        num_workers: DataLoader workers.
-
-    Returns:
-        The model, data and split, with :func:`summarize`'s (or, multi-label,
-        :func:`summarize_multilabel`'s) metrics: accuracy, top-5, loss, macro-F1, per class.
-
-    Raises:
-        DataError: no such split, a class the model does not know, or no class names.
-        Everything :func:`zoo.create_model` raises.
-    """
+) -> Evaluated:
+    """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`)."""
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
     info = info_of(model)
@@ -143,4 +142,36 @@ def run_eval(
         result = summarize_multilabel(logits, targets, names)
     else:
         result = summarize(logits, targets, names)
-    return {"model": model_arg, "data": str(splits.root), "split": split, **result}
+    result = {"model": model_arg, "data": str(splits.root), "split": split, **result}
+    return Evaluated(model, info, names, samples, logits, targets, result)
+
+
+def run_eval(
+    model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
+) -> dict[str, Any]:
+    """``zoo eval``: a model's metrics on an image folder, its classes matched by name.
+
+    Args:
+        model_arg: a model reference (a run folder evaluates its own ``split.json``).
+        data: the image folder (default: a run's own data).
+        split: ``val``, ``train`` or ``all`` (a foreign flat folder: every image).
+        batch_size: images per forward pass.
+        device: ``auto``, ``cpu``, ``cuda``….
+        num_workers: DataLoader workers.
+
+    Returns:
+        The model, data and split, with :func:`summarize`'s (or, multi-label,
+        :func:`summarize_multilabel`'s) metrics: accuracy, top-5, loss, macro-F1, per class.
+
+    Raises:
+        DataError: no such split, a class the model does not know, or no class names.
+        Everything :func:`zoo.create_model` raises.
+    """
+    return evaluate_split(
+        model_arg,
+        data=data,
+        split=split,
+        batch_size=batch_size,
+        device=device,
+        num_workers=num_workers,
+    ).result

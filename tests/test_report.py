@@ -1,0 +1,88 @@
+"""``zoo eval RUN --report`` on a real run (SimpleCNN fine-tuned on real digits): the file's
+contents against the run's own figures, then the page in Debian's Chromium (no console errors,
+every embedded image decodes, a confusion-matrix link lands on its images). The arithmetic
+under it is in test_gates_report.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_zoo
+from tests.test_browser import browser  # noqa: F401  # the shared Chromium fixture
+
+
+@pytest.fixture(scope="module")
+def report(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    runs = tmp_path_factory.mktemp("report")
+    r = run_zoo(
+        "finetune", "simple_cnn", "--data", str(small_digits), "--epochs", "2", "--runs",
+        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    e = run_zoo("eval", str(runs / "cnn"), "--report", "--json")
+    assert e.returncode == 0, e.stderr
+    return runs / "cnn", json.loads(e.stdout)
+
+
+def test_report_holds_the_runs_figures_and_links_every_cell(report: tuple[Path, dict]) -> None:
+    run, result = report
+    page_file = run / "report.html"
+    assert result["report"]["path"] == str(page_file) and page_file.exists()
+    assert result["report"]["grad_cam"] == "features"  # SimpleCNN's last feature map
+    page = page_file.read_text()
+    assert f"accuracy {result['acc']:.4f}" in page and f"macro-F1 {result['macro_f1']:.4f}" in page
+    for row in result["per_class"]:
+        assert f"<td>{row['class']}</td><td>{row['precision']:.3f}</td>" in page
+    cm = result["confusion_matrix"]
+    cells = {(t, p) for t, row in enumerate(cm) for p, v in enumerate(row) if v}
+    assert {tuple(map(int, m)) for m in re.findall(r'href="#cell-(\d+)-(\d+)"', page)} == cells
+    assert {tuple(map(int, m)) for m in re.findall(r'id="cell-(\d+)-(\d+)"', page)} == cells
+    for t, p in cells:  # each section says how many images the cell counts
+        assert re.search(rf'id="cell-{t}-{p}"><h3>[^<]*: {cm[t][p]}</h3>', page)
+    losses = page.split('id="losses">')[1].split("</div>\n")[0]
+    assert losses.count('class="card"') == 16 and losses.count('class="cam"') == 16
+    assert result["report"]["images"] == page.count('src="data:image/')
+    assert 'alt="training curves"' in page  # the run's curves.png, embedded
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+
+
+def test_report_out_needs_report(report: tuple[Path, dict]) -> None:
+    r = run_zoo("eval", str(report[0]), "--report-out", "x.html")
+    assert r.returncode == 2 and "--report-out applies to --report only" in r.stderr
+
+
+@pytest.mark.browser
+def test_report_page_in_a_real_browser(
+    browser: Any,  # noqa: F811
+    report: tuple[Path, dict],
+    tmp_path: Path,
+) -> None:
+    run, result = report
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((run / "report.html").as_uri())
+    undecoded = page.eval_on_selector_all(
+        "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length"
+    )
+    assert page.locator("img").count() == result["report"]["images"] and undecoded == 0
+    link = page.locator("#pairs a").first  # the most-confused pair
+    href = link.get_attribute("href")
+    assert href is not None
+    link.click()
+    assert page.evaluate("location.hash") == href
+    section = page.locator("section.cell:target")
+    assert section.get_attribute("id") == href[1:] and section.is_visible()
+    box = section.bounding_box()
+    assert box is not None and 0 <= box["y"] < 900  # scrolled to it
+    assert section.locator("img").count() >= 1
+    page.screenshot(path=str(tmp_path / "report.png"))
+    page.goto((run / "report.html").as_uri() + "#losses")
+    page.screenshot(path=str(tmp_path / "report-losses.png"))
+    assert errors == []
