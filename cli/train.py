@@ -208,6 +208,13 @@ def finetune_cmd(
         int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
     ] = 1,
     progress: Annotated[bool, typer.Option(help="rich progress bar")] = D["progress"],
+    report: Annotated[
+        bool,
+        typer.Option(
+            envvar="ZOO_FINETUNE_REPORT",
+            help="at the end, write report.html (zoo eval RUN --report) into the run",
+        ),
+    ] = True,
 ) -> None:
     """Fine-tune a model on a folder of images (e.g. zoo finetune resnet18 --data ./fish)."""
     if resume is None and (arch is None or data is None):
@@ -232,6 +239,7 @@ def finetune_cmd(
         if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     )
     del params["nproc"]  # how many processes run it, not part of the run's config
+    del params["report"]  # what is written after the run, not part of it
     cfg = train_config(params)
     from zoo.train.trainer import fit
 
@@ -239,7 +247,26 @@ def finetune_cmd(
     from zoo.train.console import is_main_process
 
     if run is not None and is_main_process():  # None: --dry-run writes no run folder
+        if report:
+            _run_report(run, cfg.device, cfg.batch_size)
         out.print(str(run))
+
+
+def _run_report(run: Path, device: str, batch_size: int) -> None:
+    """The finished run's report.html; a model the report cannot cover only gets a note."""
+    from zoo.errors import DataError, InputError
+    from zoo.train.evaluate import evaluate_split
+    from zoo.train.report import write_report
+
+    try:
+        ev = evaluate_split(
+            str(run), data=None, split="val", batch_size=batch_size, device=device, num_workers=0
+        )
+        info = write_report(ev, run / "report.html", run)
+    except (InputError, DataError) as exc:  # the run itself is complete: never fail it here
+        err.print(f"report: none ({exc})")
+        return
+    err.print(f"report: {info['path']} ({info['images']} images embedded)")
 
 
 def eval_cmd(

@@ -12,6 +12,9 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ZOO_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# the report at the end of every `zoo finetune` costs an evaluation pass; the suite runs
+# dozens of them, so only the tests of the report ask for it (`--report`)
+os.environ.setdefault("ZOO_FINETUNE_REPORT", "0")
 if "ZOO_CACHE" not in os.environ:  # decoded images and check results: one folder per session
     import tempfile
 

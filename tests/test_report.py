@@ -21,12 +21,16 @@ def report(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     runs = tmp_path_factory.mktemp("report")
     r = run_zoo(
         "finetune", "simple_cnn", "--data", str(small_digits), "--epochs", "2", "--runs",
-        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress",
+        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--report",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    assert f"report: {runs / 'cnn' / 'report.html'} (" in r.stderr  # written by the run itself
+    first = (runs / "cnn" / "report.html").read_text()
     e = run_zoo("eval", str(runs / "cnn"), "--report", "--json")
     assert e.returncode == 0, e.stderr
-    return runs / "cnn", json.loads(e.stdout)
+    result = json.loads(e.stdout)
+    assert f"accuracy {result['acc']:.4f}" in first and 'id="losses"' in first
+    return runs / "cnn", result
 
 
 def test_report_holds_the_runs_figures_and_links_every_cell(report: tuple[Path, dict]) -> None:
