@@ -29,6 +29,7 @@ from zoo.deploy.choices import (
     Precision,
     PredictEngine,
     QuantMode,
+    Tta,
 )
 
 if TYPE_CHECKING:
@@ -247,6 +248,15 @@ def predict_cmd(
         str | None,
         typer.Option("--address", help="--engine ray: the cluster to join (default: a local Ray)"),
     ] = None,
+    tta: Annotated[
+        Tta,
+        choice(
+            Tta,
+            "--tta",
+            help="test-time augmentation: average the scores of the eval crop and its mirror "
+            "(flip), of five crops, or of those and their mirrors",
+        ),
+    ] = "none",
     as_json: JsonOpt = False,
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
@@ -260,7 +270,7 @@ def predict_cmd(
         _predict_to_file(
             model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
             chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
-            embeddings=embeddings, engine=engine, address=address, as_json=as_json,
+            embeddings=embeddings, engine=engine, address=address, tta=tta, as_json=as_json,
         )  # fmt: skip
         return
     if strict or overwrite or embeddings or engine != "local" or address:
@@ -270,7 +280,7 @@ def predict_cmd(
     from zoo.deploy.predict import predict
     from zoo.deploy.predict_inputs import iter_inputs
 
-    results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device)
+    results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
     if as_json:
         print_json(results)
         return

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from zoo.cli.common import JsonOpt, choice, choice_argument, err, out, print_json
+from zoo.deploy.choices import Tta
 from zoo.samples import Example
 from zoo.train.config import (
     AmpDtype,
@@ -286,6 +287,15 @@ def eval_cmd(
             "top losses with Grad-CAM, calibration, training curves (into a run folder)",
         ),
     ] = False,
+    tta: Annotated[
+        Tta,
+        choice(
+            Tta,
+            "--tta",
+            help="test-time augmentation: the metrics of the views' mean, and the gain over "
+            "the plain crop (measured in the same pass)",
+        ),
+    ] = "none",
     report_out: Annotated[
         Path | None,
         typer.Option(
@@ -301,8 +311,9 @@ def eval_cmd(
     if report_out is not None and not report:
         raise typer.BadParameter("--report-out applies to --report only.")
     ev = evaluate_split(
-        model, data=data, split=split, batch_size=batch_size, device=device, num_workers=num_workers
-    )
+        model, data=data, split=split, batch_size=batch_size, device=device,
+        num_workers=num_workers, tta=tta,
+    )  # fmt: skip
     result = ev.result
     if report:
         from zoo.train.report import write_report
@@ -315,7 +326,10 @@ def eval_cmd(
     if as_json:
         print_json(result)
         return
-    out.print(f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images")
+    out.print(
+        f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images",
+        markup=False,
+    )
     names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
         "acc": "top-1" if "top5" in result else "exact-match",
         "balanced_acc": "balanced",
@@ -324,6 +338,12 @@ def eval_cmd(
         "macro_f1": "macro-F1",
     }
     out.print("  ".join(f"{label} {result[k]:.4f}" for k, label in names.items() if k in result))
+    if "tta" in result:
+        t, plain = result["tta"], result["tta"]["without"]
+        out.print(
+            f"test-time augmentation {t['mode']} ({t['views']} views): {names['acc']} "
+            f"{result['acc']:.4f} vs {plain['acc']:.4f} without ({result['acc'] - plain['acc']:+.4f})"
+        )
     for row in result["per_class"]:
         pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""
         out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}")

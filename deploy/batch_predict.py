@@ -125,6 +125,7 @@ def predict_to_file(
     embeddings: bool = False,
     engine: str = "local",
     address: str | None = None,
+    tta: str = "none",
     on_progress: Callable[[int, int], None] | None = None,
 ) -> BatchSummary:
     """Score every image ``inputs`` name into ``out``, resuming an interrupted job.
@@ -150,6 +151,7 @@ def predict_to_file(
         engine: ``local`` (this process) or ``ray`` (Ray Data, see
             :mod:`zoo.deploy.ray_engine`; the file is written here, in the same chunks).
         address: the Ray cluster to join (default: a local Ray started for the job).
+        tta: test-time augmentation (:mod:`zoo.deploy.tta`; a model reference only).
         on_progress: called as ``(handled_this_run, skipped)`` after each batch.
 
     Returns:
@@ -176,12 +178,14 @@ def predict_to_file(
             f"Embeddings are a list of floats per row and CSV has no list type: name the output "
             f"{out.with_suffix('.parquet').name} or {out.with_suffix('.jsonl').name}."
         )
-    if isinstance(model, Scorer) and (engine != "local" or (embeddings and model.embed is None)):
+    if isinstance(model, Scorer) and (
+        engine != "local" or tta != "none" or (embeddings and model.embed is None)
+    ):
         raise InputError("Pass a model reference, not a loaded Scorer, for this engine/option.")
     scorer = (
         model
         if isinstance(model, Scorer)
-        else load_scorer(model, device=device, embeddings=embeddings and engine == "local")
+        else load_scorer(model, device=device, embeddings=embeddings and engine == "local", tta=tta)
     )
     k = min(top_k, scorer.num_classes)
     store = ChunkStore(out, columns(k, scorer.multi_label, embeddings))
@@ -206,7 +210,7 @@ def predict_to_file(
         results = ray_results(
             paths, str(ref.path.resolve()) if ref.is_path else str(ref), k,
             embeddings=embeddings, device=device, batch_size=batch_size, actors=workers,
-            address=address, multi_label=scorer.multi_label,
+            address=address, multi_label=scorer.multi_label, tta=tta,
         )  # fmt: skip
     else:
         results = local_results(

@@ -24,6 +24,8 @@ CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
 Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_fp16", "ort_int8"]
 """``zoo bench --backends``."""
+Tta = Literal["none", "flip", "five-crop", "ten-crop"]
+"""Test-time augmentation of ``zoo eval`` and ``zoo predict`` (see :mod:`zoo.deploy.tta`)."""
 PredictEngine = Literal["local", "ray"]
 """``zoo predict --out --engine``: this process, or Ray Data."""
 
@@ -35,3 +37,4 @@ QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
 CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
+TTAS: tuple[str, ...] = get_args(Tta)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from zoo.deploy.preprocess import scores
+from zoo.deploy.tta import average, check_tta, views
+from zoo.errors import InputError
 from zoo.images import open_image
+from zoo.preprocessing import Preprocessing
 from zoo.ref import ModelRef
 
 
@@ -38,6 +41,7 @@ class Scorer:
             size and modification time).
         embed: like ``score`` but also returns each sample's penultimate features, ``(N, D)``
             float32 (None unless loaded with ``embeddings=True``).
+        pre: the model's eval preprocessing.
     """
 
     prepare: Callable[[Image.Image], np.ndarray]
@@ -48,6 +52,7 @@ class Scorer:
     thresholds: tuple[float, ...] | None = None
     identity: dict[str, Any] = field(default_factory=dict)
     embed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    pre: Preprocessing | None = None
 
     def label(self, i: int) -> str:
         return self.labels[i] if i < len(self.labels) else str(i)
@@ -82,6 +87,7 @@ def load_scorer(
     device: str = "cpu",
     embeddings: bool = False,
     threads: int | None = None,
+    tta: str = "none",
 ) -> Scorer:
     """Load a model for prediction, once.
 
@@ -91,6 +97,8 @@ def load_scorer(
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         embeddings: also offer :attr:`Scorer.embed` (see :mod:`zoo.deploy.embeddings`).
         threads: ONNX Runtime's threads (default: the CPUs available); PyTorch keeps its own.
+        tta: test-time augmentation (:mod:`zoo.deploy.tta`): ``prepare`` then gives each
+            image's views and ``score`` averages their probabilities.
 
     Returns:
         The loaded :class:`Scorer`.
@@ -99,7 +107,30 @@ def load_scorer(
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
     """
-    ref = ModelRef.parse(model)
+    if check_tta(tta) != "none" and embeddings:
+        raise InputError(
+            "Embeddings with test-time augmentation would average features of different "
+            "views: drop --tta or --embeddings."
+        )
+    scorer = _load(ModelRef.parse(model), device, embeddings, threads)
+    if tta == "none":
+        return scorer
+    pre, base = scorer.pre, scorer.score
+    assert pre is not None
+
+    def score_views(x: np.ndarray) -> np.ndarray:  # (N, V, C, H, W) → (N, K)
+        n, v = x.shape[:2]
+        return average(base(x.reshape(n * v, *x.shape[2:])).reshape(n, v, -1))
+
+    return replace(
+        scorer,
+        prepare=lambda im: views(im, pre, tta),
+        score=score_views,
+        identity={**scorer.identity, "tta": tta},
+    )
+
+
+def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> Scorer:
     if ref.kind == "onnx":
         from zoo.deploy.preprocess import preprocess
         from zoo.deploy.runtime import OnnxClassifier
@@ -121,6 +152,7 @@ def load_scorer(
             thresholds=tuple(thresholds) if thresholds else None,
             identity=_identity(ref, device),
             embed=onnx_embed if embeddings else None,
+            pre=clf.pre,
         )
     import torch
 
@@ -156,11 +188,17 @@ def load_scorer(
         thresholds=info.thresholds,
         identity=_identity(ref, str(dev)),
         embed=torch_embed if embeddings else None,
+        pre=info.preprocessing(),
     )
 
 
 def predict(
-    model: str | ModelRef | Scorer, images: list[str], *, k: int = 5, device: str = "cpu"
+    model: str | ModelRef | Scorer,
+    images: list[str],
+    *,
+    k: int = 5,
+    device: str = "cpu",
+    tta: str = "none",
 ) -> list[dict[str, Any]]:
     """Top-``k`` labels of each image.
 
@@ -169,6 +207,7 @@ def predict(
         images: image files.
         k: labels per image.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+        tta: test-time augmentation (a reference only; a loaded Scorer keeps its own).
 
     Returns:
         One ``{"image", "top": [{"label", "index", "score"}, ...]}`` per image, in order.
@@ -178,7 +217,7 @@ def predict(
         InputError: an image is missing or unreadable.
         Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
     """
-    scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device)
+    scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device, tta=tta)
     if not images:
         return []
     x = np.stack([scorer.prepare(open_image(p)) for p in images])

@@ -32,32 +32,32 @@ def _lookup(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     return table
 
 
-def preprocess(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = None) -> np.ndarray:
-    """(C, H, W) float32 array for one image, as the model's eval transform makes it.
-
-    Args:
-        im: a decoded image, any mode (converted to ``pre.channels``).
-        pre: the model's preprocessing.
-        out: a C-contiguous float32 (C, H, W) array to write into (e.g. a row of a batch);
-            ValueError if it is not one.
-
-    Returns:
-        The normalised, center-cropped array (``out`` when given), C-contiguous.
-    """
-    size, resize = pre.crop_size, pre.resize_size
+def resized(im: Image.Image, pre: Preprocessing) -> Image.Image:
+    """``im`` in the model's channels, its short side resized to ``pre.resize_size`` (PIL, the
+    model's filter), as torchvision's ``Resize(int)``: the long side is truncated."""
+    resize = pre.resize_size
     im = to_channels(im, pre.channels)
     w, h = im.size
-    # torchvision Resize(int): the short side becomes `resize`, the long side is truncated
     if w <= h:
         nw, nh = resize, int(resize * h / w)
     else:
         nw, nh = int(resize * w / h), resize
-    if (nw, nh) != (w, h):
-        im = im.resize((nw, nh), pil_filter(pre.interpolation))
-    # torchvision CenterCrop: round half to even, as Python's round()
-    left = round((nw - size) / 2.0)
-    top = round((nh - size) / 2.0)
-    im = im.crop((left, top, left + size, top + size))
+    return im.resize((nw, nh), pil_filter(pre.interpolation)) if (nw, nh) != (w, h) else im
+
+
+def center_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
+    """torchvision ``CenterCrop``'s box (round half to even, as Python's ``round()``)."""
+    left = round((w - size) / 2.0)
+    top = round((h - size) / 2.0)
+    return left, top, left + size, top + size
+
+
+def normalised(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = None) -> np.ndarray:
+    """``(C, H, W)`` float32 of an already cropped image: ``(x / 255 - mean) / std``.
+
+    Raises:
+        ValueError: ``out`` is not a C-contiguous float32 array of the right shape.
+    """
     pixels = np.asarray(im)
     chw = pixels[None] if pixels.ndim == 2 else np.ascontiguousarray(pixels.transpose(2, 0, 1))
     if out is None:
@@ -71,6 +71,22 @@ def preprocess(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = Non
     for c in range(len(chw)):  # uint8 indices cannot leave the table: "clip" skips a buffer
         np.take(table[c], chw[c], out=out[c], mode="clip")
     return out
+
+
+def preprocess(im: Image.Image, pre: Preprocessing, out: np.ndarray | None = None) -> np.ndarray:
+    """(C, H, W) float32 array for one image, as the model's eval transform makes it.
+
+    Args:
+        im: a decoded image, any mode (converted to ``pre.channels``).
+        pre: the model's preprocessing.
+        out: a C-contiguous float32 (C, H, W) array to write into (e.g. a row of a batch);
+            ValueError if it is not one.
+
+    Returns:
+        The normalised, center-cropped array (``out`` when given), C-contiguous.
+    """
+    im = resized(im, pre)
+    return normalised(im.crop(center_box(*im.size, pre.crop_size)), pre, out)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

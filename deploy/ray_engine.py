@@ -52,6 +52,7 @@ class ZooPredictor:
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         threads: the runtime's threads in this actor (default: its CPUs; 1 suits one actor
             per core).
+        tta: test-time augmentation (:mod:`zoo.deploy.tta`).
     """
 
     def __init__(
@@ -62,8 +63,11 @@ class ZooPredictor:
         embeddings: bool = False,
         device: str = "cpu",
         threads: int | None = None,
+        tta: str = "none",
     ) -> None:
-        self.scorer = load_scorer(model, device=device, embeddings=embeddings, threads=threads)
+        self.scorer = load_scorer(
+            model, device=device, embeddings=embeddings, threads=threads, tta=tta
+        )
         if threads is not None and not model.endswith(".onnx"):
             import torch
 
@@ -115,6 +119,7 @@ def ray_results(
     actors: int | None,
     address: str | None,
     multi_label: bool,
+    tta: str = "none",
 ) -> Generator[Result, None, None]:
     """The Ray engine: the same ``(path, row, reason)`` items as the local engine, in order.
 
@@ -160,7 +165,7 @@ def ray_results(
             ZooPredictor,
             fn_constructor_kwargs={
                 "model": model, "top_k": k, "embeddings": embeddings, "device": device,
-                "threads": 1,
+                "threads": 1, "tta": tta,
             },
             batch_size=batch_size, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=1, num_gpus=1 if gpu else 0,

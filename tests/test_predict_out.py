@@ -280,3 +280,20 @@ def test_the_actor_class_in_a_users_own_ray_pipeline(mobilenet_onnx: Path, photo
         for i, t in enumerate(p["top"], 1):
             assert (row[f"label_{i}"], row[f"index_{i}"]) == (t["label"], t["index"])
             assert abs(row[f"score_{i}"] - t["score"]) <= 1e-5
+
+
+def test_predict_with_tta_is_the_mean_over_views(mobilenet_onnx: Path) -> None:
+    """`--tta ten-crop` on the real model and photos: each image's scores are the mean of the
+    plain model's scores over its ten views, and the labels stay right."""
+    from zoo.deploy.tta import views
+    from zoo.images import open_image
+
+    plain = load_scorer(str(mobilenet_onnx))
+    files = [str(p) for p in sample_image_paths()]
+    got = predict(str(mobilenet_onnx), files, k=3, tta="ten-crop")
+    assert [r["top"][0]["label"] for r in got] == ["Egyptian cat", "espresso"]
+    for r, f in zip(got, files, strict=True):
+        assert plain.pre is not None
+        mean = plain.score(views(open_image(f), plain.pre, "ten-crop")).mean(0)
+        for t in r["top"]:
+            assert abs(t["score"] - mean[t["index"]]) < 1e-6

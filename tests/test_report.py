@@ -90,3 +90,26 @@ def test_report_page_in_a_real_browser(
     page.goto((run / "report.html").as_uri() + "#losses")
     page.screenshot(path=str(tmp_path / "report-losses.png"))
     assert errors == []
+
+
+def test_tta_gain_is_measured_in_the_same_pass(report: tuple[Path, dict], tmp_path: Path) -> None:
+    """`--tta flip`: the metrics are the views' mean, `tta.without` is the plain crop's from
+    the same pass (the plain evaluation's figures, up to batch-size rounding), and the report
+    states the gain. Crops of a model that resizes to its crop size are refused."""
+    run, plain = report
+    page_file = tmp_path / "tta.html"
+    e = run_zoo(
+        "eval", str(run), "--tta", "flip", "--report", "--report-out", str(page_file), "--json"
+    )
+    assert e.returncode == 0, e.stderr
+    got = json.loads(e.stdout)
+    without = got["tta"]["without"]
+    assert got["tta"]["mode"] == "flip" and got["tta"]["views"] == 2
+    assert abs(without["acc"] - plain["acc"]) <= 1 / plain["n"] + 1e-9
+    assert without["loss"] == pytest.approx(plain["loss"], abs=1e-4)
+    assert got["loss"] != pytest.approx(plain["loss"], abs=1e-4)  # the views changed something
+    page = page_file.read_text()
+    gain = got["acc"] - without["acc"]
+    assert f"a gain of <b>{gain:+.4f}</b>" in page and f"accuracy {got['acc']:.4f}" in page
+    e = run_zoo("eval", str(run), "--tta", "five-crop")
+    assert e.returncode == 1 and "resizes to its crop size (32 px, crop_pct 1.0)" in e.stderr

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from zoo.deploy.tta import VIEWS, check_tta, views
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
@@ -65,10 +66,17 @@ def gather_by_index(
 def evaluate_model(
     model: nn.Module, batches: Iterable[Any], device: torch.device, **kw: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return evaluate_with(model, model, batches, device, **kw)
+
+
+def evaluate_with(
+    model: nn.Module, forward: Forward, batches: Iterable[Any], device: torch.device, **kw: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`evaluate_model` through ``forward`` (a wrapper of ``model``)."""
     was_training = model.training
     model.eval()
     try:
-        return gather_by_index(*collect_logits(model, batches, device, **kw))
+        return gather_by_index(*collect_logits(forward, batches, device, **kw))
     finally:
         model.train(was_training)
 
@@ -99,8 +107,23 @@ class Evaluated:
     result: dict[str, Any]
 
 
+def _combine(logits: torch.Tensor, multi_label: bool) -> torch.Tensor:
+    """``(N, V, K)`` per-view logits → ``(N, K)`` logits of the views' mean probability
+    (log-probabilities for softmax; the logit of the mean sigmoid per class)."""
+    if multi_label:
+        return torch.logit(torch.sigmoid(logits).mean(1).clamp(1e-7, 1 - 1e-7))
+    return torch.log(torch.softmax(logits, -1).mean(1).clamp_min(1e-30))
+
+
 def evaluate_split(
-    model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
+    model_arg: str,
+    *,
+    data: str | None,
+    split: str,
+    batch_size: int,
+    device: str,
+    num_workers: int,
+    tta: str = "none",
 ) -> Evaluated:
     """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`)."""
     dev = pick_device(device)
@@ -135,19 +158,42 @@ def evaluate_split(
         ]
     else:
         samples = [(splits.root / rel, index[cls]) for rel, cls in items]
-    ds = ImageFolderDataset(samples, eval_transform(info))
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
-    logits, targets = evaluate_model(model, loader, dev)
-    if info.multi_label:  # thresholds re-tuned on this split, as in training
-        result = summarize_multilabel(logits, targets, names)
-    else:
-        result = summarize(logits, targets, names)
-    result = {"model": model_arg, "data": str(splits.root), "split": split, **result}
+    summary = summarize_multilabel if info.multi_label else summarize  # (multi-label:
+    # thresholds re-tuned on this split, as in training)
+    if check_tta(tta) == "none":
+        ds = ImageFolderDataset(samples, eval_transform(info))
+        logits, targets = evaluate_model(
+            model, DataLoader(ds, batch_size, num_workers=num_workers), dev
+        )
+        extra: dict[str, Any] = {}
+    else:  # every view in one pass; view 0 is the plain eval crop: the gain, measured
+        pre = info.preprocessing()
+        ds = ImageFolderDataset(samples, lambda im: torch.from_numpy(views(im, pre, tta)))
+        n_views = VIEWS[tta]
+
+        def forward(x: torch.Tensor) -> torch.Tensor:  # (N, V, C, H, W) → (N, V, K)
+            return model(x.flatten(0, 1)).unflatten(0, (len(x), n_views))
+
+        per_view, targets = evaluate_with(
+            model, forward, DataLoader(ds, batch_size, num_workers=num_workers), dev
+        )
+        logits = _combine(per_view, info.multi_label)
+        plain = summary(per_view[:, 0], targets, names)
+        extra = {"tta": {"mode": tta, "views": n_views, "without": plain}}
+    result = summary(logits, targets, names)
+    result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
     return Evaluated(model, info, names, samples, logits, targets, result)
 
 
 def run_eval(
-    model_arg: str, *, data: str | None, split: str, batch_size: int, device: str, num_workers: int
+    model_arg: str,
+    *,
+    data: str | None,
+    split: str,
+    batch_size: int,
+    device: str,
+    num_workers: int,
+    tta: str = "none",
 ) -> dict[str, Any]:
     """``zoo eval``: a model's metrics on an image folder, its classes matched by name.
 
@@ -158,6 +204,9 @@ def run_eval(
         batch_size: images per forward pass.
         device: ``auto``, ``cpu``, ``cuda``….
         num_workers: DataLoader workers.
+        tta: test-time augmentation (:mod:`zoo.deploy.tta`): the metrics are those of the
+            views' mean probabilities, and ``tta.without`` holds the plain crop's, from the
+            same pass.
 
     Returns:
         The model, data and split, with :func:`summarize`'s (or, multi-label,
@@ -174,4 +223,5 @@ def run_eval(
         batch_size=batch_size,
         device=device,
         num_workers=num_workers,
+        tta=tta,
     ).result

@@ -228,6 +228,16 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
         else '<p class="muted">Not a run folder: no training curves.</p>'
     )
     bal = f" · balanced accuracy {res['balanced_acc']:.4f}" if "balanced_acc" in res else ""
+    tta = ""
+    if "tta" in res:
+        t, plain = res["tta"], res["tta"]["without"]
+        tta = (
+            f'<p id="tta">Test-time augmentation <b>{_e(t["mode"])}</b> ({t["views"]} views, '
+            f"their probabilities averaged): accuracy {res['acc']:.4f} against "
+            f"{plain['acc']:.4f} for the plain crop in the same pass, a gain of "
+            f"<b>{res['acc'] - plain['acc']:+.4f}</b> (macro-F1 {res['macro_f1']:.4f} against "
+            f"{plain['macro_f1']:.4f}). The figures below are with it.</p>"
+        )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <title>{_e(res["model"])} · zoo report</title><style>{STYLE}</style></head><body>
@@ -235,6 +245,7 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
 <p class="muted">on {_e(res["data"])} [{_e(res["split"])}]: {n} images</p>
 <p id="summary">accuracy {res["acc"]:.4f}{bal} · macro-F1 {res["macro_f1"]:.4f} · loss
 {res["loss"]:.4f} · expected calibration error {ece:.4f}</p>
+{tta}
 <h2>Per class</h2><table class="metrics"><tr><th>class</th><th>precision</th><th>recall</th>
 <th>F1</th><th>support</th></tr>{per_class}</table>
 <h2>Confusion matrix</h2>{_matrix(cm, names)}
