@@ -278,8 +278,9 @@ def predict_cmd(
             "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
         )
     from zoo.deploy.predict import predict
-    from zoo.deploy.predict_inputs import iter_inputs
+    from zoo.deploy.predict_inputs import check_inputs, iter_inputs
 
+    check_inputs(inputs)
     results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
     if as_json:
         print_json(results)

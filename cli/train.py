@@ -275,7 +275,12 @@ def eval_cmd(
     data: Annotated[
         str | None, typer.Option("--data", help="image folder (default: the run's own data)")
     ] = None,
-    split: Annotated[str, typer.Option(help="train | val | test")] = "val",
+    split: Annotated[
+        str,
+        typer.Option(
+            help="train | val | test | all (a folder the model did not train on: all its images)"
+        ),
+    ] = "val",
     batch_size: int = 64,
     device: str = "auto",
     num_workers: int = 0,
@@ -344,9 +349,15 @@ def eval_cmd(
             f"test-time augmentation {t['mode']} ({t['views']} views): {names['acc']} "
             f"{result['acc']:.4f} vs {plain['acc']:.4f} without ({result['acc'] - plain['acc']:+.4f})"
         )
-    for row in result["per_class"]:
+    met = [r for r in result["per_class"] if r["support"] or r.get("predicted", 1)]
+    for row in met:
         pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""
-        out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}")
+        out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}", markup=False)
+    if len(met) < len(result["per_class"]):
+        out.print(
+            f"  ({len(result['per_class']) - len(met)} of the model's classes neither occur "
+            "here nor were predicted: not listed, and not in macro-F1)"
+        )
 
 
 def check_cmd(

@@ -28,7 +28,7 @@ from PIL import Image
 
 from zoo.deploy.choices import ENGINES
 from zoo.deploy.predict import Scorer, load_scorer
-from zoo.deploy.predict_inputs import describe_inputs, iter_inputs
+from zoo.deploy.predict_inputs import check_inputs, describe_inputs, iter_inputs
 from zoo.deploy.predict_rows import Decoded, Result, decode, score_decoded
 from zoo.deploy.predict_store import ChunkStore, columns, digest, format_of
 from zoo.errors import InputError
@@ -158,7 +158,8 @@ def predict_to_file(
         The :class:`BatchSummary`.
 
     Raises:
-        InputError: an unknown output extension or engine, embeddings into CSV, an existing
+        InputError: inputs that do not exist or name no image, an unknown output extension
+            or engine, embeddings into CSV, an existing
             output (without ``overwrite``), an interrupted job with other settings or
             inputs, a bad input spec, an option below 1, or (``strict``) an input that
             cannot be scored.
@@ -178,6 +179,7 @@ def predict_to_file(
             f"Embeddings are a list of floats per row and CSV has no list type: name the output "
             f"{out.with_suffix('.parquet').name} or {out.with_suffix('.jsonl').name}."
         )
+    check_inputs(inputs)  # before the sidecar exists: a typo never leaves a job to resume
     if isinstance(model, Scorer) and (
         engine != "local" or tta != "none" or (embeddings and model.embed is None)
     ):

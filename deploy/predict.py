@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from zoo.deploy.preprocess import scores
-from zoo.deploy.tta import average, check_tta, views
+from zoo.deploy.tta import average, check_tta, check_views, views
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
@@ -117,6 +117,7 @@ def load_scorer(
         return scorer
     pre, base = scorer.pre, scorer.score
     assert pre is not None
+    check_views(pre, tta)  # refused here, not once per image
 
     def score_views(x: np.ndarray) -> np.ndarray:  # (N, V, C, H, W) → (N, K)
         n, v = x.shape[:2]

@@ -130,10 +130,30 @@ def iter_inputs(specs: Sequence[str]) -> Iterator[str]:
         elif _is_glob(spec):
             yield from expand_glob(spec)
         else:
-            raise InputError(
-                f"Input {spec!r} does not exist: give image files, a folder, a glob "
-                "('photos/**/*.jpg', quoted) or a text file listing image paths."
-            )
+            raise _missing(spec)
+
+
+def _missing(spec: str) -> InputError:
+    return InputError(
+        f"Input {spec!r} does not exist: give image files, a folder, a glob "
+        "('photos/**/*.jpg', quoted) or a text file listing image paths."
+    )
+
+
+def check_inputs(specs: Sequence[str]) -> None:
+    """Refuse, before any work, inputs that do not exist or name no image at all.
+
+    Raises:
+        InputError: a path that does not exist and is not a glob, or nothing to score.
+    """
+    for spec in specs:
+        if not (os.path.exists(spec) or _is_glob(spec)):
+            raise _missing(spec)
+    if next(iter_inputs(specs), None) is None:
+        raise InputError(
+            f"The inputs {', '.join(map(repr, specs))} name no image (no file with an image "
+            "extension in the folders, nothing the globs match, an empty list)."
+        )
 
 
 def count_inputs(specs: Sequence[str]) -> int:
@@ -146,4 +166,4 @@ def describe_inputs(specs: Sequence[str]) -> list[str]:
     return [os.path.abspath(s) for s in specs]
 
 
-__all__ = ["count_inputs", "describe_inputs", "expand_glob", "iter_inputs"]
+__all__ = ["check_inputs", "count_inputs", "describe_inputs", "expand_glob", "iter_inputs"]

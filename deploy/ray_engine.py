@@ -178,7 +178,7 @@ def ray_results(
                 assert path == os.path.abspath(original), (path, original)
                 if row is not None:
                     row["path"] = original
-                yield original, row, reason
+                yield original, row, reason and reason.replace(path, original)
     finally:
         if started:
             ray.shutdown()

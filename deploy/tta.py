@@ -29,8 +29,13 @@ def check_tta(mode: str) -> str:
     return mode
 
 
-def views(im: Image.Image, pre: Preprocessing, mode: str) -> np.ndarray:
-    """``(V, C, H, W)`` float32: the views of one image, the plain eval crop first."""
+def check_views(pre: Preprocessing, mode: str) -> str:
+    """``mode`` if it suits a model with preprocessing ``pre``.
+
+    Raises:
+        InputError: an unknown mode, or crops for a model that resizes to its crop size (the
+            crops would all be the same image).
+    """
     check_tta(mode)
     if mode in ("five-crop", "ten-crop") and pre.resize_size <= pre.crop_size:
         raise InputError(
@@ -38,6 +43,12 @@ def views(im: Image.Image, pre: Preprocessing, mode: str) -> np.ndarray:
             f"its crop size ({pre.crop_size} px, crop_pct {pre.crop_pct}): the crops would be "
             "the same image. Use --tta flip."
         )
+    return mode
+
+
+def views(im: Image.Image, pre: Preprocessing, mode: str) -> np.ndarray:
+    """``(V, C, H, W)`` float32: the views of one image, the plain eval crop first."""
+    check_views(pre, mode)
     big = resized(im, pre)
     w, h, size = *big.size, pre.crop_size
     boxes = [center_box(w, h, size)]
@@ -55,4 +66,4 @@ def average(scores: np.ndarray) -> np.ndarray:
     return scores.mean(axis=1)
 
 
-__all__ = ["VIEWS", "average", "check_tta", "views"]
+__all__ = ["VIEWS", "average", "check_tta", "check_views", "views"]

@@ -124,7 +124,8 @@ def test_finetune_options_are_the_train_config_fields_with_its_defaults() -> Non
     internal = {"schedule_segments", "run_dir"}  # written by the run itself, never typed
     fields = set(TrainConfig.__dataclass_fields__) - internal - {"model"}
     assert fields <= set(params), sorted(fields - set(params))
-    assert set(params) - fields == {"arch", "nproc"}  # the model, and how many processes
+    # the model, how many processes, and the report written after the run
+    assert set(params) - fields == {"arch", "nproc", "report"}
     for name, default in option_defaults().items():
         if name not in internal:
             assert params[name].default == default, name

@@ -144,3 +144,22 @@ def test_scorer_top_k_and_multilabel_decisions() -> None:
     assert [(t["label"], t["score"]) for t in s.top(row, 3)] == [("b", 0.8), ("3", 0.8), ("a", 0.6)]
     assert s.decided(row) == ["a", "c", "3"]  # b is under its own threshold, c reaches its own
     assert Scorer(**{**s.__dict__, "thresholds": None}).decided(row) == ["a", "b", "3"]
+
+
+def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:
+    """A typo or an empty glob is refused before the sidecar is written, so the corrected
+    command starts fresh instead of being told an interrupted job has other settings."""
+    from zoo.deploy.batch_predict import predict_to_file
+    from zoo.deploy.predict_inputs import check_inputs
+
+    check_inputs(["a", "c.jpg"])
+    for specs, message in (
+        (["a", "nope"], "Input 'nope' does not exist"),
+        (["*.gif"], "name no image"),
+        (["a/notes.txt", "a/b/*.jpg"], "name no image"),  # an empty list file, no match
+    ):
+        with pytest.raises(InputError, match=message):
+            check_inputs(specs)
+        with pytest.raises(InputError, match=message):
+            predict_to_file("no-model-needed.onnx", specs, tree / "out.parquet")
+        assert not (tree / "out.parquet.parts").exists()

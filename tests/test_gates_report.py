@@ -89,3 +89,18 @@ def test_overlay_and_unnormalize() -> None:
     np.testing.assert_array_equal(unnormalize(x, mean, std), rgb)
     grey = unnormalize(torch.zeros(1, 2, 2), (0.5,), (0.5,))
     assert grey.shape == (2, 2, 3) and (grey == 128).all()
+
+
+def test_macro_f1_counts_the_classes_that_occur() -> None:
+    """scikit-learn's macro average: classes neither in the targets nor predicted are out."""
+    from sklearn.metrics import f1_score
+
+    from zoo.train.metrics import summarize
+
+    target = torch.tensor([0, 0, 1, 1, 2])
+    pred = torch.tensor([0, 1, 1, 1, 3])  # class 3 predicted, never a target; 4..9 absent
+    logits = torch.nn.functional.one_hot(pred, 10).float()
+    got = summarize(logits, target, [f"c{i}" for i in range(10)])
+    want = f1_score(target.numpy(), pred.numpy(), average="macro")
+    assert got["macro_f1"] == pytest.approx(want, abs=1e-4)
+    assert [r["predicted"] for r in got["per_class"]][:4] == [1, 3, 0, 1]

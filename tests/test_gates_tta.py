@@ -83,3 +83,9 @@ def test_predict_with_tta_averages_the_views_probabilities(tmp_path: Path) -> No
     with pytest.raises(InputError, match="drop --tta or --embeddings"):
         load_scorer(str(path), tta="flip", embeddings=True)
     assert scores(np.zeros((1, 3))).sum() == pytest.approx(1.0)
+
+
+def test_crops_are_refused_at_load_for_a_model_that_resizes_to_its_crop(tmp_path: Path) -> None:
+    path = _classifier(tmp_path, "N")  # crop_pct 1.0: the resized image is the crop
+    with pytest.raises(InputError, match="Use --tta flip"):
+        load_scorer(str(path), threads=1, tta="five-crop")

@@ -145,6 +145,12 @@ def test_pixel_limit_is_checked_before_decoding(tmp_path: Path) -> None:
         open_image(_save(_upright(), tmp_path / "s.png"), max_pixels=100)
 
 
+def _png_bytes(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h)).save(buf, "PNG")
+    return buf.getvalue()
+
+
 def test_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         open_image(tmp_path / "missing.jpg")
@@ -152,8 +158,13 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xd8 not really a jpeg")
     with pytest.raises(InputError, match=r"Cannot decode .*bad\.jpg"):
         open_image(bad)
-    with pytest.raises(InputError, match="the uploaded data"):
+    with pytest.raises(InputError, match="the uploaded data") as info:
         open_image(b"GIF89a broken")
+    with pytest.raises(InputError, match="not a format PIL reads") as unknown:
+        open_image(b"plain text, no image")
+    assert "BytesIO" not in str(info.value) + str(unknown.value)  # no object addresses
+    with pytest.raises(PayloadTooLargeError, match=r"^The uploaded image is 4×3 pixels, over"):
+        open_image(_png_bytes(4, 3), max_pixels=10)
 
 
 def test_list_images_natural_order_skips_hidden_and_other_files(tmp_path: Path) -> None:

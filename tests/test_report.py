@@ -110,6 +110,22 @@ def test_tta_gain_is_measured_in_the_same_pass(report: tuple[Path, dict], tmp_pa
     assert got["loss"] != pytest.approx(plain["loss"], abs=1e-4)  # the views changed something
     page = page_file.read_text()
     gain = got["acc"] - without["acc"]
-    assert f"a gain of <b>{gain:+.4f}</b>" in page and f"accuracy {got['acc']:.4f}" in page
+    assert f"a change of <b>{gain:+.4f}</b>" in page and f"accuracy {got['acc']:.4f}" in page
     e = run_zoo("eval", str(run), "--tta", "five-crop")
     assert e.returncode == 1 and "resizes to its crop size (32 px, crop_pct 1.0)" in e.stderr
+
+
+def test_eval_on_a_foreign_folder_uses_all_of_it(
+    report: tuple[Path, dict], four_digits: Path
+) -> None:
+    """A folder the run did not train on (four of its classes): every image is evaluated, and
+    only the classes met are listed and averaged."""
+    e = run_zoo("eval", str(report[0]), "--data", str(four_digits), "--json")
+    assert e.returncode == 0, e.stderr
+    got = json.loads(e.stdout)
+    assert got["split"] == "all" and got["n"] == 120
+    met = [r for r in got["per_class"] if r["support"] or r["predicted"]]
+    assert {r["class"] for r in met if r["support"]} == {f"digit_{d}" for d in (1, 3, 7, 8)}
+    assert got["macro_f1"] == pytest.approx(sum(r["f1"] for r in met) / len(met), abs=1e-6)
+    text = run_zoo("eval", str(report[0]), "--data", str(four_digits)).stdout
+    assert "[all]: 120 images" in text and "digit_1" in text

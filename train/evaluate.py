@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from zoo.deploy.tta import VIEWS, check_tta, views
+from zoo.deploy.tta import VIEWS, check_tta, check_views, views
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
@@ -81,16 +81,17 @@ def evaluate_with(
         model.train(was_training)
 
 
-def _splits_for(model_arg: str, data: str | None) -> Splits:
+def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, bool]:
+    """The folder's splits, and whether they are the run's own (else a scan of ``data``)."""
     ref = ModelRef.parse(model_arg)
     split_file = ref.path / "split.json" if ref.kind == "run" else None
     if split_file is not None and split_file.exists():
         saved = Splits.from_json(json.loads(split_file.read_text()))
         if data is None or Path(data).resolve() == saved.root:
-            return saved
+            return saved, True
     if data is None:
         raise DataError(f"{model_arg} is not a run folder with a split.json: pass --data DIR.")
-    return scan(data)
+    return scan(data), False
 
 
 @dataclass
@@ -129,14 +130,11 @@ def evaluate_split(
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
     info = info_of(model)
-    splits = _splits_for(model_arg, data)
-    if split not in splits.files:
-        if splits.layout == "flat" and data is not None and split == "val":
-            split = "all"  # a foreign flat folder: evaluate every image
-        else:
-            raise DataError(
-                f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)})."
-            )
+    splits, own = _splits_for(model_arg, data)
+    if splits.layout == "flat" and not own and split == "val":
+        split = "all"  # a folder the model never trained on: every image is held out
+    if split not in splits.files and split != "all":
+        raise DataError(f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)}).")
     names = list(info.label_names or [])
     if not names:
         raise DataError(f"{model_arg} has no class names to match the folder's classes against.")
@@ -144,6 +142,8 @@ def evaluate_split(
     items = (
         [it for k, v in splits.files.items() for it in v] if split == "all" else splits.files[split]
     )
+    if not items:
+        raise DataError(f"The {split!r} split of {splits.root} holds no images.")
     unknown = sorted({c for _, cls in items for c in cls.split(MULTI_SEP) if c not in index})
     if unknown:
         raise DataError(
@@ -168,6 +168,7 @@ def evaluate_split(
         extra: dict[str, Any] = {}
     else:  # every view in one pass; view 0 is the plain eval crop: the gain, measured
         pre = info.preprocessing()
+        check_views(pre, tta)
         ds = ImageFolderDataset(samples, lambda im: torch.from_numpy(views(im, pre, tta)))
         n_views = VIEWS[tta]
 
@@ -200,7 +201,8 @@ def run_eval(
     Args:
         model_arg: a model reference (a run folder evaluates its own ``split.json``).
         data: the image folder (default: a run's own data).
-        split: ``val``, ``train`` or ``all`` (a foreign flat folder: every image).
+        split: ``val``, ``train``, ``test`` or ``all``; a flat class folder that is not the
+            run's own is evaluated whole (``val`` means all of it: the model never saw it).
         batch_size: images per forward pass.
         device: ``auto``, ``cpu``, ``cuda``….
         num_workers: DataLoader workers.

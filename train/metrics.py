@@ -29,6 +29,7 @@ def per_class(cm: torch.Tensor, classes: list[str]) -> list[dict[str, Any]]:
             "recall": round(float(recall[i]), 4),
             "f1": round(float(f1[i]), 4),
             "support": int(cm[i].sum()),
+            "predicted": int(cm[:, i].sum()),
         }
         for i, c in enumerate(classes)
     ]
@@ -45,6 +46,14 @@ def balanced_accuracy(cm: torch.Tensor) -> float:
     return float(recall.mean())
 
 
+def macro_f1(rows: list[dict[str, Any]]) -> float:
+    """Mean F1 over the classes that occur, as targets or predictions (scikit-learn's
+    ``f1_score(average="macro")``): a 1000-class model scored on a 5-class folder is judged on
+    the classes it met, not diluted by 995 zeros."""
+    met = [r["f1"] for r in rows if r["support"] or r["predicted"]]
+    return sum(met) / max(1, len(met))
+
+
 def summarize(logits: torch.Tensor, target: torch.Tensor, classes: list[str]) -> dict[str, Any]:
     """All eval metrics for single-label classification from the full set of logits."""
     n = len(classes)
@@ -57,7 +66,7 @@ def summarize(logits: torch.Tensor, target: torch.Tensor, classes: list[str]) ->
         "balanced_acc": balanced_accuracy(cm),
         "top5": topk_correct(logits, target, 5) / total,
         "loss": float(torch.nn.functional.cross_entropy(logits, target)) if len(target) else 0.0,
-        "macro_f1": sum(r["f1"] for r in rows) / max(1, n),
+        "macro_f1": macro_f1(rows),
         "per_class": rows,
         "confusion_matrix": cm.tolist(),
         "n": len(target),

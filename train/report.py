@@ -180,11 +180,18 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
             f"{probs[i, pred[i]]:.2f} · p(true) {probs[i, target[i]]:.2f}"
         )
 
+    met = [i for i, r in enumerate(res["per_class"]) if r["support"] or r["predicted"]]
     per_class = "".join(
         f"<tr><td>{_e(r['class'])}</td><td>{r['precision']:.3f}</td><td>{r['recall']:.3f}</td>"
         f"<td>{r['f1']:.3f}</td><td>{r['support']}</td></tr>"
-        for r in res["per_class"]
+        for r in (res["per_class"][i] for i in met)
     )
+    unmet = len(names) - len(met)
+    if unmet:
+        per_class += (
+            f'<tr><td colspan="5" class="muted">{unmet} of the model\'s classes neither occur '
+            "here nor were predicted: not listed, and not in macro-F1.</td></tr>"
+        )
     pairs = sorted(
         ((int(cm[t, p]), t, p) for t in range(len(names)) for p in range(len(names)) if t != p),
         reverse=True,
@@ -199,7 +206,7 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
         _card(pics, int(i), f"loss {loss[i]:.2f}<br>{caption(int(i))}", int(pred[i])) for i in worst
     )
     samples = []
-    for c in range(min(len(names), MAX_CLASS_SAMPLES)):
+    for c in [i for i in met if res["per_class"][i]["support"]][:MAX_CLASS_SAMPLES]:
         hits = np.flatnonzero((target == c) & (pred == c))
         if len(hits):
             samples.append(_card(pics, int(hits[0]), f"<b>{_e(names[c])}</b>", c))
@@ -234,7 +241,7 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
         tta = (
             f'<p id="tta">Test-time augmentation <b>{_e(t["mode"])}</b> ({t["views"]} views, '
             f"their probabilities averaged): accuracy {res['acc']:.4f} against "
-            f"{plain['acc']:.4f} for the plain crop in the same pass, a gain of "
+            f"{plain['acc']:.4f} for the plain crop in the same pass, a change of "
             f"<b>{res['acc'] - plain['acc']:+.4f}</b> (macro-F1 {res['macro_f1']:.4f} against "
             f"{plain['macro_f1']:.4f}). The figures below are with it.</p>"
         )

@@ -15,7 +15,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import IO, Any
 
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from zoo.errors import InputError, PayloadTooLargeError
 
@@ -67,9 +67,10 @@ def open_image(
         InputError: the file does not exist or cannot be decoded as an image.
     """
     if isinstance(src, bytes):
-        where = "the uploaded data"
+        where, subject = "the uploaded data", "The uploaded image"
     else:
         where = str(src if isinstance(src, str | Path) else getattr(src, "name", "the file"))
+        subject = f"Image {where}"
     try:
         with warnings.catch_warnings():
             # our own limit is checked below; PIL's warning would only duplicate it
@@ -77,7 +78,7 @@ def open_image(
             im = Image.open(BytesIO(src) if isinstance(src, bytes) else src)
         if im.width * im.height > max_pixels:
             raise PayloadTooLargeError(
-                f"Image {where} is {im.width}×{im.height} pixels, over the limit of "
+                f"{subject} is {im.width}×{im.height} pixels, over the limit of "
                 f"{max_pixels:,}: downscale it first."
             )
         im.load()
@@ -86,10 +87,16 @@ def open_image(
         raise
     except Image.DecompressionBombError as exc:
         raise PayloadTooLargeError(
-            f"Image {where} rejected as a decompression bomb: {exc}"
+            f"{subject} declares more pixels than PIL decodes safely (a possible decompression "
+            f"bomb), over the limit of {max_pixels:,}: downscale it first."
         ) from exc
     except FileNotFoundError as exc:
         raise InputError(f"Image file {where} does not exist.") from exc
+    except UnidentifiedImageError as exc:  # its message names a BytesIO object's address
+        raise InputError(
+            f"Cannot decode {where} as an image: not a format PIL reads (JPEG, PNG, WebP, "
+            "BMP, TIFF, GIF, ...)."
+        ) from exc
     except Exception as exc:  # PIL raises many types for undecodable data
         raise InputError(
             f"Cannot decode {where} as an image ({type(exc).__name__}: {exc})."
