@@ -247,29 +247,20 @@ def test_ray_engine_resumes_a_local_job_and_gives_the_same_rows(
     assert not (tmp_path / "p.parquet.parts").exists()
 
 
-@pytest.mark.ray
-def test_the_actor_class_in_a_users_own_ray_pipeline(mobilenet_onnx: Path, photos: Path) -> None:
-    """The README's pipeline: encoded bytes from `read_binary_files`, `ZooPredictor` in
-    `map_batches`, unreadable files flagged in `error`, the rest equal to `predict`."""
-    import ray
-
+def test_the_actor_class_on_a_users_own_batches(mobilenet_onnx: Path, photos: Path) -> None:
+    """`ZooPredictor` as the README's Ray pipeline calls it (a batch of `path` and encoded
+    `bytes`, as `read_binary_files` gives), without a Ray runtime (the real one runs in the
+    test above): unreadable files flagged in `error`, the rest equal to `predict`."""
     from zoo.deploy.ray_engine import ZooPredictor
 
     files = [*good_images(photos), *(str(photos / n) for n in BROKEN)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        ds = ray.data.read_binary_files(files, include_paths=True)
-        ds = ds.map_batches(
-            ZooPredictor,
-            fn_constructor_kwargs={"model": str(mobilenet_onnx), "top_k": 2},
-            batch_size=3,
-            compute=ray.data.ActorPoolStrategy(size=1),  # the other CPU reads the files
-            num_cpus=1,
-        )
-        rows = {r["path"]: r for r in ds.take_all()}
-    finally:
-        ray.shutdown()
-    assert sorted(rows) == sorted(files)
+    batch = {
+        "path": np.array(files),
+        "bytes": np.array([Path(f).read_bytes() for f in files], dtype=object),
+    }
+    out = ZooPredictor(str(mobilenet_onnx), top_k=2, threads=1)(batch)
+    rows = {p: {k: v[i] for k, v in out.items()} for i, p in enumerate(out["path"].tolist())}
+    assert list(rows) == files
     for name in BROKEN:
         bad = rows[str(photos / name)]
         assert "Cannot decode" in bad["error"] and bad["index_1"] == -1 and bad["label_1"] == ""
