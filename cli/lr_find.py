@@ -20,7 +20,8 @@ STEP_OPTIONS = (
     "arch", "data", "weights", "strategy", "freeze_epochs", "batch_size", "backbone_lr_mult",
     "weight_decay", "optimizer", "momentum", "label_smoothing", "class_weights", "multi_label",
     "amp", "channels_last", "val_fraction", "seed", "device", "num_workers", "augment",
-    "cache_features", "image_cache", "strict_data", "image_size",
+    "cache_features", "image_cache", "strict_data", "image_size", "auto_augment",
+    "random_erasing", "mixup", "cutmix", "layer_decay",
 )  # fmt: skip
 
 

@@ -46,6 +46,13 @@ def _lr(value: str | None) -> float | str | None:
     return lr
 
 
+def _unit(value: float | None, *, closed: bool) -> float | None:
+    """A rate in (0, 1) (``closed``: (0, 1]); a usage error otherwise."""
+    if value is not None and not (0 < value < 1 or (closed and value == 1)):
+        raise typer.BadParameter(f"{value} must be in (0, 1{']' if closed else ')'}")
+    return value
+
+
 def train_config(params: dict[str, Any]) -> TrainConfig:
     """The :class:`TrainConfig` of a command's training options (CLI spellings mapped to the
     fields, the data folder and a model folder made absolute)."""
@@ -147,6 +154,37 @@ def finetune_cmd(
         "num_workers"
     ],
     augment: Annotated[bool, typer.Option(help="online augmentation in training")] = D["augment"],
+    auto_augment: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<randaugment|trivialaugment|timm policy>",
+            help="timm's auto-augment on each crop (no colour jitter beside it), e.g. "
+            "randaugment or rand-m7-mstd0.5",
+        ),
+    ] = D["auto_augment"],
+    random_erasing: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="timm's Random Erasing: probability per image")
+    ] = D["random_erasing"],
+    mixup: Annotated[
+        float, typer.Option(min=0.0, help="timm's Mixup α (e.g. 0.2); 0: off")
+    ] = D["mixup"],
+    cutmix: Annotated[
+        float, typer.Option(min=0.0, help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch")
+    ] = D["cutmix"],
+    ema: Annotated[
+        bool,
+        typer.Option(help="timm's model EMA, validated each epoch; shipped when it scores better"),
+    ] = D["ema"],
+    ema_decay: Annotated[
+        float, typer.Option(callback=lambda v: _unit(v, closed=False), help="with --ema")
+    ] = D["ema_decay"],
+    layer_decay: Annotated[
+        float | None,
+        typer.Option(
+            callback=lambda v: _unit(v, closed=True),
+            help="backbone layer-wise LR decay (e.g. 0.75): each layer down, LR × this",
+        ),
+    ] = D["layer_decay"],
     cache_features: Annotated[
         bool, typer.Option(help="linear: train the head on cached backbone features")
     ] = D["cache_features"],

@@ -84,6 +84,9 @@ def test_two_process_run_killed_at_four_writes_then_resumed_equals_the_uninterru
         *("finetune", "crnn", "--data", str(four_digits), "--batch-size", "8", "--epochs", "2"),
         *("--save-every-steps", "4", "--num-workers", "0", "--no-progress", "--name", "k"),
         *("--nproc", "2"),
+        # timm's recipes, each rank seeded apart: Random Erasing, Mixup/CutMix, EMA
+        *("--random-erasing", "0.5", "--mixup", "0.4", "--cutmix", "1.0", "--ema"),
+        *("--ema-decay", "0.9"),
     ]
     trace = tmp_path / "trace"
     ref = run_zoo(*args, "--runs", str(tmp_path / "ref"), env={"ZOO_FAULT_TRACE": str(trace)})

@@ -34,6 +34,8 @@ from torchvision.transforms.v2 import functional as F
 from zoo.preprocessing import Preprocessing
 from zoo.train.data import sample_seed
 from zoo.train.image_cache import ImageCache
+from zoo.train.recipes import apply_policy, policy
+from zoo.train.rng import seeded
 from zoo.transforms import interpolation_mode
 
 SCALE = (0.5, 1.0)  # the PIL path's RandomResizedCrop scale (zoo.transforms.train_transform)
@@ -46,18 +48,24 @@ GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 @dataclass(frozen=True)
 class Augment:
-    """What a sample becomes: ``crop`` px, normalised; ``train``: random crop, flip, jitter
-    (RGB only, as the PIL path)."""
+    """What a sample becomes: ``crop`` px, normalised; ``train``: random crop, flip, then
+    jitter (RGB only, as the PIL path) or, with ``policy``, timm's auto-augment policy instead
+    (``--auto-augment``; no jitter beside it, as timm)."""
 
     crop: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     interpolation: str
     train: bool
+    policy: str | None = None
 
     @classmethod
-    def for_model(cls, pre: Preprocessing, *, train: bool) -> Augment:
-        return cls(pre.crop_size, tuple(pre.mean), tuple(pre.std), pre.interpolation, train)
+    def for_model(
+        cls, pre: Preprocessing, *, train: bool, policy: str | None = None
+    ) -> Augment:
+        return cls(
+            pre.crop_size, tuple(pre.mean), tuple(pre.std), pre.interpolation, train, policy
+        )
 
 
 def draw(aug: Augment, image: torch.Tensor) -> tuple[tuple[int, int, int, int], torch.Tensor]:
@@ -70,7 +78,7 @@ def draw(aug: Augment, image: torch.Tensor) -> tuple[tuple[int, int, int, int], 
     top, left, ch, cw = T.RandomResizedCrop.get_params(image, list(SCALE), list(RATIO))
     flip = float(torch.rand(1) < 0.5)
     factors = (1.0, 1.0, 1.0)
-    if image.shape[0] == 3:
+    if image.shape[0] == 3 and aug.policy is None:
         span = [1 - JITTER, 1 + JITTER]
         _order, b, c, s, _ = T.ColorJitter.get_params(span, span, span, None)
         factors = (float(b), float(c), float(s))
@@ -132,7 +140,10 @@ def augment_u8(
         interpolation=interpolation_mode(aug.interpolation),
         antialias=True,
     )
-    return (x.flip(-1) if row[2] > 0 else x).contiguous()
+    x = (x.flip(-1) if row[2] > 0 else x).contiguous()
+    if aug.policy is not None:
+        x = apply_policy(policy(aug.policy, aug.crop, aug.mean, aug.interpolation), x)
+    return x
 
 
 def finish_batch(
@@ -191,10 +202,9 @@ class CachedImageDataset(Dataset[tuple[Any, Any, int]]):
         i, epoch = key if isinstance(key, tuple) else (key, self.epoch)
         path, label = self.samples[i]
         image = torch.from_numpy(self.cache.get(path)).permute(2, 0, 1)
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, i))
+        with seeded(sample_seed(self.seed, epoch, i)):  # the policy draws from random/NumPy
             box, row = draw(self.aug, image)
-        crop = augment_u8(self.aug, image, box, row)
+            crop = augment_u8(self.aug, image, box, row)
         return (crop, _set_means(row, crop) if self.aug.train else row), label, i
 
 

@@ -31,14 +31,22 @@ from zoo.train.check import CheckReport, check_splits, format_report
 from zoo.train.comm import Single, join
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
+from zoo.train.ema import Ema
 from zoo.train.features import FeatureDataset, extract_features, head_module
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
 from zoo.train.imbalance import class_weights, imbalance_hint, sample_weights
+from zoo.train.recipes import BatchRecipe, batch_recipe, mixes, policy
 from zoo.train.resolve import Resolved
 from zoo.train.rng import seed_everything
 from zoo.train.schedule import build_scheduler
 from zoo.train.state import LoopState
-from zoo.train.strategy import ParamGroups, param_groups, set_backbone_frozen, split_head
+from zoo.train.strategy import (
+    ParamGroups,
+    layer_groups,
+    param_groups,
+    set_backbone_frozen,
+    split_head,
+)
 from zoo.transforms import eval_transform, train_transform
 
 
@@ -82,6 +90,8 @@ class RunParts:
     scaler: torch.amp.GradScaler
     loss_fn: nn.Module
     state: LoopState
+    recipe: BatchRecipe | None = None  # --random-erasing, --mixup/--cutmix on each batch
+    ema: Ema | None = None  # --ema
 
     @property
     def device(self) -> torch.device:
@@ -148,7 +158,8 @@ def build_run(resolved: Resolved) -> RunParts:
         shuffle=True,
         seed=cfg.seed,
         batch_size=bs,
-        drop_last=has_bn and len(train_set) >= bs * comm.world,
+        # BatchNorm: no batch of one; mixing: every batch even (full; the batch size is even)
+        drop_last=(has_bn or mixes(cfg)) and len(train_set) >= bs * comm.world,
         rank=comm.rank,
         world_size=comm.world,
         weights=sample_weights(labels, len(data.classes)) if cfg.sampler == "balanced" else None,
@@ -193,6 +204,10 @@ def build_run(resolved: Resolved) -> RunParts:
         scaler=torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16"),
         loss_fn=_loss(cfg, labels, len(data.classes), comm.device),
         state=state,
+        recipe=batch_recipe(cfg, len(data.classes), comm.device),
+        ema=Ema.build(model, cfg.ema_decay, info.classifier if cfg.cache_features else None)
+        if cfg.ema
+        else None,
     )
 
 
@@ -280,13 +295,18 @@ def _datasets(
             CachedImageDataset(
                 data.samples[split],
                 cache,
-                Augment.for_model(pre, train=train),
+                Augment.for_model(pre, train=train, policy=cfg.auto_augment if train else None),
                 seed=cfg.seed,
             )
             for split, train in (("train", augment), ("val", False))
         )
+    aa = (
+        policy(cfg.auto_augment, pre.crop_size, tuple(pre.mean), pre.interpolation)
+        if cfg.auto_augment
+        else None
+    )
     train_set = data_mod.ImageFolderDataset(
-        data.samples["train"], train_transform(info, augment=augment), seed=cfg.seed
+        data.samples["train"], train_transform(info, augment=augment, policy=aa), seed=cfg.seed
     )
     val_set = data_mod.ImageFolderDataset(data.samples["val"], eval_transform(info), seed=cfg.seed)
     return train_set, val_set
@@ -366,7 +386,9 @@ def _loss(cfg: TrainConfig, labels: list[int], n_classes: int, device: torch.dev
     weight = None
     if cfg.class_weights == "auto":
         weight = torch.tensor(class_weights(labels, n_classes), dtype=torch.float32, device=device)
-    return nn.CrossEntropyLoss(weight=weight, label_smoothing=cfg.label_smoothing)
+    # Mixed targets arrive soft, smoothed by timm's Mixup: the loss must not smooth them again.
+    smoothing = 0.0 if mixes(cfg) else cfg.label_smoothing
+    return nn.CrossEntropyLoss(weight=weight, label_smoothing=smoothing)
 
 
 def _optimizer(
@@ -387,7 +409,13 @@ def _optimizer(
         ]
     else:
         params = param_groups(
-            groups, cfg.strategy or "full", lr, cfg.backbone_lr_mult, cfg.weight_decay
+            groups,
+            cfg.strategy or "full",
+            lr,
+            cfg.backbone_lr_mult,
+            cfg.weight_decay,
+            layers=layer_groups(model, groups) if cfg.layer_decay is not None else None,
+            layer_decay=cfg.layer_decay or 1.0,
         )
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr)

@@ -73,6 +73,14 @@ class TrainConfig:
     device: str = "auto"
     num_workers: int | None = None
     augment: bool = True
+    # timm's recipes (recipes.py): a policy on each crop, erasing and mixing on each batch
+    auto_augment: str | None = None  # randaugment | trivialaugment | a timm policy string
+    random_erasing: float = 0.0  # probability per image
+    mixup: float = 0.0  # Beta(α, α) of Mixup; 0: off
+    cutmix: float = 0.0  # Beta(α, α) of CutMix; 0: off (both on: one or the other per batch)
+    ema: bool = False  # timm's ModelEmaV3, validated beside the model; shipped when better
+    ema_decay: float = 0.9998
+    layer_decay: float | None = None  # backbone layer i of L: LR × backbone_lr_mult × d^(L-1-i)
     cache_features: bool = False
     image_cache: ImageCacheMode = "auto"
     patience: int | None = None

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset, Sampler
 
 from zoo.errors import DataError
 from zoo.images import IMAGE_EXTENSIONS, list_images, natural_key, open_image
+from zoo.train.rng import seeded
 
 MULTI_SEP = ";"
 LABELS_CSV = "labels.csv"
@@ -249,10 +250,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, Any, int]]):
         i, epoch = key if isinstance(key, tuple) else (key, self.epoch)
         path, label = self.samples[i]
         im = open_image(path)
-        with torch.random.fork_rng(devices=[]):
-            # The CPU generator only: torch.manual_seed also queues a CUDA seed, which costs a
-            # captured stack trace per image (ms each) and outlives fork_rng on a GPU.
-            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, i))
+        with seeded(sample_seed(self.seed, epoch, i)):  # torch's, Python's and NumPy's draws
             x = self.transform(im)
         return x, label, i
 

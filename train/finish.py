@@ -17,6 +17,7 @@ from zoo.artifact import WEIGHTS_FILE, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.metadata import WeightSource
 from zoo.train.plots import plot_confusion, plot_curves
+from zoo.train.recipes import policy_string
 from zoo.weights import sha256_file
 
 if TYPE_CHECKING:
@@ -102,14 +103,30 @@ def model_config(r: RunResult) -> dict[str, Any]:
             "batch_size": r.cfg.batch_size,
             "seed": r.cfg.seed,
             "world_size": parts.comm.world,
+            "recipes": recipes_used(r.cfg),
         },
     }
+
+
+def recipes_used(cfg: TrainConfig) -> dict[str, Any]:
+    """The timm recipes a run used (off ones left out): what the model card and config say."""
+    used = {
+        "auto_augment": policy_string(cfg.auto_augment) if cfg.auto_augment else None,
+        "random_erasing": cfg.random_erasing or None,
+        "mixup": cfg.mixup or None,
+        "cutmix": cfg.cutmix or None,
+        "label_smoothing": cfg.label_smoothing or None,
+        "ema_decay": cfg.ema_decay if cfg.ema else None,
+        "layer_decay": cfg.layer_decay,
+    }
+    return {k: v for k, v in used.items() if v is not None}
 
 
 def finish_run(r: RunResult) -> None:
     """Rank 0 only: write what the run produced (``r.val``: the shipped weights' metrics)."""
     state, val, data = r.state, r.val, r.data
     last_val = state.history[-1] if state.history else {}
+    best_row = state.history[-1 - state.epochs_since_best] if state.history else {}
     config = model_config(r)
     info = replace(
         r.parts.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
@@ -141,6 +158,8 @@ def finish_run(r: RunResult) -> None:
             "val/loss": val["loss"],
             "val/macro_f1": val["macro_f1"],
             "monitor": r.cfg.monitor,
+            # --ema: whether the shipped weights are the average ("ema") or the model's
+            "weights": best_row.get("shipped", "model"),
         },
         "per_class": val["per_class"],
         "confusion_matrix": val.get("confusion_matrix"),

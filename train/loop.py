@@ -17,6 +17,7 @@ from zoo.train.checkpoint import load_checkpoint
 from zoo.train.console import say
 from zoo.train.evaluate import collect_logits, gather_by_index
 from zoo.train.metrics import summarize, summarize_multilabel
+from zoo.train.recipes import batch_seed
 from zoo.train.resume import own_epoch_stats
 from zoo.train.rng import get_rng_state, set_rng_state
 from zoo.train.run_dir import RunDir
@@ -78,12 +79,17 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float]
         x, y = move_to((x, y), parts.device, non_blocking=True)
         if cfg.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
+        if parts.recipe is not None:  # erasing, mixing: seeded by the step, so a resume replays
+            x, y = parts.recipe(x, y, batch_seed(cfg.seed, s.global_step, comm.rank))
         parts.optimizer.zero_grad(set_to_none=True)
         logits = forward(parts, parts.train_forward, x)
         loss = parts.loss_fn(logits.float(), y)
         parts.scaler.scale(loss).backward()
         # One host sync per step, after backward is queued: loss, correct count, finiteness.
-        hits = ((logits > 0) == (y > 0.5)).all(1) if cfg.multi_label else logits.argmax(1) == y
+        if cfg.multi_label:
+            hits = ((logits > 0) == (y > 0.5)).all(1)
+        else:  # mixed targets: against each image's larger share
+            hits = logits.argmax(1) == (y.argmax(1) if y.ndim == 2 else y)
         loss_v, correct = torch.stack([loss.detach(), hits.sum().float()]).tolist()
         if not comm.all_finite(loss_v):  # skip the step: NaN/inf never reaches the weights
             if _nonfinite(parts, run, idx):
@@ -99,6 +105,8 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float]
                 run.log_grad_norms(parts.model, s.global_step)
             parts.scaler.step(parts.optimizer)
             parts.scaler.update()
+            if parts.ema is not None:
+                parts.ema.update(parts.model, s.global_step + 1)
             s.epoch_stats["loss"] += loss_v * len(y)  # a float: no graph kept alive
             s.epoch_stats["correct"] += int(correct)
             s.epoch_stats["n"] += len(y)
@@ -133,9 +141,10 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float]
     }
 
 
-def validate(parts: RunParts) -> dict[str, Any]:
-    """Metrics of the current weights on the validation split (every rank's shard, gathered)."""
-    module = parts.trained
+def validate(parts: RunParts, module: nn.Module | None = None) -> dict[str, Any]:
+    """Metrics of the current weights (``module``: other weights of what trains, e.g. the
+    EMA's) on the validation split (every rank's shard, gathered)."""
+    module = module if module is not None else parts.trained
     parts.comm.broadcast_buffers(module)  # every shard judged with rank 0's (saved) BN stats
     was = module.training
     module.eval()
@@ -208,6 +217,7 @@ def snapshot(parts: RunParts, epoch_stats: list[dict[str, Any]]) -> dict[str, An
         "rollbacks": s.rollbacks,
         "epoch_stats": epoch_stats,
         "history": s.history,
+        **({"ema": parts.ema.state_dict()} if parts.ema is not None else {}),
         "rng": get_rng_state(),
         "world_size": parts.comm.world,
         "global_batch": parts.cfg.batch_size * parts.comm.world,
@@ -221,6 +231,8 @@ def restore(parts: RunParts, saved: dict[str, Any], where: str) -> None:
     parts.optimizer.load_state_dict(saved["optimizer"])
     parts.scheduler.load_state_dict(saved["scheduler"])
     parts.scaler.load_state_dict(saved["scaler"])
+    if parts.ema is not None:
+        parts.ema.load_state_dict(saved["ema"])
     s, comm, batch = parts.state, parts.comm, parts.cfg.batch_size
     s.epoch, s.global_step, s.step_in_epoch = (
         saved["epoch"],

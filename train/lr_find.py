@@ -25,6 +25,7 @@ import torch
 from zoo.device import move_to
 from zoo.errors import TrainingError
 from zoo.train.build import RunParts, build_run, loader
+from zoo.train.recipes import batch_seed
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.loop import forward
@@ -107,6 +108,8 @@ def _sweep(parts: RunParts, lrs: list[float], sweep: int) -> list[float]:
                 g["lr"] = lr * s
             opt.zero_grad(set_to_none=True)
             x, y = move_to((x, y), parts.device, non_blocking=True)
+            if parts.recipe is not None:  # erased and mixed batches, as the run trains on
+                x, y = parts.recipe(x, y, batch_seed(cfg.seed + 7919 * sweep, len(raw), 0))
             loss = parts.loss_fn(forward(parts, model, x).float(), y)
             value = float(loss.detach())
             if not math.isfinite(value):  # diverged for good: the curve ends before it

@@ -11,6 +11,7 @@ from zoo.device import pick_device
 from zoo.errors import InputError
 from zoo.factory import resolve, weight_source
 from zoo.train.config import TrainConfig
+from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
 from zoo.train.run_dir import RunDir
 
@@ -39,7 +40,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     Raises:
         InputError: an impossible combination (a frozen backbone with random weights, a
             feature cache without ``--strategy linear``, ``--amp`` without CUDA, imbalance
-            options or balanced accuracy with ``--multi-label``).
+            options or balanced accuracy with ``--multi-label``, a recipe it cannot
+            honour: :func:`zoo.train.recipes.check_recipes`).
         CheckpointError: ``--resume`` of something that is not a run, a changed option, or
             a run that already finished.
         UnknownModelError / ModelRefError: the model reference does not resolve.
@@ -73,6 +75,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             "--monitor val/balanced_acc is for single-label runs; use val/macro_f1 with "
             "--multi-label."
         )
+    check_recipes(cfg, pretrained=pretrained, strategy=strategy)
     if cfg.amp and pick_device(cfg.device).type != "cuda":
         raise InputError(f"--amp {cfg.amp} needs CUDA; this run is on the CPU. Drop --amp.")
     resolved = replace(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -48,3 +50,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device | None = None) -> Iterator[None]:
+    """Run the block with Python's, NumPy's and torch's generators (the CPU one, and
+    ``device``'s when it is a GPU) seeded with ``seed``; each is restored afterwards, so the
+    block's draws depend on ``seed`` alone and change nothing outside it."""
+    py, np_state = random.getstate(), np.random.get_state()
+    gpu = [device] if device is not None and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpu):
+        # The CPU generator directly: torch.manual_seed also queues a CUDA seed, which costs a
+        # captured stack trace per call (ms each, per image in a loader worker).
+        torch.default_generator.manual_seed(seed)
+        if gpu:
+            torch.cuda.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(np_state)

@@ -46,14 +46,72 @@ def split_head(model: nn.Module, head: str | None) -> ParamGroups:
     return ParamGroups(head_params, backbone[:half], backbone[half:], modules)
 
 
+def layer_groups(model: nn.Module, groups: ParamGroups) -> list[list[nn.Parameter]]:
+    """The backbone's parameters by depth, input first, for ``--layer-decay``.
+
+    timm models by their own ``group_matcher`` (the layers timm's layer decay uses; a name it
+    does not match goes to its last group, so every parameter is placed); other
+    models by their top-level modules: each child of a top-level ``Sequential``/``ModuleList``
+    is a layer (ResNet's blocks, MobileNetV2's ``features.N``), and consecutive other
+    top-level modules are one (ResNet's ``conv1`` + ``bn1`` stem). Written here because
+    timm's ``param_groups_layer_decay`` needs a ``group_matcher`` torchvision models lack.
+    """
+    backbone = {id(p) for p in groups.backbone_early + groups.backbone_late}
+    params = dict(model.named_parameters())
+    if hasattr(model, "group_matcher"):
+        from timm.models import group_parameters
+
+        names = group_parameters(model, model.group_matcher(coarse=False)).values()
+    else:
+        layer_of: dict[str, int] = {}
+        layer, merging = -1, False
+        for name, child in model.named_children():
+            if isinstance(child, nn.Sequential | nn.ModuleList):
+                for sub, _ in child.named_children():
+                    layer += 1
+                    layer_of[f"{name}.{sub}"] = layer
+                merging = False
+            else:
+                layer += 0 if merging else 1
+                layer_of[name], merging = layer, True
+        by_layer: dict[int, list[str]] = {}
+        for n in params:
+            parts = n.split(".")
+            key = ".".join(parts[:2]) if ".".join(parts[:2]) in layer_of else parts[0]
+            by_layer.setdefault(layer_of.get(key, 0), []).append(n)
+        names = [by_layer[k] for k in sorted(by_layer)]
+    layers = [[params[n] for n in group if id(params[n]) in backbone] for group in names]
+    return [layer for layer in layers if layer]
+
+
 def param_groups(
-    groups: ParamGroups, strategy: str, lr: float, backbone_mult: float, weight_decay: float
+    groups: ParamGroups,
+    strategy: str,
+    lr: float,
+    backbone_mult: float,
+    weight_decay: float,
+    *,
+    layers: list[list[nn.Parameter]] | None = None,
+    layer_decay: float = 1.0,
 ) -> list[dict[str, object]]:
+    """The optimizer's parameter groups. ``layers`` (:func:`layer_groups`): the backbone one
+    group per layer, layer ``i`` of ``L`` at ``lr × backbone_mult × layer_decay^(L-1-i)``
+    (the early/late split of ``gradual`` is then these groups)."""
+
     def g(params: list[nn.Parameter], scale: float, name: str) -> dict[str, object]:
         return {"params": params, "lr": lr * scale, "name": name, "weight_decay": weight_decay}
 
     if strategy == "linear":
         return [g(groups.head, 1.0, "head")]
+    if layers is not None:
+        depth = len(layers)
+        return [
+            *(
+                g(p, backbone_mult * layer_decay ** (depth - 1 - i), f"backbone_layer{i}")
+                for i, p in enumerate(layers)
+            ),
+            g(groups.head, 1.0, "head"),
+        ]
     if strategy == "full":
         return [
             g(groups.backbone_early + groups.backbone_late, backbone_mult, "backbone"),

@@ -26,6 +26,7 @@ from zoo.train.build import RunParts, build_run
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
+from zoo.train.ema import better, shipped_weights
 from zoo.train.finish import RunResult, finish_run
 from zoo.train.loop import commit, restore, train_epoch, validate
 from zoo.train.preflight import preflight
@@ -117,7 +118,12 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                 "nonfinite_skipped": state.nonfinite_skipped,
             }
             monitor = cfg.monitor or "val/acc"
-            metric = -val["loss"] if monitor == "val/loss" else val[monitor.split("/")[1]]
+            metric = monitored(val, monitor)
+            if parts.ema is not None:  # the average, judged on the same images
+                ema = validate(parts, parts.ema.trained)
+                row.update({f"ema/val/{k}": ema.get(k) for k in ("loss", "acc", "macro_f1")})
+                row["shipped"] = better(metric, monitored(ema, monitor))
+                metric = max(metric, monitored(ema, monitor))
             improved = state.end_epoch(row, metric, cfg.patience)
             if comm.is_main:
                 run.log_epoch_scalars(row)
@@ -126,7 +132,9 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                 f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
                 f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
                 f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
-                + (" (best)" if improved else "")
+                + (f" | EMA val acc {row['ema/val/acc']:.3f}" if parts.ema is not None else "")
+                + (" (best" + (", EMA weights)" if row.get("shipped") == "ema" else ")")
+                   if improved else "")
             )
             if row["data_wait"] > 0.3 and state.epoch == 1 and not cfg.cache_features:
                 say(
@@ -139,14 +147,19 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
     total_s = time.perf_counter() - t_start
 
     comm.barrier()  # rank 0 has written best.pt
-    if run.best_path.exists():
-        parts.model.load_state_dict(load_checkpoint(run.best_path)["model"])
+    if run.best_path.exists():  # the best epoch's weights: the model's or its EMA's
+        parts.model.load_state_dict(shipped_weights(load_checkpoint(run.best_path)))
     val = validate(parts)  # per-class metrics of the weights we ship (a collective under DDP)
     if comm.is_main:
         finish_run(RunResult(parts, run, val, total_s, estimate))
         run.close()
     comm.barrier()
     return run.path
+
+
+def monitored(val: dict[str, Any], monitor: str) -> float:
+    """The value ``--monitor`` names in a validation result, higher is better."""
+    return -val["loss"] if monitor == "val/loss" else float(val[monitor.split("/")[1]])
 
 
 __all__ = ["fit"]

@@ -7,6 +7,8 @@ The eval transform is the reference the numpy implementation for exported models
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PIL import Image
 from torchvision import transforms as T
 
@@ -56,13 +58,19 @@ def eval_transform(source: Preprocessing | ModelInfo) -> T.Compose:
     )
 
 
-def train_transform(source: Preprocessing | ModelInfo, *, augment: bool = True) -> T.Compose:
+def train_transform(
+    source: Preprocessing | ModelInfo,
+    *,
+    augment: bool = True,
+    policy: Callable[[Image.Image], Image.Image] | None = None,
+) -> T.Compose:
     """The training transform: random resized crop, flip and (RGB) colour jitter, or the eval
     transform when ``augment`` is false.
 
     Args:
         source: the preprocessing, or a model's metadata (meaning its ``preprocessing()``).
         augment: online augmentation on or off.
+        policy: a PIL auto-augment policy applied after the flip, instead of the jitter.
     """
     pre = _pre(source)
     if not augment:
@@ -74,6 +82,8 @@ def train_transform(source: Preprocessing | ModelInfo, *, augment: bool = True) 
         ),
         T.RandomHorizontalFlip(),
     ]
-    if pre.channels == 3:
+    if policy is not None:
+        steps.append(policy)
+    elif pre.channels == 3:
         steps.append(T.ColorJitter(0.2, 0.2, 0.2))
     return T.Compose([*steps, T.ToTensor(), T.Normalize(pre.mean, pre.std)])
