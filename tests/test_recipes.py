@@ -31,7 +31,7 @@ from zoo.train.strategy import layer_groups, param_groups, split_head
 
 RECIPES = [
     *("--auto-augment", "randaugment", "--random-erasing", "0.25", "--mixup", "0.2"),
-    *("--cutmix", "1.0", "--ema", "--ema-decay", "0.9", "--layer-decay", "0.75"),
+    *("--cutmix", "1.0", "--ema", "--ema-decay", "0.8", "--layer-decay", "0.75"),
 ]
 
 
@@ -42,7 +42,8 @@ def test_every_recipe_fine_tunes_the_real_mobilenet_and_is_recorded(
     data = tmp_path / "photos"
     assert run_zoo("example", "photos", str(data), "--per-class", "6").returncode == 0
     r = run_zoo(
-        *("finetune", "mobilenet_v2", "--data", str(data), "--epochs", "2", "-b", "8"),
+        *("finetune", "mobilenet_v2", "--data", str(data), "--epochs", "1", "-b", "8"),
+        *("--strategy", "full", "--lr", "0.01"),  # the EMA scores better: 4 of 7 vs 3 of 7
         *("--image-cache", "off", "--num-workers", "0", "--no-progress", "--name", "r"),
         *("--runs", str(tmp_path / "runs"), *RECIPES),
         env={"ZOO_FINETUNE_REPORT": "0"},
@@ -58,7 +59,7 @@ def test_every_recipe_fine_tunes_the_real_mobilenet_and_is_recorded(
         "random_erasing": 0.25,
         "mixup": 0.2,
         "cutmix": 1.0,
-        "ema_decay": 0.9,
+        "ema_decay": 0.8,
         "layer_decay": 0.75,
     }
     last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
@@ -66,18 +67,18 @@ def test_every_recipe_fine_tunes_the_real_mobilenet_and_is_recorded(
     groups = last["optimizer"]["param_groups"]
     assert [g["name"] for g in groups] == [f"backbone_layer{i}" for i in range(19)] + ["head"]
     lrs = [g["initial_lr"] for g in groups]
-    assert lrs[-1] == pytest.approx(1e-3) and lrs[-2] == pytest.approx(1e-4)
+    assert lrs[-1] == pytest.approx(1e-2) and lrs[-2] == pytest.approx(1e-3)
     assert all(a / b == pytest.approx(0.75) for a, b in zip(lrs[:-2], lrs[1:-1], strict=True))
     # the EMA is validated every epoch, and the shipped weights are the better of the two
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         assert row["shipped"] == better(row["val/acc"], row["ema/val/acc"])
     report = json.loads((run / "report.json").read_text())
+    assert report["best"]["weights"] == rows[0]["shipped"] == "ema"
+    assert report["best"]["val/acc"] == rows[0]["ema/val/acc"] > rows[0]["val/acc"]
     best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
-    assert report["best"]["weights"] == best["history"][-1]["shipped"]
     shipped = read_safetensors(run / "model" / "model.safetensors")
-    expected = shipped_weights(best)
-    assert all(torch.equal(shipped[k], expected[k]) for k in shipped)
+    assert all(torch.equal(shipped[k], best["ema"][k]) for k in shipped)  # the average ships
     assert not torch.equal(best["ema"]["classifier.1.weight"], best["model"]["classifier.1.weight"])
 
 
@@ -206,3 +207,13 @@ def test_out_of_range_rates_are_usage_errors(tmp_path: Path) -> None:
     r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--ema-decay", "1", cwd=tmp_path)
     assert r.returncode == 2 and "--ema-decay" in r.stderr and "(0, 1)" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_mixed_targets_are_not_smoothed_twice() -> None:
+    """timm's Mixup smooths the targets it mixes; the loss then must not smooth them again."""
+    from zoo.train.build import _loss
+
+    cpu = torch.device("cpu")
+    mixing = _loss(_cfg(mixup=0.2, label_smoothing=0.1), [0, 1], 2, cpu)
+    plain = _loss(_cfg(label_smoothing=0.1), [0, 1], 2, cpu)
+    assert (mixing.label_smoothing, plain.label_smoothing) == (0.0, 0.1)  # type: ignore[union-attr]
