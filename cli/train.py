@@ -53,6 +53,19 @@ def _unit(value: float | None, *, closed: bool) -> float | None:
     return value
 
 
+def _policy(value: str | None) -> str | None:
+    """``--auto-augment``: a shorthand or a policy timm knows (a usage error otherwise)."""
+    if value is not None:
+        from zoo.errors import InputError
+        from zoo.train.recipes import policy
+
+        try:
+            policy(value, 32, (0.5, 0.5, 0.5), "bilinear")
+        except InputError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 def train_config(params: dict[str, Any]) -> TrainConfig:
     """The :class:`TrainConfig` of a command's training options (CLI spellings mapped to the
     fields, the data folder and a model folder made absolute)."""
@@ -158,6 +171,7 @@ def finetune_cmd(
         str | None,
         typer.Option(
             metavar="<randaugment|trivialaugment|timm policy>",
+            callback=lambda v: _policy(v),
             help="timm's auto-augment on each crop (no colour jitter beside it), e.g. "
             "randaugment or rand-m7-mstd0.5",
         ),
@@ -165,9 +179,9 @@ def finetune_cmd(
     random_erasing: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="timm's Random Erasing: probability per image")
     ] = D["random_erasing"],
-    mixup: Annotated[
-        float, typer.Option(min=0.0, help="timm's Mixup α (e.g. 0.2); 0: off")
-    ] = D["mixup"],
+    mixup: Annotated[float, typer.Option(min=0.0, help="timm's Mixup α (e.g. 0.2); 0: off")] = D[
+        "mixup"
+    ],
     cutmix: Annotated[
         float, typer.Option(min=0.0, help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch")
     ] = D["cutmix"],

@@ -76,7 +76,8 @@ def test_two_process_run_killed_at_four_writes_then_resumed_equals_the_uninterru
     resuming), after epoch 2's last.pt records its new best and before best.pt (the issue's
     window), and inside the model folder's swap (rank 1 waiting at the final barrier). The
     2-process resume must equal an uninterrupted 2-process run bitwise (crnn: BatchNorm
-    statistics and dropout RNG on both ranks; per-rank running loss sums). A chained subset of
+    statistics and dropout RNG on both ranks; per-rank running loss sums; timm's recipes
+    drawing per image and per step, and the EMA). A chained subset of
     the boundaries, because each torchrun launch costs seconds of start-up:
     test_crash_consistency walks every boundary in one process, and DDP adds no write of its
     own (only rank 0 writes)."""
@@ -84,9 +85,10 @@ def test_two_process_run_killed_at_four_writes_then_resumed_equals_the_uninterru
         *("finetune", "crnn", "--data", str(four_digits), "--batch-size", "8", "--epochs", "2"),
         *("--save-every-steps", "4", "--num-workers", "0", "--no-progress", "--name", "k"),
         *("--nproc", "2"),
-        # timm's recipes, each rank seeded apart: Random Erasing, Mixup/CutMix, EMA
-        *("--random-erasing", "0.5", "--mixup", "0.4", "--cutmix", "1.0", "--ema"),
-        *("--ema-decay", "0.9"),
+        # timm's recipes, each rank seeded apart: TrivialAugment, Random Erasing, Mixup/CutMix,
+        # EMA (a policy draws from Python's and NumPy's generators, the batch ops per step)
+        *("--auto-augment", "trivialaugment", "--random-erasing", "0.5", "--mixup", "0.4"),
+        *("--cutmix", "1.0", "--ema", "--ema-decay", "0.9"),
     ]
     trace = tmp_path / "trace"
     ref = run_zoo(*args, "--runs", str(tmp_path / "ref"), env={"ZOO_FAULT_TRACE": str(trace)})

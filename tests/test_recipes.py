@@ -5,6 +5,7 @@ ImageNet MobileNetV2, and the pieces on plain tensors. Their bitwise resume unde
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -68,7 +69,8 @@ def test_every_recipe_fine_tunes_the_real_mobilenet_and_is_recorded(
     assert [g["name"] for g in groups] == [f"backbone_layer{i}" for i in range(19)] + ["head"]
     lrs = [g["initial_lr"] for g in groups]
     assert lrs[-1] == pytest.approx(1e-2) and lrs[-2] == pytest.approx(1e-3)
-    assert all(a / b == pytest.approx(0.75) for a, b in zip(lrs[:-2], lrs[1:-1], strict=True))
+    backbone = lrs[:-1]
+    assert all(a / b == pytest.approx(0.75) for a, b in itertools.pairwise(backbone))
     # the EMA is validated every epoch, and the shipped weights are the better of the two
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -183,7 +185,9 @@ def test_layers_of_a_torchvision_and_a_timm_model_input_first() -> None:
     assert blocks == [{f"layer{i}.{j}"} for i in range(1, 5) for j in range(2)]
     tm = timm.create_model("resnet18", pretrained=False, num_classes=3)
     assert [len(x) for x in layer_groups(tm, split_head(tm, "fc"))] == [len(x) for x in layers]
-    groups = param_groups(split_head(tv, "fc"), "gradual", 1.0, 0.1, 0.0, layers=layers, layer_decay=0.5)
+    groups = param_groups(
+        split_head(tv, "fc"), "gradual", 1.0, 0.1, 0.0, layers=layers, layer_decay=0.5
+    )
     assert [g["lr"] for g in groups] == [0.1 * 0.5**k for k in range(8, -1, -1)] + [1.0]
     covered = sum(len(g["params"]) for g in groups)  # type: ignore[arg-type]
     assert covered == len(list(tv.parameters()))
@@ -207,6 +211,10 @@ def test_out_of_range_rates_are_usage_errors(tmp_path: Path) -> None:
     r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--ema-decay", "1", cwd=tmp_path)
     assert r.returncode == 2 and "--ema-decay" in r.stderr and "(0, 1)" in r.stderr
     assert not list(tmp_path.iterdir())
+    r = run_zoo(
+        "finetune", "mlp", "--data", str(tmp_path), "--auto-augment", "rand-q7", cwd=tmp_path
+    )
+    assert r.returncode == 2 and "not a timm policy" in r.stderr
 
 
 def test_mixed_targets_are_not_smoothed_twice() -> None:

@@ -60,12 +60,8 @@ class Augment:
     policy: str | None = None
 
     @classmethod
-    def for_model(
-        cls, pre: Preprocessing, *, train: bool, policy: str | None = None
-    ) -> Augment:
-        return cls(
-            pre.crop_size, tuple(pre.mean), tuple(pre.std), pre.interpolation, train, policy
-        )
+    def for_model(cls, pre: Preprocessing, *, train: bool, policy: str | None = None) -> Augment:
+        return cls(pre.crop_size, tuple(pre.mean), tuple(pre.std), pre.interpolation, train, policy)
 
 
 def draw(aug: Augment, image: torch.Tensor) -> tuple[tuple[int, int, int, int], torch.Tensor]:

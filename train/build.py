@@ -258,6 +258,11 @@ def _augmented_where(dataset: Any, device: torch.device) -> str:
     if not isinstance(dataset, CachedImageDataset):
         return "PIL images decoded and augmented in the workers"
     where = "on the GPU" if device.type == "cuda" else "in this process"
+    if dataset.aug.policy:
+        return (
+            f"cached uint8 images cropped and auto-augmented ({dataset.aug.policy}) in the "
+            f"workers; normalised {where} in batches"
+        )
     return f"cached uint8 images cropped in the workers; jittered and normalised {where} in batches"
 
 

@@ -55,5 +55,5 @@ def shipped_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     so, the model's otherwise."""
     history = checkpoint.get("history") or [{}]
     if history[-1].get("shipped") == "ema":
-        return checkpoint["ema"]  # type: ignore[no-any-return]
-    return checkpoint["model"]  # type: ignore[no-any-return]
+        return checkpoint["ema"]
+    return checkpoint["model"]

@@ -25,10 +25,10 @@ import torch
 from zoo.device import move_to
 from zoo.errors import TrainingError
 from zoo.train.build import RunParts, build_run, loader
-from zoo.train.recipes import batch_seed
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.loop import forward
+from zoo.train.recipes import batch_seed
 from zoo.train.resolve import resolve_config
 from zoo.train.strategy import set_phase, train_mode
 

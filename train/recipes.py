@@ -52,7 +52,7 @@ def policy(
         _, secondary, _ = transforms_imagenet_train(
             crop,
             hflip=0.0,
-            color_jitter=None,
+            color_jitter=None,  # type: ignore[arg-type]  # timm checks for None itself
             auto_augment=policy_string(name),
             interpolation=interpolation,
             mean=mean,
@@ -67,7 +67,7 @@ def policy(
     for op in _ops(secondary):
         if getattr(op, "name", "").startswith("Posterize") and op.level_fn is not None:
             op.level_fn = AtLeastOneBit(op.level_fn)
-    return secondary  # type: ignore[no-any-return]
+    return secondary
 
 
 def _ops(transform: Any) -> list[Any]:
@@ -93,7 +93,9 @@ class AtLeastOneBit:
         return (max(1, bits),)
 
 
-def apply_policy(transform: Callable[[Image.Image], Image.Image], crop: torch.Tensor) -> torch.Tensor:
+def apply_policy(
+    transform: Callable[[Image.Image], Image.Image], crop: torch.Tensor
+) -> torch.Tensor:
     """A uint8 ``(C, H, W)`` crop through a PIL policy, back to a uint8 ``(C, H, W)`` tensor."""
     hwc = crop.permute(1, 2, 0).numpy()
     out = transform(Image.fromarray(hwc[..., 0] if hwc.shape[-1] == 1 else hwc))

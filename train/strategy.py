@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -61,7 +62,8 @@ def layer_groups(model: nn.Module, groups: ParamGroups) -> list[list[nn.Paramete
     if hasattr(model, "group_matcher"):
         from timm.models import group_parameters
 
-        names = group_parameters(model, model.group_matcher(coarse=False)).values()
+        matcher: Any = model.group_matcher  # timm's models' own layer grouping
+        names = group_parameters(model, matcher(coarse=False)).values()
     else:
         layer_of: dict[str, int] = {}
         layer, merging = -1, False

@@ -133,8 +133,11 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                 f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
                 f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
                 + (f" | EMA val acc {row['ema/val/acc']:.3f}" if parts.ema is not None else "")
-                + (" (best" + (", EMA weights)" if row.get("shipped") == "ema" else ")")
-                   if improved else "")
+                + (
+                    " (best" + (", EMA weights)" if row.get("shipped") == "ema" else ")")
+                    if improved
+                    else ""
+                )
             )
             if row["data_wait"] > 0.3 and state.epoch == 1 and not cfg.cache_features:
                 say(
