@@ -96,6 +96,14 @@ def export_cmd(
             "--slim", help="onnx: simplify the graph with onnxslim; the checks judge the result"
         ),
     ] = False,
+    embed_preprocessing: Annotated[
+        bool,
+        typer.Option(
+            "--embed-preprocessing",
+            help="onnx/triton: the graph takes uint8 NHWC pixels of any size and resizes, "
+            "crops and normalises them itself; parity judged from pixels to logits",
+        ),
+    ] = False,
     weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -115,6 +123,20 @@ def export_cmd(
             raise typer.BadParameter(
                 f"{flag} applies to --format onnx, not {fmt!r}", param_hint=flag
             )
+    if embed_preprocessing:
+        if fmt not in ("onnx", "triton"):
+            raise typer.BadParameter(
+                f"--embed-preprocessing applies to --format onnx or triton, not {fmt!r}",
+                param_hint="--embed-preprocessing",
+            )
+        fixed = ((static_batch is not None, "--static-batch"), (dynamic_size, "--dynamic-size"))
+        for given, flag in fixed:
+            if given:
+                raise typer.BadParameter(
+                    f"--embed-preprocessing takes images of any size in a dynamic batch: "
+                    f"drop {flag}",
+                    param_hint=flag,
+                )
     ref = ModelRef.parse(model)
     path = output or _default_output(ref, fmt)
     if fmt == "onnx":
@@ -130,6 +152,7 @@ def export_cmd(
             weights=weights,
             slim=slim,
             precision=precision,
+            embed_preprocessing=embed_preprocessing,
         )
     elif fmt == "triton":
         from zoo.deploy.triton import export_triton
@@ -141,6 +164,7 @@ def export_cmd(
             opset=opset or DEFAULT_OPSET,
             data=data,
             weights=weights,
+            embed_preprocessing=embed_preprocessing,
         )
     else:
         result = export_torch(ref, path, fmt=fmt, jit=jit, weights=weights)

@@ -27,7 +27,13 @@ from zoo.deploy.choices import (
     Precision,
 )
 from zoo.deploy.lint import lint_graph
-from zoo.deploy.parity import TOLERANCES, ParityReport, check_parity, real_images
+from zoo.deploy.parity import (
+    TOLERANCES,
+    ParityReport,
+    check_embedded_parity,
+    check_parity,
+    real_images,
+)
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
@@ -54,6 +60,7 @@ class ExportResult:
     size_mb: float = 0.0
     slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
     precision: str = "fp32"  # onnx: the graph's weights and compute (inputs/outputs fp32)
+    embedded_preprocessing: bool = False  # onnx: uint8 NHWC pixels in (graph_preprocess.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -149,7 +156,8 @@ def _onnx_once(
 
 
 def _ort_runner(sess: Any) -> Any:
-    return lambda a: sess.run(None, {"input": a})[0]
+    name = sess.get_inputs()[0].name  # "input", or "pixels" with --embed-preprocessing
+    return lambda a: sess.run(None, {name: a})[0]
 
 
 def export_onnx(
@@ -167,6 +175,7 @@ def export_onnx(
     weights: str | None = None,
     slim: bool = False,
     precision: Precision = "fp32",
+    embed_preprocessing: bool = False,
 ) -> ExportResult:
     """Export to ONNX, check, lint, prove parity with PyTorch, embed zoo's metadata, and write
     ``out`` atomically (nothing is written when any step fails).
@@ -183,6 +192,10 @@ def export_onnx(
         slim: simplify the graph with onnxslim first; the checks judge the slimmed graph.
         precision: ``fp32`` or ``fp16`` (weights and compute; inputs and outputs stay fp32),
             judged by that precision's parity tolerances (:data:`zoo.deploy.parity.FP16`).
+        embed_preprocessing: the graph takes decoded ``uint8 (N, H, W, C)`` pixels of any
+            size and resizes, crops and normalises them itself
+            (:mod:`zoo.deploy.graph_preprocess`); judged end to end from pixels to logits
+            (:func:`zoo.deploy.parity.check_embedded_parity`).
         opset, exporter, data, allow_mismatch, model, weights: see ``zoo export --help``.
 
     Returns:
@@ -213,6 +226,11 @@ def export_onnx(
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
     ChoiceError.check("precision", precision, PRECISIONS)
+    if embed_preprocessing and (static_batch is not None or dynamic_size):
+        raise InputError(
+            "--embed-preprocessing takes images of any size in a dynamic batch: drop "
+            + ("--static-batch." if static_batch is not None else "--dynamic-size.")
+        )
     ref = ModelRef.parse(name)
     name = ref.shown
     src_model, info, weights_sha = load_for_export(ref, weights)
@@ -228,6 +246,7 @@ def export_onnx(
         static_batch=static_batch,
         dynamic_size=dynamic_size,
         precision=precision,
+        embedded_preprocessing=embed_preprocessing,
     )
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
     x = _dummy(info, export_batch)
@@ -252,6 +271,10 @@ def export_onnx(
                 from zoo.deploy.fp16 import to_fp16_file
 
                 done["fp16"] = to_fp16_file(tmp)
+            if embed_preprocessing:
+                from zoo.deploy.graph_preprocess import embed_file
+
+                done["input"] = embed_file(tmp, info.preprocessing())
             return done
 
         chosen: tuple[str, list[str], ParityReport] | None = None
@@ -264,16 +287,19 @@ def export_onnx(
                 graph = onnx.load(str(tmp))
                 lint = lint_graph(graph, dynamic_batch=dynamic_batch, export_batch=export_batch)
                 sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-                parity = check_parity(
-                    model,
-                    info,
-                    _ort_runner(sess),
-                    export_batch=export_batch,
-                    dynamic_batch=dynamic_batch,
-                    dynamic_size=dynamic_size,
-                    images=images,
-                    tolerances=TOLERANCES[precision],
-                )
+                if embed_preprocessing:  # pixels in: judged with the preprocessing
+                    parity = check_embedded_parity(model, info, _ort_runner(sess), images)
+                else:
+                    parity = check_parity(
+                        model,
+                        info,
+                        _ort_runner(sess),
+                        export_batch=export_batch,
+                        dynamic_batch=dynamic_batch,
+                        dynamic_size=dynamic_size,
+                        images=images,
+                        tolerances=TOLERANCES[precision],
+                    )
             except Exception as exc:  # exporter/check failures: record, maybe fall back
                 attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
                 continue
@@ -332,6 +358,12 @@ def export_metadata(
         "exporter": result.exporter,
         "slim": result.slim,
         "precision": result.precision,
+        # a graph that resizes, crops and normalises itself takes uint8 (N, H, W, C) pixels
+        "input": (
+            {"dtype": "uint8", "layout": "NHWC", "preprocessing": "in-graph"}
+            if result.embedded_preprocessing
+            else {"dtype": "float32", "layout": "NCHW", "preprocessing": "client"}
+        ),
         "dynamic_batch": result.dynamic_batch,
         "static_batch": result.static_batch,
         "dynamic_size": result.dynamic_size,

@@ -42,6 +42,9 @@ class Scorer:
         embed: like ``score`` but also returns each sample's penultimate features, ``(N, D)``
             float32 (None unless loaded with ``embeddings=True``).
         pre: the model's eval preprocessing.
+        pixels_in: the graph preprocesses itself (``zoo export --embed-preprocessing``):
+            ``prepare`` gives ``(H, W, C)`` uint8 pixels of any size, and :meth:`batch` a list
+            that ``score`` takes.
     """
 
     prepare: Callable[[Image.Image], np.ndarray]
@@ -53,6 +56,12 @@ class Scorer:
     identity: dict[str, Any] = field(default_factory=dict)
     embed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
     pre: Preprocessing | None = None
+    pixels_in: bool = False
+
+    def batch(self, samples: list[np.ndarray]) -> Any:
+        """What ``score`` takes for these prepared samples: one stacked array, or the list
+        itself for a graph that preprocesses images of any size itself."""
+        return list(samples) if self.pixels_in else np.stack(samples)
 
     def label(self, i: int) -> str:
         return self.labels[i] if i < len(self.labels) else str(i)
@@ -113,6 +122,15 @@ def load_scorer(
             "views: drop --tta or --embeddings."
         )
     scorer = _load(ModelRef.parse(model), device, embeddings, threads)
+    if scorer.pixels_in and (tta != "none" or embeddings):
+        raise InputError(
+            f"{model} preprocesses images inside its graph (exported with "
+            "--embed-preprocessing), so zoo cannot "
+            + ("crop test-time views for it: drop --tta" if tta != "none" else "")
+            + (" or " if tta != "none" and embeddings else "")
+            + ("read its embeddings yet: drop --embeddings" if embeddings else "")
+            + ", or use the export made without --embed-preprocessing."
+        )
     if tta == "none":
         return scorer
     pre, base = scorer.pre, scorer.score
@@ -133,7 +151,6 @@ def load_scorer(
 
 def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> Scorer:
     if ref.kind == "onnx":
-        from zoo.deploy.preprocess import preprocess
         from zoo.deploy.runtime import OnnxClassifier
 
         clf = OnnxClassifier(str(ref.path), device=device, threads=threads, embeddings=embeddings)
@@ -145,8 +162,8 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> 
             return scores(logits, clf.multi_label), feats
 
         return Scorer(
-            prepare=lambda im: preprocess(im, clf.pre),
-            score=lambda x: scores(clf.run(x), clf.multi_label),
+            prepare=clf.prepare,  # pixels for a graph that preprocesses itself
+            score=lambda x: scores(clf.run_each(x) if clf.embedded else clf.run(x), clf.multi_label),
             labels=tuple(clf.classes),
             num_classes=width if isinstance(width, int) else len(clf.classes),
             multi_label=clf.multi_label,
@@ -154,6 +171,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> 
             identity=_identity(ref, device),
             embed=onnx_embed if embeddings else None,
             pre=clf.pre,
+            pixels_in=clf.embedded,
         )
     import torch
 
@@ -221,7 +239,7 @@ def predict(
     scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device, tta=tta)
     if not images:
         return []
-    x = np.stack([scorer.prepare(open_image(p)) for p in images])
+    x = scorer.batch([scorer.prepare(open_image(p)) for p in images])
     probs = scorer.score(x)
     return [
         {"image": img, "top": scorer.top(row, k)} for img, row in zip(images, probs, strict=True)

@@ -50,7 +50,7 @@ def score_decoded(
     results: list[Result] = [(p, None, reason) for p, _, reason in batch]
     if not ok:
         return results
-    x = np.stack([batch[i][1] for i in ok])  # type: ignore[misc]  # ok: arrays only
+    x = scorer.batch([batch[i][1] for i in ok])  # type: ignore[misc]  # ok: arrays only
     if embeddings:
         assert scorer.embed is not None, "load the scorer with embeddings=True"
         probs, feats = scorer.embed(x)

@@ -128,6 +128,24 @@ class OnnxClassifier:
         self.output_name = self.session.get_outputs()[0].name
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.multi_label = bool(self.meta.get("multi_label", False))
+        # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
+        self.embedded = self.input.type == "tensor(uint8)"
+
+    def prepare(self, image: Any) -> np.ndarray:
+        """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
+        or the ``(H, W, C)`` uint8 pixels a graph with embedded preprocessing resizes itself."""
+        if self.embedded:
+            from zoo.deploy.graph_preprocess import pixels
+
+            return pixels(image, self.pre.channels)
+        return preprocess(image, self.pre)
+
+    def run_each(self, samples: list[np.ndarray]) -> np.ndarray:
+        """Logits of samples that may differ in size (pixels for an embedded graph): one
+        batch when they share a shape, one call each otherwise."""
+        if len({x.shape for x in samples}) == 1:
+            return self.run(np.stack(samples))
+        return np.concatenate([self.run(x[None]) for x in samples])
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run([self.output_name], {self.input.name: batch})[0]
@@ -157,18 +175,14 @@ class OnnxClassifier:
         )
         return out[:, :width], flat(out[:, width:])
 
-    def preprocess_images(self, images: list[Any]) -> np.ndarray:
-        return np.stack(
-            [
-                preprocess(
-                    im if not isinstance(im, str | Path | bytes) else open_image(im), self.pre
-                )
-                for im in images
-            ]
-        )
+    def preprocess_images(self, images: list[Any]) -> list[np.ndarray]:
+        return [
+            self.prepare(im if not isinstance(im, str | Path | bytes) else open_image(im))
+            for im in images
+        ]
 
     def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
-        probs = scores(self.run(self.preprocess_images(images)), self.multi_label)
+        probs = scores(self.run_each(self.preprocess_images(images)), self.multi_label)
         out = []
         for row in probs:
             top = np.argsort(-row)[:k]

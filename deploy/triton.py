@@ -37,12 +37,18 @@ def build_config(
     max_batch: int,
     instances: int = 1,
     kind: str = "KIND_CPU",
+    pixels: bool = False,
 ) -> str:
+    """``config.pbtxt`` text; ``pixels``: the graph preprocesses itself and takes
+    ``pixels``, uint8 ``[height, width, C]`` of any size (``input_dims`` ``[-1, -1, C]``)."""
     from google.protobuf import text_format
 
     pb = _schema()
     cfg = pb.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=max_batch)
-    cfg.input.add(name="input", data_type=pb.TYPE_FP32, dims=input_dims)
+    if pixels:
+        cfg.input.add(name="pixels", data_type=pb.TYPE_UINT8, dims=input_dims)
+    else:
+        cfg.input.add(name="input", data_type=pb.TYPE_FP32, dims=input_dims)
     cfg.output.add(
         name="logits", data_type=pb.TYPE_FP32, dims=[num_classes], label_filename="labels.txt"
     )
@@ -71,25 +77,36 @@ def export_triton(
     data: str | None = None,
     name: str | None = None,
     weights: str | None = None,
+    embed_preprocessing: bool = False,
 ) -> ExportResult:
+    """A Triton repository of the model's ONNX export (``embed_preprocessing``: clients send
+    uint8 pixels of any size; :mod:`zoo.deploy.graph_preprocess`)."""
     from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
 
     repo.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo) as tmp:
         onnx_path = Path(tmp) / "model.onnx"
         result = export_onnx(
-            model, onnx_path, dynamic_batch=True, opset=opset, data=data, weights=weights
+            model,
+            onnx_path,
+            dynamic_batch=True,
+            opset=opset,
+            data=data,
+            weights=weights,
+            embed_preprocessing=embed_preprocessing,
         )
         meta = read_metadata(onnx_path)
         name = name or f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
         stage = Path(tmp) / name
         (stage / "1").mkdir(parents=True)
         shutil.move(str(onnx_path), stage / "1" / "model.onnx")
+        pre = read_preprocessing(meta, onnx_path)
         text = build_config(
             name,
-            input_dims=list(read_preprocessing(meta, onnx_path).input_size),
+            input_dims=[-1, -1, pre.channels] if embed_preprocessing else list(pre.input_size),
             num_classes=meta["num_classes"],
             max_batch=max_batch,
+            pixels=embed_preprocessing,
         )
         validate_config(text)
         (stage / "config.pbtxt").write_text(text)

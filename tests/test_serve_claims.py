@@ -144,7 +144,7 @@ def test_multi_label_model_serves_independent_sigmoid_scores(
     clf = OnnxClassifier(multilabel_onnx)
     assert clf.multi_label and len(clf.classes) == 14
     image = next((small_digits / "digit_4").iterdir())
-    logits = clf.run(clf.preprocess_images([image]))[0]
+    logits = clf.run_each(clf.preprocess_images([image]))[0]
     with server(multilabel_onnx) as (url, _):
         name = default_name(multilabel_onnx)
         meta = httpx.get(f"{url}/v2/models/{name}").json()

@@ -92,7 +92,7 @@ def test_static_batch_outputs_equal_the_dynamic_graph_for_1_2_and_15_images(
 ) -> None:
     dynamic, fixed = OnnxClassifier(mobilenet_onnx), OnnxClassifier(static4)
     assert (dynamic.static_batch, fixed.static_batch) == (None, 4)
-    x = dynamic.preprocess_images(fifteen_images)
+    x = np.stack(dynamic.preprocess_images(fifteen_images))
     for n in (1, 2, 15):
         np.testing.assert_allclose(fixed.run(x[:n]), dynamic.run(x[:n]), rtol=1e-4, atol=1e-4)
     for n in (1, 15):  # and the CLI: no onnxruntime traceback, the dynamic graph's answers

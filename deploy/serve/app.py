@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from zoo.deploy.preprocess import preprocess, scores
+from zoo.deploy.preprocess import scores
 from zoo.deploy.runtime import OnnxClassifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
@@ -73,12 +73,18 @@ class ModelServer:
                 self.cfg.model_path, device=self.cfg.device, threads=self.cfg.threads, spin=False
             )
             shape = clf.input.shape
-            sample = [
-                d if isinstance(d, int) else clf.pre.input_size[i - 1] for i, d in enumerate(shape)
-            ][1:]
-            self.sample_shape = tuple(sample)
+            if clf.embedded:  # pixels of any size: warmed up at the crop size
+                crop = clf.pre.crop_size
+                self.sample_shape = (crop, crop, clf.pre.channels)
+            else:
+                sample = [
+                    d if isinstance(d, int) else clf.pre.input_size[i - 1]
+                    for i, d in enumerate(shape)
+                ][1:]
+                self.sample_shape = tuple(sample)
+            dtype = np.uint8 if clf.embedded else np.float32
             for b in sorted({1, self.cfg.max_batch}):
-                clf.run(np.zeros((b, *self.sample_shape), np.float32))
+                clf.run(np.zeros((b, *self.sample_shape), dtype))
             self.clf = clf
             self.ready = True
             log.info(
@@ -171,6 +177,8 @@ class ModelServer:
             raise InputError(
                 f"unknown input {name!r}; the model's input is {self.clf.input.name!r}"
             )
+        if self.clf.embedded:
+            return self._validate_pixels(name, x)
         if x.dtype != np.float32:
             raise InputError(f"input {name!r} must be FP32, got {x.dtype}")
         if x.ndim != 1 + len(self.sample_shape) or x.shape[1:] != self.sample_shape:
@@ -182,6 +190,26 @@ class ModelServer:
             raise InputError(f"batch of {len(x)} is outside 1..{self.cfg.max_batch} (--max-batch)")
         if not np.isfinite(x).all():
             raise InputError(f"input {name!r} contains NaN or infinite values")
+        return x
+
+    def _validate_pixels(self, name: str, x: np.ndarray) -> np.ndarray:
+        """A graph that preprocesses itself takes decoded pixels: uint8 ``[batch, height,
+        width, channels]``, any size within ``--max-image-pixels``."""
+        assert self.clf is not None
+        c = self.clf.pre.channels
+        if x.dtype != np.uint8:
+            raise InputError(f"input {name!r} must be UINT8 pixels, got {x.dtype}")
+        if x.ndim != 4 or x.shape[-1] != c or 0 in x.shape:
+            raise InputError(
+                f"input {name!r} has shape {list(x.shape)}; expected [batch, height, width, {c}]"
+            )
+        if x.shape[1] * x.shape[2] > self.cfg.max_image_pixels:
+            raise InputError(
+                f"input {name!r}: {x.shape[2]}x{x.shape[1]} pixels is over the limit of "
+                f"{self.cfg.max_image_pixels} (--max-image-pixels)"
+            )
+        if not 1 <= len(x) <= self.cfg.max_batch:
+            raise InputError(f"batch of {len(x)} is outside 1..{self.cfg.max_batch} (--max-batch)")
         return x
 
     async def _infer_array(self, x: np.ndarray) -> np.ndarray:
@@ -238,7 +266,11 @@ class ModelServer:
             name=self.cfg.name,
             versions=["1"],
             platform="onnxruntime_onnx",
-            inputs=[TensorMetadata(self.clf.input.name, "FP32", [-1, *self.sample_shape])],
+            inputs=[
+                TensorMetadata(self.clf.input.name, "UINT8", [-1, -1, -1, self.clf.pre.channels])
+                if self.clf.embedded
+                else TensorMetadata(self.clf.input.name, "FP32", [-1, *self.sample_shape])
+            ],
             outputs=[
                 TensorMetadata(self.clf.output_name, "FP32", [-1, len(self.clf.classes) or -1])
             ],
@@ -322,10 +354,11 @@ class ModelServer:
         return await self._guard(request, "predict", go)
 
     def _image_tensor(self, data: bytes) -> np.ndarray:
-        """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop)."""
+        """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop); for a
+        graph that preprocesses itself, its (1, H, W, C) pixels."""
         assert self.clf is not None
         image = open_image(data, max_pixels=self.cfg.max_image_pixels)
-        return preprocess(image, self.clf.pre)[None]
+        return self.clf.prepare(image)[None]
 
     async def _upload(self, request: Request) -> bytes:
         """The bytes of the multipart field ``file``, within the body limit."""
