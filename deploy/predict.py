@@ -163,7 +163,9 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> 
 
         return Scorer(
             prepare=clf.prepare,  # pixels for a graph that preprocesses itself
-            score=lambda x: scores(clf.run_each(x) if clf.embedded else clf.run(x), clf.multi_label),
+            score=lambda x: scores(
+                clf.run_each(list(x)) if clf.embedded else clf.run(x), clf.multi_label
+            ),
             labels=tuple(clf.classes),
             num_classes=width if isinstance(width, int) else len(clf.classes),
             multi_label=clf.multi_label,

@@ -75,7 +75,7 @@ class ModelServer:
             shape = clf.input.shape
             if clf.embedded:  # pixels of any size: warmed up at the crop size
                 crop = clf.pre.crop_size
-                self.sample_shape = (crop, crop, clf.pre.channels)
+                self.sample_shape: tuple[int, ...] = (crop, crop, clf.pre.channels)
             else:
                 sample = [
                     d if isinstance(d, int) else clf.pre.input_size[i - 1]
