@@ -104,6 +104,10 @@ def export_cmd(
             "crops and normalises them itself; parity judged from pixels to logits",
         ),
     ] = False,
+    fp16_io: Annotated[
+        bool,
+        typer.Option("--fp16-io", help="onnx, --precision fp16: float16 inputs and outputs too"),
+    ] = False,
     weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -123,6 +127,11 @@ def export_cmd(
             raise typer.BadParameter(
                 f"{flag} applies to --format onnx, not {fmt!r}", param_hint=flag
             )
+    if fp16_io and (fmt != "onnx" or precision != "fp16" or embed_preprocessing):
+        raise typer.BadParameter(
+            "--fp16-io needs --format onnx and --precision fp16, without --embed-preprocessing",
+            param_hint="--fp16-io",
+        )
     if embed_preprocessing:
         if fmt not in ("onnx", "triton"):
             raise typer.BadParameter(
@@ -153,6 +162,7 @@ def export_cmd(
             slim=slim,
             precision=precision,
             embed_preprocessing=embed_preprocessing,
+            fp16_io=fp16_io,
         )
     elif fmt == "triton":
         from zoo.deploy.triton import export_triton

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -61,6 +62,7 @@ class ExportResult:
     slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
     precision: str = "fp32"  # onnx: the graph's weights and compute (inputs/outputs fp32)
     embedded_preprocessing: bool = False  # onnx: uint8 NHWC pixels in (graph_preprocess.py)
+    fp16_io: bool = False  # onnx, fp16: float16 inputs and outputs too
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -156,8 +158,13 @@ def _onnx_once(
 
 
 def _ort_runner(sess: Any) -> Any:
-    name = sess.get_inputs()[0].name  # "input", or "pixels" with --embed-preprocessing
-    return lambda a: sess.run(None, {name: a})[0]
+    """The graph as the gate calls it: float32 (or uint8 pixels) in, float32 logits out, cast
+    at the boundary of an ``--fp16-io`` graph."""
+    inp = sess.get_inputs()[0]  # "input", or "pixels" with --embed-preprocessing
+    half = inp.type == "tensor(float16)"
+    return lambda a: sess.run(None, {inp.name: a.astype(np.float16) if half else a})[0].astype(
+        np.float32
+    )
 
 
 def export_onnx(
@@ -176,6 +183,7 @@ def export_onnx(
     slim: bool = False,
     precision: Precision = "fp32",
     embed_preprocessing: bool = False,
+    fp16_io: bool = False,
 ) -> ExportResult:
     """Export to ONNX, check, lint, prove parity with PyTorch, embed zoo's metadata, and write
     ``out`` atomically (nothing is written when any step fails).
@@ -196,6 +204,8 @@ def export_onnx(
             size and resizes, crops and normalises them itself
             (:mod:`zoo.deploy.graph_preprocess`); judged end to end from pixels to logits
             (:func:`zoo.deploy.parity.check_embedded_parity`).
+        fp16_io: with ``precision="fp16"``, float16 inputs and outputs too (the gate and
+            :class:`zoo.deploy.runtime.OnnxClassifier` cast at the boundary).
         opset, exporter, data, allow_mismatch, model, weights: see ``zoo export --help``.
 
     Returns:
@@ -226,6 +236,16 @@ def export_onnx(
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
     ChoiceError.check("precision", precision, PRECISIONS)
+    if fp16_io and (precision != "fp16" or embed_preprocessing):
+        raise InputError(
+            "--fp16-io makes an fp16 graph's inputs and outputs float16: it needs --precision "
+            "fp16"
+            + (
+                " and takes float arrays, not --embed-preprocessing's uint8 pixels."
+                if embed_preprocessing
+                else "."
+            )
+        )
     if embed_preprocessing and (static_batch is not None or dynamic_size):
         raise InputError(
             "--embed-preprocessing takes images of any size in a dynamic batch: drop "
@@ -247,6 +267,7 @@ def export_onnx(
         dynamic_size=dynamic_size,
         precision=precision,
         embedded_preprocessing=embed_preprocessing,
+        fp16_io=fp16_io,
     )
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
     x = _dummy(info, export_batch)
@@ -270,7 +291,7 @@ def export_onnx(
             if precision == "fp16":
                 from zoo.deploy.fp16 import to_fp16_file
 
-                done["fp16"] = to_fp16_file(tmp)
+                done["fp16"] = to_fp16_file(tmp, fp16_io=fp16_io)
             if embed_preprocessing:
                 from zoo.deploy.graph_preprocess import embed_file
 
@@ -362,7 +383,11 @@ def export_metadata(
         "input": (
             {"dtype": "uint8", "layout": "NHWC", "preprocessing": "in-graph"}
             if result.embedded_preprocessing
-            else {"dtype": "float32", "layout": "NCHW", "preprocessing": "client"}
+            else {
+                "dtype": "float16" if result.fp16_io else "float32",
+                "layout": "NCHW",
+                "preprocessing": "client",
+            }
         ),
         "dynamic_batch": result.dynamic_batch,
         "static_batch": result.static_batch,

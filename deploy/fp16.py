@@ -1,6 +1,7 @@
 """``zoo export --precision fp16``: weights and compute in float16, inputs and outputs kept
-float32 (clients and the parity gate feed the same arrays as for fp32), by onnxruntime's own
-converter; the export's gate then judges the converted graph with the fp16 tolerances."""
+float32 (clients and the parity gate feed the same arrays as for fp32) unless ``--fp16-io``
+asks for float16 there too (half the bytes over the wire), by onnxruntime's own converter;
+the export's gate then judges the converted graph with the fp16 tolerances."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 from zoo.errors import ExportError
 
 
-def to_fp16_file(path: Path) -> dict[str, Any]:
-    """Convert the ONNX file at ``path`` to fp16 in place (float32 inputs/outputs kept).
+def to_fp16_file(path: Path, *, fp16_io: bool = False) -> dict[str, Any]:
+    """Convert the ONNX file at ``path`` to fp16 in place (float32 inputs/outputs kept unless
+    ``fp16_io``).
 
     Returns:
         ``bytes_before``, ``bytes_after`` and the converter's warnings (e.g. weights clipped
@@ -28,7 +30,7 @@ def to_fp16_file(path: Path) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            converted = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+            converted = convert_float_to_float16(onnx.load(str(path)), keep_io_types=not fp16_io)
         except Exception as exc:  # the converter's errors vary by op; keep the cause
             raise ExportError(f"fp16 conversion failed: {exc}") from exc
     # the converter appends the input Casts after the nodes that read them; onnx_ir (shipped

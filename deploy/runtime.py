@@ -130,6 +130,8 @@ class OnnxClassifier:
         self.multi_label = bool(self.meta.get("multi_label", False))
         # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
         self.embedded = self.input.type == "tensor(uint8)"
+        # zoo export --fp16-io: float16 at the graph's boundary, cast here both ways
+        self.half_io = self.input.type == "tensor(float16)"
 
     def prepare(self, image: Any) -> np.ndarray:
         """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
@@ -148,12 +150,15 @@ class OnnxClassifier:
         return np.concatenate([self.run(x[None]) for x in samples])
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
+        if self.half_io:
+            x = batch.astype(np.float16)
+            return self.session.run([self.output_name], {self.input.name: x})[0].astype(np.float32)
         return self.session.run([self.output_name], {self.input.name: batch})[0]
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
         if self.static_batch is None:
-            return self.session.run([self.output_name], {self.input.name: batch})[0]
+            return self._run_once(batch)
         return run_padded(self._run_once, batch, self.static_batch)
 
     def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

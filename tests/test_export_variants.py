@@ -100,3 +100,29 @@ def test_int8_quantization_refuses_an_fp16_export(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a fp16 export; int8 quantization starts from fp32"):
         quantize(half, tmp_path / "q.onnx", mode="dynamic")
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_fp16_io_takes_and_gives_float16_behind_the_same_gate(tmp_path: Path) -> None:
+    """``--fp16-io``: float16 at the graph's boundary too; the gate and zoo's runtime cast
+    there, so callers still pass float32 and get float32 back, within fp16's bounds."""
+    from zoo.factory import create_model
+
+    net = create_model("simple_cnn").eval()  # one set of (random) weights for both
+    full, half = tmp_path / "fp32.onnx", tmp_path / "io16.onnx"
+    export_onnx("simple_cnn", full, exporter="legacy", model=net)
+    rep = export_onnx(
+        "simple_cnn", half, precision="fp16", fp16_io=True, exporter="legacy", model=net
+    )
+    assert rep.parity["passed"] and rep.fp16_io
+    graph = onnx.load(str(half)).graph
+    f16 = onnx.TensorProto.FLOAT16
+    assert graph.input[0].type.tensor_type.elem_type == f16
+    assert graph.output[0].type.tensor_type.elem_type == f16
+    a, b = OnnxClassifier(str(full)), OnnxClassifier(str(half))
+    assert b.half_io and b.meta["input"]["dtype"] == "float16"
+    x = np.stack([preprocess(open_image(p), a.pre) for p in sample_image_paths()])
+    y = b.run(x)
+    assert y.dtype == np.float32
+    assert parity.compare(a.run(x), y, **_bounds(parity.FP16)).passed
+    r = run_zoo("export", "simple_cnn", "--fp16-io", cwd=tmp_path)
+    assert r.returncode == 2 and "--precision fp16" in r.stderr
