@@ -28,6 +28,7 @@ from zoo.deploy.choices import (
     JitMode,
     Precision,
     PredictEngine,
+    QuantEngine,
     QuantMode,
     Tta,
 )
@@ -405,8 +406,17 @@ def quantize_cmd(
         str | None, typer.Option(help="static: folder of real calibration images")
     ] = None,
     method: Annotated[
-        CalibMethod, choice(CalibMethod, "--method", help="static: activation ranges")
+        CalibMethod, choice(CalibMethod, "--method", help="static, --engine ort: activation ranges")
     ] = "minmax",
+    engine: Annotated[
+        QuantEngine,
+        choice(
+            QuantEngine,
+            "--engine",
+            help="static: onnxruntime's quantizer, or NNCF's (pip install 'zoo[nncf]'; keeps more "
+            "answers on depthwise nets)",
+        ),
+    ] = "ort",
     per_channel: Annotated[
         bool, typer.Option(help="per-channel weight scales (better for conv nets)")
     ] = True,
@@ -434,6 +444,7 @@ def quantize_cmd(
         eval_data=data,
         max_accuracy_drop=max_accuracy_drop,
         threads=threads,
+        engine=engine,
     )
     for line in report["advice_before"]:
         err.print(f"advice: {line}")
@@ -449,8 +460,10 @@ def quantize_cmd(
             f"latency p50 {lat['fp32_p50']:.2f} → {lat['int8_p50']:.2f} ms (×{report['latency_ratio']}, "
             f"batch {lat['batch']}, {lat['threads']} threads)"
         )
+        low, high = report["agreement_ci95"]
         out.print(
-            f"top-1 agreement with fp32: {report['top1_agreement']:.1%} on {report['n_images']} images"
+            f"top-1 agreement with fp32: {report['top1_agreement']:.1%} on {report['n_images']} "
+            f"images (95% interval {low:.1%}–{high:.1%})"
         )
         if "accuracy" in report:
             out.print(

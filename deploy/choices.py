@@ -22,6 +22,8 @@ QuantMode = Literal["dynamic", "static"]
 """int8 quantization: weights only (dynamic) or weights and activations, calibrated (static)."""
 CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
+QuantEngine = Literal["ort", "nncf"]
+"""Who quantizes statically: onnxruntime's ``quantize_static``, or NNCF (``quantize_nncf.py``)."""
 Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_fp16", "ort_int8"]
 """``zoo bench --backends``."""
 Tta = Literal["none", "flip", "five-crop", "ten-crop"]
@@ -35,6 +37,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 JIT_MODES: tuple[str, ...] = get_args(JitMode)
 QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
 CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
+QUANT_ENGINES: tuple[str, ...] = get_args(QuantEngine)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
 TTAS: tuple[str, ...] = get_args(Tta)

@@ -8,6 +8,7 @@ and after with the measured numbers, and never switches modes silently.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections import Counter
@@ -17,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.bench_harness import time_session
-from zoo.deploy.choices import CALIB_METHODS, QUANT_MODES, CalibMethod, QuantMode
+from zoo.deploy.choices import (
+    CALIB_METHODS,
+    QUANT_ENGINES,
+    QUANT_MODES,
+    CalibMethod,
+    QuantEngine,
+    QuantMode,
+)
 from zoo.deploy.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.deploy.parity import real_images
 from zoo.deploy.preprocess import preprocess
@@ -85,6 +93,7 @@ def quantize(
     max_accuracy_drop: float | None = None,
     threads: int | None = None,
     calib_size: int = 64,
+    engine: QuantEngine = "ort",
 ) -> dict[str, Any]:
     """Quantize an exported fp32 ONNX model to int8, measure it against fp32, and write it
     atomically (nothing is written when a step or the accuracy gate fails).
@@ -103,13 +112,16 @@ def quantize(
             more than this fraction.
         threads: ORT intra-op threads for the timing (default: available CPUs).
         calib_size: static: at most this many calibration images.
+        engine: static: ``ort`` (onnxruntime's ``quantize_static``, with ``method`` and
+            ``per_channel``) or ``nncf`` (NNCF's post-training quantization, its own ranges:
+            :mod:`zoo.deploy.quantize_nncf`).
 
     Returns:
         The report: sizes, p50 latencies and their ratios, top-1 agreement (and accuracy
         with labels), op coverage, advice, the gate, and ``path``.
 
     Raises:
-        ChoiceError: an unknown ``mode`` or ``method``.
+        ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
         InputError: ``model`` is missing, not ONNX or without zoo metadata; static mode
             without ``calib`` or with no images in it.
         QuantizationError: the accuracy gate failed.
@@ -125,6 +137,12 @@ def quantize(
 
     ChoiceError.check("mode", mode, QUANT_MODES)
     ChoiceError.check("method", method, CALIB_METHODS)
+    ChoiceError.check("engine", engine, QUANT_ENGINES)
+    if engine == "nncf" and (mode != "static" or method != "minmax"):
+        raise InputError(
+            "--engine nncf quantizes statically with its own activation ranges: use --mode "
+            "static and leave --method at its default (it applies to --engine ort)."
+        )
     meta = read_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise InputError(
@@ -154,16 +172,21 @@ def quantize(
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
             methods = {m.name.lower(): m for m in CalibrationMethod}  # MinMax -> minmax
             sess_in = make_session(model).get_inputs()[0].name
-            quantize_static(
-                str(prepped),
-                str(tmp_out),
-                _CalibReader(batches, sess_in),
-                quant_format=QuantFormat.QDQ,
-                per_channel=per_channel,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                calibrate_method=methods[method],
-            )
+            if engine == "nncf":
+                from zoo.deploy.quantize_nncf import nncf_quantize
+
+                nncf_quantize(prepped, tmp_out, batches, sess_in)
+            else:
+                quantize_static(
+                    str(prepped),
+                    str(tmp_out),
+                    _CalibReader(batches, sess_in),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=per_channel,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    calibrate_method=methods[method],
+                )
         import onnx
 
         q = onnx.load(str(tmp_out))
@@ -173,6 +196,7 @@ def quantize(
                 **meta,
                 "quantization": {
                     "mode": mode,
+                    "engine": engine if mode == "static" else "ort",
                     "method": method if mode == "static" else None,
                     "per_channel": per_channel,
                     "source": str(model),
@@ -184,7 +208,8 @@ def quantize(
         report.update(
             {
                 "mode": mode,
-                "method": method if mode == "static" else None,
+                "engine": engine if mode == "static" else "ort",
+                "method": method if mode == "static" and engine == "ort" else None,
                 "per_channel": per_channel,
                 "coverage": coverage(fp32_ops, tmp_out, mode),
                 "advice_before": advice,
@@ -237,11 +262,25 @@ def _measure(
     return report
 
 
+def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
+    """95% Wilson score interval of a proportion ``p`` measured on ``n`` images: what an
+    agreement on a few images can and cannot claim."""
+    if n == 0:
+        return [0.0, 1.0]
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
 def accuracy_report(y32: np.ndarray, y8: np.ndarray, labels: np.ndarray | None) -> dict[str, Any]:
-    """Top-1 agreement of the int8 model with fp32 and, where labels are known, both top-1
-    accuracies and the drop (fp32 − int8, rounded to 4 places)."""
+    """Top-1 agreement of the int8 model with fp32 (and its 95% Wilson interval) and, where
+    labels are known, both top-1 accuracies and the drop (fp32 − int8, rounded to 4 places)."""
     top32, top8 = y32.argmax(1), y8.argmax(1)
-    out: dict[str, Any] = {"top1_agreement": float((top32 == top8).mean())}
+    agreement = float((top32 == top8).mean())
+    out: dict[str, Any] = {
+        "top1_agreement": agreement,
+        "agreement_ci95": wilson(agreement, len(top32)),
+    }
     if labels is not None:
         acc32, acc8 = float((top32 == labels).mean()), float((top8 == labels).mean())
         out["accuracy"] = {"fp32": acc32, "int8": acc8}

@@ -208,7 +208,7 @@ def test_int8_samples_are_stratified_and_disjoint(small_digits: Path, tmp_path: 
 
 
 def test_wilson_interval() -> None:
-    from deploy_bench import wilson
+    from zoo.deploy.quantize import wilson
 
     low, high = wilson(0.775, 120)
     assert low == pytest.approx(0.692, abs=1e-3) and high == pytest.approx(0.841, abs=1e-3)

@@ -209,6 +209,33 @@ def test_quantize_static_and_dynamic_tell_the_truth(mobilenet_onnx: Path, tmp_pa
     assert meta["quantization"]["mode"] == "dynamic" and meta["class_names"]
 
 
+def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_path: Path) -> None:
+    """``--engine nncf`` on the real MobileNetV2: NNCF's ranges, and a graph onnxruntime runs
+    fully in int8 (its fused ops counted in the optimised graph), with the agreement's interval."""
+    import onnxruntime as ort
+
+    calib = sample_image_paths()[0].parent
+    out = tmp_path / "n.onnx"
+    r = run_zoo(
+        *("quantize", str(mobilenet_onnx), "--engine", "nncf", "--calib", str(calib)),
+        *("-o", str(out), "--json"),
+    )
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["engine"] == "nncf" and rep["method"] is None
+    assert rep["coverage"] == {"heavy_ops": 53, "quantized": 52, "fp32_left": 1}  # the classifier
+    low, high = rep["agreement_ci95"]
+    assert low <= rep["top1_agreement"] <= high and rep["n_images"] == 2
+    assert read_metadata(out)["quantization"]["engine"] == "nncf"
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    assert ops.count("QLinearConv") == 52 and "Conv" not in ops  # every conv fused in int8
+    bad = run_zoo("quantize", str(mobilenet_onnx), "--engine", "nncf", "--mode", "dynamic")
+    assert bad.returncode == 1 and "--engine nncf quantizes statically" in bad.stderr
+
+
 def test_quantize_accuracy_gate(mobilenet_onnx: Path, tmp_path: Path) -> None:
     r = run_zoo(
         "quantize",

@@ -134,7 +134,7 @@ def _logits(top: list[int], n: int = 3) -> np.ndarray:
 
 def test_accuracy_report_without_labels_is_agreement_only() -> None:
     r = q.accuracy_report(_logits([0, 1, 2, 2]), _logits([0, 1, 1, 2]), None)
-    assert r == {"top1_agreement": 0.75}
+    assert r == {"top1_agreement": 0.75, "agreement_ci95": q.wilson(0.75, 4)}
 
 
 def test_accuracy_report_with_labels() -> None:
@@ -142,6 +142,7 @@ def test_accuracy_report_with_labels() -> None:
     r = q.accuracy_report(y32, y8, np.array([0, 1, 2, 0, 0]))
     assert r == {
         "top1_agreement": 0.6,
+        "agreement_ci95": q.wilson(0.6, 5),
         "accuracy": {"fp32": 0.6, "int8": 0.6},
         "accuracy_drop": 0.0,
     }
@@ -198,3 +199,48 @@ def test_advice_before_and_after() -> None:
     assert q.advice_after(heavy, "dynamic", 1.0) is None  # not slower: nothing to say
     assert q.advice_after(heavy, "static", 2.5) is None
     assert q.advice_after(light, "dynamic", 2.5) is None
+
+
+def test_nncf_int8_activations_become_uint8_with_the_same_values() -> None:
+    """NNCF's signed activation pairs, rewritten as uint8 (zero point + 128) so that
+    onnxruntime fuses them: the same outputs, weights (a constant's dequantize) untouched."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from zoo.deploy.quantize_nncf import uint8_activations
+
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(-3, np.int8), "z"),
+        numpy_helper.from_array(np.array([[5, -7], [2, 9]], np.int8), "w_q"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0, np.int8), "wz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w_q", "ws", "wz"], ["w"]),
+        helper.make_node("MatMul", ["xd", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+        initializer=inits,
+        value_info=[helper.make_tensor_value_info("xq", TensorProto.INT8, [3, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    x = np.array([[-6.5, -0.01], [0.0, 0.3], [2.2, 6.6]], np.float32)  # clipped at both ends
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return np.asarray(sess.run(None, {"x": x})[0])
+
+    before = run(model)
+    after_model = uint8_activations(onnx.ModelProto.FromString(model.SerializeToString()))
+    np.testing.assert_array_equal(run(after_model), before)
+    zero = {t.name: numpy_helper.to_array(t) for t in after_model.graph.initializer}
+    q, dq, w = after_model.graph.node[:3]
+    assert q.input[2] == dq.input[2] == "z_u8" and zero["z_u8"] == np.uint8(125)
+    assert w.input[2] == "wz" and zero["wz"].dtype == np.int8  # the weights stay int8

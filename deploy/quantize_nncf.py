@@ -1,0 +1,104 @@
+"""``zoo quantize --engine nncf``: static int8 by NNCF's post-training quantization (ONNX
+backend) instead of onnxruntime's, set up so that onnxruntime's CPU kernels run every layer in
+int8.
+
+Why NNCF: its ranges (the ``mixed`` preset: symmetric weights, asymmetric activations), bias
+correction and overflow fix keep far more of the fp32 answers on depthwise networks. Measured
+on the real ImageNet MobileNetV2, 500 held-out photo crops: 85 % top-1 agreement against
+onnxruntime's 66 %, at the same ~0.7× fp32 latency (docs/benchmarks.md, "int8").
+
+Two settings and one rewrite make its graph fast in onnxruntime (each was measured: without
+them NNCF's model ran 2.2× *slower* than fp32): per-tensor activation scales (onnxruntime's
+fused ``QLinearConv`` takes one input scale), the overflow fix on the first layer only (7-bit
+weights where uint8 × int8 sums would saturate on CPUs without VNNI), and NNCF's signed
+int8 activation pairs rewritten as uint8 with the zero point moved by 128 — the same real
+values — because onnxruntime fuses only uint8 activations on x86 (written here: neither library
+offers it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoo.errors import InputError
+
+
+def nncf_quantize(fp32: Path, out: Path, batches: list[np.ndarray], input_name: str) -> None:
+    """Quantize the ONNX model at ``fp32`` with NNCF on the calibration ``batches`` and write
+    the int8 graph to ``out``.
+
+    Raises:
+        InputError: NNCF is not installed (the way to get it).
+    """
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # NNCF imports it
+    try:
+        import nncf
+    except ImportError as exc:
+        raise InputError(f"--engine nncf needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
+    import onnx
+
+    dataset = nncf.Dataset(batches, lambda x: {input_name: x})
+    # NNCF draws progress bars on stdout, where --json's report goes: they go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        quantized = _quantize(nncf, onnx.load(str(fp32)), dataset, len(batches))
+    onnx.save(uint8_activations(quantized), str(out))
+
+
+def _quantize(nncf: Any, model: Any, dataset: Any, n: int) -> Any:
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        OverflowFix,
+        QuantizationParameters,
+    )
+
+    return nncf.quantize(
+        model,
+        dataset,
+        preset=nncf.QuantizationPreset.MIXED,
+        subset_size=n,
+        fast_bias_correction=False,
+        advanced_parameters=AdvancedQuantizationParameters(
+            overflow_fix=OverflowFix.FIRST_LAYER,
+            activations_quantization_params=QuantizationParameters(per_channel=False),
+        ),
+    )
+
+
+def uint8_activations(model: Any) -> Any:
+    """Rewrite int8 activation ``QuantizeLinear``/``DequantizeLinear`` pairs as uint8 with the
+    zero point + 128 (the same real values: ``(q + 128) - (z + 128) = q - z``), in place.
+
+    Weights (a ``DequantizeLinear`` of a constant) stay int8, as onnxruntime's kernels want
+    them. The graph's recorded intermediate types are dropped: they still say int8.
+    """
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    moved: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 3:
+            continue
+        zero = node.input[2]
+        if zero not in inits or (node.op_type == "DequantizeLinear" and node.input[0] in inits):
+            continue
+        z = numpy_helper.to_array(inits[zero])
+        if z.dtype != np.int8:
+            continue
+        if zero not in moved:
+            shifted = (z.astype(np.int16) + 128).astype(np.uint8)
+            graph.initializer.append(numpy_helper.from_array(shifted, zero + "_u8"))
+            moved[zero] = zero + "_u8"
+        node.input[2] = moved[zero]
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]  # the int8 zero points replaced
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.value_info[:]
+    return model
