@@ -311,6 +311,18 @@ def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"{pct(mb['agreement_ci95'][0])}–{pct(mb['agreement_ci95'][1])}",
         "(no labels)",
     )
+    nn = r.get("int8_static_mobilenet_v2_nncf")
+    if nn:  # the same images, quantized by NNCF (zoo quantize --engine nncf)
+        a.add(
+            "MobileNetV2, real ImageNet weights, `--engine nncf` "
+            f"(latency × {fmt(nn['latency_ratio'], 3)}; "
+            f"{nn['coverage']['quantized']}/{nn['coverage']['heavy_ops']} Conv/Gemm in int8)",
+            "the same",
+            "the same",
+            f"**{pct(nn['top1_agreement'])}**",
+            f"{pct(nn['agreement_ci95'][0])}–{pct(nn['agreement_ci95'][1])}",
+            "(no labels)",
+        )
     photos = ", ".join(mb["eval_photos"]) + " | " + ", ".join(mb["calibration_photos"])
     return [*lines, *a.lines(out), "", f"Photographs (evaluation | calibration): {photos}.", ""]
 

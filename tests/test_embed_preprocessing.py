@@ -145,11 +145,14 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
         "preprocessing": "in-graph",
     }
     chelsea, coffee = sample_image_paths()
-    p = run_zoo("predict", str(out), str(chelsea), str(coffee), "-k", "1", "--json")
-    assert p.returncode == 0, p.stderr
-    assert [x["top"][0]["label"] for x in json.loads(p.stdout)] == ["Egyptian cat", "espresso"]
-    tta = run_zoo("predict", str(out), str(coffee), "--tta", "flip")
-    assert tta.returncode == 1 and "--embed-preprocessing" in tta.stderr
+    from zoo.deploy.predict import load_scorer, predict
+
+    scorer = load_scorer(str(out))
+    assert scorer.pixels_in
+    tops = predict(scorer, [str(chelsea), str(coffee)], k=1)
+    assert [x["top"][0]["label"] for x in tops] == ["Egyptian cat", "espresso"]
+    with pytest.raises(InputError, match="--embed-preprocessing"):
+        load_scorer(str(out), tta="flip")
 
     with server(out) as (url, _):
         name = default_name(out)
