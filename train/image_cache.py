@@ -175,10 +175,17 @@ class ImageCache:
 
         with ThreadPoolExecutor(max_workers=workers or available_cpus()) as pool:
             jobs: Iterable[None] = pool.map(one, todo)
-            if progress:
+            if progress:  # on stderr, as every log line: stdout carries results only
+                from rich.console import Console
                 from rich.progress import track
 
-                jobs = track(jobs, total=len(todo), description="image cache", transient=True)
+                jobs = track(
+                    jobs,
+                    total=len(todo),
+                    description="image cache",
+                    transient=True,
+                    console=Console(stderr=True),
+                )
             for _ in jobs:
                 pass
         return len(todo)
