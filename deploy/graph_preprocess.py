@@ -152,8 +152,14 @@ def embed_file(path: Path, pre: Preprocessing) -> dict[str, Any]:
 
 
 def pixels(image: Any, channels: int) -> np.ndarray:
-    """A decoded image as the embedded graph takes it: ``uint8 (H, W, C)`` in ``channels``."""
+    """A decoded image as the embedded graph takes it: ``uint8 (H, W, C)`` in ``channels``.
+
+    Raises:
+        InputError: an image too thin to resize (``preprocess.check_aspect``).
+    """
+    from zoo.deploy.preprocess import check_aspect
     from zoo.images import to_channels
 
+    check_aspect(*image.size)  # the graph would resize a thin strip to gigabytes
     a = np.asarray(to_channels(image, channels), dtype=np.uint8)
     return a[..., None] if a.ndim == 2 else a

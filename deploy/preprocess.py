@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
+from zoo.errors import InputError
 from zoo.images import to_channels
 from zoo.preprocessing import Preprocessing
 
@@ -32,12 +33,35 @@ def _lookup(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     return table
 
 
+MAX_ASPECT = 100
+"""The longest side an image may have, in multiples of its shortest: resizing the short side to
+the model's size scales the long one alike, so a 1 × 20,000 strip would become gigabytes."""
+
+
+def check_aspect(w: int, h: int) -> None:
+    """Refuse an image too thin to resize (:data:`MAX_ASPECT`).
+
+    Raises:
+        InputError: naming the size and the limit.
+    """
+    if max(w, h) > MAX_ASPECT * max(1, min(w, h)):
+        raise InputError(
+            f"The image is {w}x{h} pixels: its long side is more than {MAX_ASPECT} times its "
+            "short side, too thin to resize to the model's input. Crop it first."
+        )
+
+
 def resized(im: Image.Image, pre: Preprocessing) -> Image.Image:
     """``im`` in the model's channels, its short side resized to ``pre.resize_size`` (PIL, the
-    model's filter), as torchvision's ``Resize(int)``: the long side is truncated."""
+    model's filter), as torchvision's ``Resize(int)``: the long side is truncated.
+
+    Raises:
+        InputError: an image too thin to resize (:func:`check_aspect`).
+    """
     resize = pre.resize_size
     im = to_channels(im, pre.channels)
     w, h = im.size
+    check_aspect(w, h)
     if w <= h:
         nw, nh = resize, int(resize * h / w)
     else:

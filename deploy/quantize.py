@@ -138,16 +138,29 @@ def quantize(
     ChoiceError.check("mode", mode, QUANT_MODES)
     ChoiceError.check("method", method, CALIB_METHODS)
     ChoiceError.check("engine", engine, QUANT_ENGINES)
-    if engine == "nncf" and (mode != "static" or method != "minmax"):
+    if engine == "nncf" and mode != "static":
+        raise InputError("--engine nncf quantizes statically: use --mode static.")
+    if engine == "nncf" and method != "minmax":
         raise InputError(
-            "--engine nncf quantizes statically with its own activation ranges: use --mode "
-            "static and leave --method at its default (it applies to --engine ort)."
+            "--engine nncf picks activation ranges its own way: drop --method (it applies to "
+            "--engine ort)."
         )
     meta = read_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise InputError(
             f"{model} is a {meta['precision']} export; int8 quantization starts from fp32: "
             "quantize the export made without --precision"
+        )
+    if "quantization" in meta:
+        raise InputError(
+            f"{model} is already quantized ({meta['quantization'].get('mode')} int8): quantize "
+            "the fp32 export it came from."
+        )
+    if (meta.get("input") or {}).get("dtype") == "uint8":
+        raise InputError(
+            f"{model} takes uint8 pixels (exported with --embed-preprocessing); int8 "
+            "quantization calibrates the model's float input: quantize the export made "
+            "without it."
         )
     pre = read_preprocessing(meta, model)
     fp32_ops = op_counts(model)

@@ -237,6 +237,8 @@ def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_p
 
     with pytest.raises(InputError, match="--engine nncf quantizes statically"):
         quantize(mobilenet_onnx, tmp_path / "d.onnx", mode="dynamic", engine="nncf")
+    with pytest.raises(InputError, match="is already quantized"):
+        quantize(out, tmp_path / "again.onnx", mode="dynamic")
 
 
 def test_quantize_accuracy_gate(mobilenet_onnx: Path, tmp_path: Path) -> None:

@@ -62,6 +62,14 @@ def test_the_graph_preprocesses_as_python_does(pre: Preprocessing, interpolation
         assert levels.mean() <= 0.25, im.size  # PIL's fixed point vs float: rounding only
 
 
+def test_an_image_too_thin_to_resize_is_refused_before_it_is_resized() -> None:
+    strip = Image.new("RGB", (20000, 1))
+    for prepare in (lambda: pixels(strip, 3), lambda: preprocess(strip, IMAGENET)):
+        with pytest.raises(InputError, match=r"20000x1 pixels.*more than 100 times"):
+            prepare()
+    assert pixels(Image.new("RGB", (100, 1)), 3).shape == (1, 100, 3)  # the limit itself passes
+
+
 def test_what_onnx_resize_cannot_reproduce_is_refused() -> None:
     for name in ("lanczos", "nearest"):
         with pytest.raises(InputError, match=f"'{name}'"):
@@ -175,3 +183,10 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
             json=json_infer(np.zeros((1, 3, 224, 224), np.float32), name="pixels"),
         )
         assert bad.status_code == 400 and "UINT8" in bad.json()["error"]
+        strip = json_infer(np.zeros((1, 1, 20000, 3), np.uint8), name="pixels", dtype="UINT8")
+        thin = httpx.post(f"{url}/v2/models/{name}/infer", json=strip, timeout=60)
+        assert thin.status_code == 400 and "too thin" in thin.json()["error"]  # not gigabytes
+    from zoo.deploy.quantize import quantize
+
+    with pytest.raises(InputError, match="takes uint8 pixels"):
+        quantize(out, tmp_path / "q.onnx", mode="dynamic")

@@ -153,6 +153,8 @@ def test_a_policy_keeps_the_crop_shape_and_draws_from_its_seed(channels: int) ->
         ({"random_erasing": 1.5}, "--random-erasing 1.5 is out of range"),
         ({"mixup": -1.0}, "--mixup -1.0 is out of range"),
         ({"ema_decay": 1.0}, "--ema-decay 1.0"),
+        ({"cutmix": float("inf")}, "--cutmix inf is out of range"),
+        ({"ema_decay": 0.99}, "add --ema"),
         ({"auto_augment": "rand-m9-q7"}, "not a timm policy"),
         ({"layer_decay": 0.0}, "--layer-decay 0.0 must be in (0, 1]"),
     ],

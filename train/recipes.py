@@ -11,8 +11,9 @@ and every DDP rank mixes its own shard differently.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -29,6 +30,9 @@ AUTO_AUGMENT = {
     # TrivialAugment: one op per image at a magnitude drawn uniformly (mstd > 100)
     "trivialaugment": "rand-n1-m10-mstd101-inc1",
 }
+
+
+EMA_DECAY = next(f.default for f in fields(TrainConfig) if f.name == "ema_decay")
 
 
 def policy_string(name: str) -> str:
@@ -175,9 +179,10 @@ def check_recipes(cfg: TrainConfig, *, pretrained: bool, strategy: str) -> None:
         )
         if used
     ]
+    verb = "augments" if len(on) == 1 else "augment"
     if on and cfg.cache_features:
         raise InputError(
-            f"{' and '.join(on)} augment images, but --cache-features computes each image's "
+            f"{' and '.join(on)} {verb} images, but --cache-features computes each image's "
             "features once, unaugmented: no recipe can change them. Drop --cache-features "
             f"(the head then trains on augmented images) or drop {on[0]}."
         )
@@ -196,13 +201,15 @@ def check_recipes(cfg: TrainConfig, *, pretrained: bool, strategy: str) -> None:
             f"be even (got {cfg.batch_size}): use {cfg.batch_size + 1}."
         )
     for flag, value, ok, rule in (
-        ("--mixup", cfg.mixup, cfg.mixup >= 0, "≥ 0 (0: off; 0.2-0.8 typical)"),
-        ("--cutmix", cfg.cutmix, cfg.cutmix >= 0, "≥ 0 (0: off; 1.0 typical)"),
+        ("--mixup", cfg.mixup, 0 <= cfg.mixup < math.inf, "≥ 0 and finite (0: off; 0.2-0.8)"),
+        ("--cutmix", cfg.cutmix, 0 <= cfg.cutmix < math.inf, "≥ 0 and finite (0: off; 1.0)"),
         ("--random-erasing", cfg.random_erasing, 0 <= cfg.random_erasing <= 1, "in [0, 1]"),
         ("--ema-decay", cfg.ema_decay, 0 < cfg.ema_decay < 1, "in (0, 1), e.g. 0.9998"),
     ):
         if not ok:
             raise InputError(f"{flag} {value} is out of range: it must be {rule}.")
+    if not cfg.ema and cfg.ema_decay != EMA_DECAY:
+        raise InputError("--ema-decay sets the average's decay: add --ema, or drop it.")
     if cfg.layer_decay is not None:
         if not 0 < cfg.layer_decay <= 1:
             raise InputError(

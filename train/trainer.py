@@ -118,12 +118,14 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                 "nonfinite_skipped": state.nonfinite_skipped,
             }
             monitor = cfg.monitor or "val/acc"
-            metric = monitored(val, monitor)
+            metric = model_metric = ema_metric = monitored(val, monitor)
+            sign = -1 if monitor == "val/loss" else 1  # monitored(): higher is better
             if parts.ema is not None:  # the average, judged on the same images
                 ema = validate(parts, parts.ema.trained)
                 row.update({f"ema/val/{k}": ema.get(k) for k in ("loss", "acc", "macro_f1")})
-                row["shipped"] = better(metric, monitored(ema, monitor))
-                metric = max(metric, monitored(ema, monitor))
+                ema_metric = monitored(ema, monitor)
+                row["shipped"] = better(model_metric, ema_metric)
+                metric = max(model_metric, ema_metric)
             improved = state.end_epoch(row, metric, cfg.patience)
             if comm.is_main:
                 run.log_epoch_scalars(row)
@@ -132,9 +134,16 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                 f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
                 f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
                 f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
-                + (f" | EMA val acc {row['ema/val/acc']:.3f}" if parts.ema is not None else "")
                 + (
-                    " (best" + (", EMA weights)" if row.get("shipped") == "ema" else ")")
+                    f" | EMA {monitor} {sign * ema_metric:.3f} vs the model's "
+                    f"{sign * model_metric:.3f}"
+                    if parts.ema is not None
+                    else ""
+                )
+                + (
+                    f" | best so far: the {'EMA' if row['shipped'] == 'ema' else 'model'}'s weights"
+                    if improved and parts.ema is not None
+                    else " (best)"
                     if improved
                     else ""
                 )

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from zoo.deploy.preprocess import scores
+from zoo.deploy.preprocess import check_aspect, scores
 from zoo.deploy.runtime import OnnxClassifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
@@ -45,6 +45,7 @@ from zoo.errors import (
 from zoo.images import open_image
 
 log = logging.getLogger("zoo.serve")
+HALF_MAX = float(np.finfo(np.float16).max)  # 65504: the largest input an --fp16-io graph holds
 
 
 _OUTCOMES = {404: "unknown_model", 503: "not_ready"}
@@ -190,6 +191,11 @@ class ModelServer:
             raise InputError(f"batch of {len(x)} is outside 1..{self.cfg.max_batch} (--max-batch)")
         if not np.isfinite(x).all():
             raise InputError(f"input {name!r} contains NaN or infinite values")
+        if self.clf.half_io and float(np.abs(x).max()) > HALF_MAX:
+            raise InputError(
+                f"input {name!r} has values beyond float16's range (±{HALF_MAX:g}), which this "
+                "model (exported with --fp16-io) takes"
+            )
         return x
 
     def _validate_pixels(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -203,6 +209,7 @@ class ModelServer:
             raise InputError(
                 f"input {name!r} has shape {list(x.shape)}; expected [batch, height, width, {c}]"
             )
+        check_aspect(x.shape[2], x.shape[1])
         if x.shape[1] * x.shape[2] > self.cfg.max_image_pixels:
             raise InputError(
                 f"input {name!r}: {x.shape[2]}x{x.shape[1]} pixels is over the limit of "
