@@ -124,5 +124,16 @@ def test_fp16_io_takes_and_gives_float16_behind_the_same_gate(tmp_path: Path) ->
     y = b.run(x)
     assert y.dtype == np.float32
     assert parity.compare(a.run(x), y, **_bounds(parity.FP16)).passed
+    import httpx
+
+    from tests.serving import free_port, in_process_server, json_infer
+    from zoo.deploy.serve.config import ServeConfig
+
+    cfg = ServeConfig(model_path=str(half), name="m", port=free_port())
+    with in_process_server(cfg) as (url, _):
+        ok = httpx.post(f"{url}/v2/models/m/infer", json=json_infer(x[:1]), timeout=60)
+        assert ok.status_code == 200, ok.text
+        big = httpx.post(f"{url}/v2/models/m/infer", json=json_infer(x[:1] * 1e6), timeout=60)
+        assert big.status_code == 400 and "float16's range" in big.json()["error"]  # not NaN
     r = run_zoo("export", "simple_cnn", "--fp16-io", cwd=tmp_path)
     assert r.returncode == 2 and "--precision fp16" in r.stderr
