@@ -23,6 +23,7 @@ import argparse
 import os
 import random
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -165,37 +166,20 @@ def main() -> None:
         }
 
         # 3. static int8 vs fp32: ResNet-18 latency, MobileNetV2 (real weights) agreement
-        q18 = quantize(
-            t / "r18.onnx",
-            t / "r18.int8.onnx",
+        # every static quantization below: the same calibration and evaluation images
+        static = partial(
+            quantize,
             mode="static",
             calib=str(calib_dir),
             eval_data=str(eval_dir),
             threads=threads,
             calib_size=n_calib,
         )
+        q18 = static(t / "r18.onnx", t / "r18.int8.onnx")
         export_onnx("mobilenet_v2", t / "mb.onnx", dynamic_batch=True)
-        qmb = quantize(
-            t / "mb.onnx",
-            t / "mb.int8.onnx",
-            mode="static",
-            calib=str(calib_dir),
-            eval_data=str(eval_dir),
-            threads=threads,
-            method="minmax",
-            per_channel=True,
-            calib_size=n_calib,
-        )
-        nncf_mb = quantize(  # the same images, NNCF's ranges (zoo quantize --engine nncf)
-            t / "mb.onnx",
-            t / "mb.nncf.onnx",
-            mode="static",
-            calib=str(calib_dir),
-            eval_data=str(eval_dir),
-            threads=threads,
-            calib_size=n_calib,
-            engine="nncf",
-        )
+        qmb = static(t / "mb.onnx", t / "mb.int8.onnx", method="minmax", per_channel=True)
+        # the same images, NNCF's ranges (zoo quantize --engine nncf)
+        nncf_mb = static(t / "mb.onnx", t / "mb.nncf.onnx", engine="nncf")
         dyn = quantize(
             t / "r18.onnx",
             t / "r18.dyn.onnx",
