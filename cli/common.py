@@ -18,7 +18,10 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or a
 ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_FORMS)]
 """A command's model reference (parsed by :meth:`zoo.ref.ModelRef.parse`), not an ONNX file."""
 ModelOrOnnxArg = Annotated[
-    str, typer.Argument(metavar="MODEL", help=MODEL_FORMS + ", or an exported .onnx file")
+    str,
+    typer.Argument(
+        metavar="MODEL", help=MODEL_FORMS + ", an exported .onnx file or an OpenVINO .xml IR"
+    ),
 ]
 """Like :data:`ModelArg`, for the commands that also take an exported ``.onnx`` file."""
 WeightsOpt = Annotated[

@@ -38,24 +38,31 @@ if TYPE_CHECKING:
 
 
 def _default_output(ref: ModelRef, fmt: str) -> Path:
-    ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": ""}[fmt]
+    ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": "", "openvino": ""}
     if fmt == "triton":
         return Path("model_repository")
     if ref.kind in ("run", "model-folder"):
         folder = ref.model_folder
         if fmt == "onnx":
             return folder / "model.onnx"  # part of the artifact contract
+        if fmt == "openvino":
+            return folder / "openvino"
         stem = (folder.parent if folder.name == "model" else folder).resolve().name
     else:
         stem = ref.shown.replace(":", "_").replace("/", "_").replace("@", "_")
-    return Path(f"{stem}{ext}")
+    if fmt == "openvino":  # an IR folder: model.xml + model.bin
+        return Path(f"{stem}_openvino")
+    return Path(f"{stem}{ext[fmt]}")
 
 
 def export_cmd(
     model: ModelArg,
     fmt: Annotated[Format, choice(Format, "--format", "-f", help="output format")] = "onnx",
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="output file (triton: repository folder)")
+        Path | None,
+        typer.Option(
+            "-o", "--output", help="output file (triton: repository folder; openvino: IR folder)"
+        ),
     ] = None,
     static_batch: Annotated[
         int | None,
@@ -89,8 +96,29 @@ def export_cmd(
     max_batch: Annotated[int, typer.Option(help="triton: max_batch_size")] = 32,
     precision: Annotated[
         Precision,
-        choice(Precision, "--precision", help="onnx: weights and compute (inputs/outputs fp32)"),
+        choice(
+            Precision,
+            "--precision",
+            help="onnx fp32|fp16: weights and compute (inputs/outputs fp32); openvino "
+            "fp32|bf16|int8: the inference precision, set explicitly",
+        ),
     ] = "fp32",
+    calib: Annotated[
+        str | None,
+        typer.Option(
+            "--calib", help="openvino int8: real calibration images, disjoint from --data"
+        ),
+    ] = None,
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(
+            "--min-agreement",
+            min=0.0,
+            max=1.0,
+            help="openvino bf16/int8: top-1 agreement with PyTorch on the gate's real images "
+            "(default 0.98)",
+        ),
+    ] = None,
     slim: Annotated[
         bool,
         typer.Option(
@@ -123,11 +151,12 @@ def export_cmd(
             param_hint="--static-batch",
         )
     onnx_only = ((static_batch is not None, "--static-batch"), (slim, "--slim"))
-    for given, flag in (*onnx_only, (precision != "fp32", "--precision")):
+    for given, flag in onnx_only:
         if given and fmt != "onnx":
             raise typer.BadParameter(
                 f"{flag} applies to --format onnx, not {fmt!r}", param_hint=flag
             )
+    _check_precision(fmt, precision, calib, min_agreement)
     if fp16_io and (fmt != "onnx" or precision != "fp16" or embed_preprocessing):
         raise typer.BadParameter(
             "--fp16-io needs --format onnx and --precision fp16, without --embed-preprocessing",
@@ -165,6 +194,19 @@ def export_cmd(
             embed_preprocessing=embed_preprocessing,
             fp16_io=fp16_io,
         )
+    elif fmt == "openvino":
+        from zoo.deploy.openvino_export import export_openvino
+
+        result = export_openvino(
+            ref,
+            path,
+            precision=precision,
+            data=data,
+            calib=calib,
+            min_agreement=min_agreement,
+            allow_mismatch=allow_mismatch,
+            weights=weights,
+        )
     elif fmt == "triton":
         from zoo.deploy.triton import export_triton
 
@@ -185,7 +227,7 @@ def export_cmd(
     else:
         batch = (
             f", batch {d['static_batch'] or 'dynamic'}, {d['precision']}"
-            if d["format"] == "onnx"
+            if d["format"] in ("onnx", "openvino")
             else ""
         )
         out.print(
@@ -207,7 +249,8 @@ def export_cmd(
         if p.get("predictions"):
             q = p["predictions"]
             out.print(
-                f"parity predictions: top-1 agreement {q['agreement']:.1%} on {q['n_images']} real images"
+                f"parity predictions: top-1 agreement {q['agreement']:.1%} on {q['n_images']} "
+                f"real images (needs {p['tolerances']['min_agreement']:.1%})"
             )
         for dyn in p.get("dynamic", []):
             out.print(
@@ -216,6 +259,30 @@ def export_cmd(
             )
     if d["parity"] and not d["parity"].get("passed", True):
         err.print("warning: parity FAILED (written because of --allow-mismatch)")
+
+
+def _check_precision(fmt: str, precision: str, calib: str | None, agree: float | None) -> None:
+    """Usage errors of --precision, --calib and --min-agreement for the chosen --format."""
+    from zoo.deploy.choices import ONNX_PRECISIONS, OPENVINO_PRECISIONS
+
+    allowed = {"onnx": ONNX_PRECISIONS, "openvino": OPENVINO_PRECISIONS}.get(fmt, ("fp32",))
+    if precision not in allowed:
+        raise typer.BadParameter(
+            f"--precision {precision} is not one of --format {fmt}'s: {', '.join(allowed)}"
+            + (" (int8 ONNX: zoo quantize)" if fmt == "onnx" and precision == "int8" else ""),
+            param_hint="--precision",
+        )
+    if calib is not None and (fmt, precision) != ("openvino", "int8"):
+        raise typer.BadParameter(
+            "--calib applies to --format openvino --precision int8 (ONNX int8: zoo quantize)",
+            param_hint="--calib",
+        )
+    if agree is not None and (fmt != "openvino" or precision == "fp32"):
+        raise typer.BadParameter(
+            "--min-agreement applies to --format openvino --precision bf16 or int8 (fp32 must "
+            "agree on every image)",
+            param_hint="--min-agreement",
+        )
 
 
 InputsArg = Annotated[
@@ -485,12 +552,28 @@ def bench_cmd(
         str, typer.Option(help="comma-separated, e.g. 1,8", parser=int_list, metavar="<int>[,...]")
     ] = "1",
     threads: int | None = None,
-    calib: Annotated[str | None, typer.Option(help="calibration images for ort_int8")] = None,
+    calib: Annotated[
+        str | None, typer.Option(help="calibration images for ort_int8 and ov_int8")
+    ] = None,
     seconds: Annotated[float, typer.Option(help="minimum timed seconds per row")] = 1.0,
+    data: Annotated[
+        str | None,
+        typer.Option("--data", help="real images for each backend's top-1 agreement with eager"),
+    ] = None,
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(
+            "--min-agreement",
+            min=0.0,
+            max=1.0,
+            help="name the fastest backend whose agreement with eager reaches this, e.g. 0.99",
+        ),
+    ] = None,
     weights: WeightsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Latency table across backends and devices (warm-up, p50/p90/p99, cold start)."""
+    """Latency table across backends and devices (warm-up, p50/p90/p99, cold start), with each
+    backend's top-1 agreement with eager on real images."""
     from zoo.deploy.bench import run_bench
 
     report = run_bench(
@@ -502,6 +585,8 @@ def bench_cmd(
         calib=calib,
         min_seconds=seconds,
         weights=weights,
+        data=data,
+        min_agreement=min_agreement,
     )
     if as_json:
         print_json(report)
@@ -518,6 +603,7 @@ def bench_cmd(
         "p99 ms",
         "img/s",
         "vs eager",
+        f"agree ({report['agreement_images']})",
         "cold ms",
     )
     reasons: list[str] = []
@@ -537,11 +623,21 @@ def bench_cmd(
             str(r.get("p99_ms", "")),
             str(r.get("img_per_s", "")),
             str(r.get("speedup_vs_eager", "")),
+            f"{r['agreement']:.1%}" if "agreement" in r else "",
             str(r.get("cold_start_ms", "")),
         )
     out.print(t)
     for i, reason in enumerate(reasons, 1):
         out.print(f"[{i}] {reason}", markup=False)
+    for f in report["fastest"] or []:
+        out.print(
+            f"fastest with agreement ≥ {f['min_agreement']:.1%} on {f['device']}, batch "
+            f"{f['batch']}: {f['backend']} ({f['p50_ms']} ms p50, agreement {f['agreement']:.1%})"
+        )
+    if min_agreement is not None:
+        met = {(f["device"], f["batch"]) for f in report["fastest"]}
+        for dev, bs in sorted({(r["device"], r["batch"]) for r in report["rows"]} - met):
+            err.print(f"no backend reaches agreement ≥ {min_agreement:.1%} on {dev}, batch {bs}")
     fp = report["fingerprint"]
     out.print(
         f"torch {fp['torch']}, onnxruntime {fp['onnxruntime']}, {fp['threads']} threads, "

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from zoo.cli.common import ModelOrOnnxArg
+from zoo.cli.common import ModelOrOnnxArg, choice
+from zoo.deploy.choices import Runtime
 
 
 def serve_cmd(
@@ -28,6 +29,15 @@ def serve_cmd(
         int | None, typer.Option(min=1, help="ORT intra-op threads (default: available CPUs)")
     ] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    runtime: Annotated[
+        Runtime,
+        choice(
+            Runtime,
+            "--runtime",
+            help="auto: OpenVINO for an .xml IR, ONNX Runtime for .onnx; openvino compiles an "
+            "fp32 .onnx in OpenVINO (pip install 'zoo[openvino]')",
+        ),
+    ] = "auto",
     max_body_mb: Annotated[
         float, typer.Option(min=0.001, help="413 above this request size")
     ] = 32.0,
@@ -52,6 +62,7 @@ def serve_cmd(
             "timeout_ms": timeout_ms,
             "threads": threads,
             "device": device,
+            "runtime": runtime,
             "max_body_mb": max_body_mb,
             "max_image_pixels": max_image_pixels,
         },

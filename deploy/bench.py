@@ -1,5 +1,7 @@
-"""``zoo bench``: the same input through eager, torch.compile, TorchScript, ONNX Runtime fp32
-and int8, on CPU and CUDA, with one timing protocol. Rows that cannot run say why."""
+"""``zoo bench``: the same input through eager, torch.compile, TorchScript, ONNX Runtime fp32,
+fp16 and int8, and OpenVINO fp32, bf16 and int8, on CPU and CUDA, with one timing protocol and
+each backend's top-1 agreement with eager on real images. Rows that cannot run say why;
+``min_agreement`` names the fastest backend that keeps the answers."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from zoo.deploy.bench_harness import time_session
 from zoo.deploy.choices import BACKENDS
+from zoo.deploy.quantize import wilson
 from zoo.errors import BackendUnavailableError, ChoiceError
 from zoo.ref import ModelRef
 
@@ -41,6 +44,8 @@ def fingerprint(threads: int) -> dict[str, Any]:
 
 
 ORT_FILES = {"ort_fp32": "fp32", "ort_fp16": "fp16", "ort_int8": "int8"}  # backend -> file
+OV_PRECISIONS = {"ov_fp32": "fp32", "ov_bf16": "bf16", "ov_int8": "int8"}  # backend -> IR
+FILE_BACKENDS = (*ORT_FILES, *OV_PRECISIONS)  # timed on the host clock, not CUDA events
 
 
 class _Builder:
@@ -55,19 +60,47 @@ class _Builder:
         self.model = create_model(ref, weights=weights).eval()
         self.info = info_of(self.model)
         self.ref, self.workdir, self.threads, self.calib = ref, workdir, threads, calib
+        self.data: str | None = None  # the agreement images (run_bench's ``data``)
         self._onnx: dict[str, Path] = {}
+        self._ir: dict[str, Path] = {}
+
+    def ir_file(self, precision: str) -> Path:
+        """The OpenVINO IR of ``precision``, exported once through zoo's own gate (its
+        verdict is the agreement column; a row is timed even where the gate would refuse)."""
+        if precision not in self._ir:
+            from zoo.deploy.openvino_export import export_openvino
+
+            self.model.cpu()
+            folder = self.workdir / f"ov-{precision}"
+            export_openvino(
+                self.ref,
+                folder,
+                precision=precision,
+                data=self.data,
+                calib=self.calib,
+                allow_mismatch=True,
+                weights=self.weights,
+                model=self.model,
+            )
+            self._ir[precision] = folder / "model.xml"
+        return self._ir[precision]
 
     def onnx_file(self, kind: str) -> Path:
         if kind not in self._onnx:
             from zoo.deploy.export import export_onnx
 
+            self.model.cpu()  # exported from this very instance (random init differs each time)
             fp32 = self.workdir / "fp32.onnx"
             if "fp32" not in self._onnx:
-                export_onnx(self.ref, fp32, dynamic_batch=True, weights=self.weights)
+                export_onnx(
+                    self.ref, fp32, dynamic_batch=True, weights=self.weights, model=self.model
+                )
                 self._onnx["fp32"] = fp32
             if kind == "fp16":
                 fp16 = self.workdir / "fp16.onnx"
-                export_onnx(self.ref, fp16, precision="fp16", weights=self.weights)
+                export_onnx(
+                    self.ref, fp16, precision="fp16", weights=self.weights, model=self.model
+                )
                 self._onnx["fp16"] = fp16
             if kind == "int8":
                 from zoo.deploy.quantize import quantize
@@ -89,19 +122,28 @@ class _Builder:
 
     def build(
         self, backend: str, device: torch.device, x: torch.Tensor
-    ) -> tuple[Callable[[], Any], float]:
-        """(run-once function, size in MB); raises BackendUnavailableError with the reason."""
+    ) -> tuple[Callable[[torch.Tensor], Any], float]:
+        """(run function of a batch, size in MB); raises BackendUnavailableError with the
+        reason. ``x`` is the example batch a tracing backend is built with."""
         model = self.model.to(device)
         if backend == "eager":
-            return (lambda: model(x)), _param_mb(model)
+            return model, _param_mb(model)
         if backend == "compile":
-            compiled = torch.compile(model)
-            return (lambda: compiled(x)), _param_mb(model)
+            return torch.compile(model), _param_mb(model)
         if backend == "torchscript":
             ts = torch.jit.trace(model, x)
             path = self.workdir / f"model-{device.type}.ts"
             torch.jit.save(ts, str(path))
-            return (lambda: ts(x)), round(path.stat().st_size / 2**20, 2)
+            return ts, round(path.stat().st_size / 2**20, 2)
+        if backend in OV_PRECISIONS:
+            from zoo.deploy.openvino_runtime import OpenVinoClassifier
+
+            ir = self.ir_file(OV_PRECISIONS[backend])
+            if device.type != "cpu":
+                raise BackendUnavailableError("zoo runs OpenVINO on the CPU only")
+            clf = OpenVinoClassifier(ir, threads=self.threads)
+            size = sum(f.stat().st_size for f in (ir, ir.with_suffix(".bin"))) / 2**20
+            return (lambda t: clf.run(t.cpu().numpy())), round(size, 2)
         from zoo.deploy.runtime import make_session
 
         if backend == "ort_int8" and device.type == "cuda":
@@ -110,8 +152,40 @@ class _Builder:
             )
         path = self.onnx_file(ORT_FILES[backend])
         sess = make_session(path, device=device.type, threads=self.threads)
-        feed = {sess.get_inputs()[0].name: x.cpu().numpy()}
-        return (lambda: sess.run(None, feed)), round(path.stat().st_size / 2**20, 2)
+        name = sess.get_inputs()[0].name
+        return (lambda t: sess.run(None, {name: t.cpu().numpy()})[0]), round(
+            path.stat().st_size / 2**20, 2
+        )
+
+
+def _top1(out: Any) -> Any:
+    import numpy as np
+
+    arr = out.float().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+    return arr.argmax(1)
+
+
+def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, Any]]:
+    """Per device and batch size, the fastest row (lowest p50) whose top-1 agreement with
+    eager is at least ``floor``; rows that did not run or were not compared are never picked."""
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("status") != "✅" or r.get("agreement") is None or r["agreement"] < floor:
+            continue
+        key = (r["device"], r["batch"])
+        if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
+            best[key] = r
+    return [
+        {
+            "device": d,
+            "batch": b,
+            "backend": r["backend"],
+            "p50_ms": r["p50_ms"],
+            "agreement": r["agreement"],
+            "min_agreement": floor,
+        }
+        for (d, b), r in sorted(best.items())
+    ]
 
 
 def run_bench(
@@ -124,6 +198,8 @@ def run_bench(
     calib: str | None = None,
     min_seconds: float = 1.0,
     weights: str | None = None,
+    data: str | None = None,
+    min_agreement: float | None = None,
 ) -> dict[str, Any]:
     """Time one model through each backend, device and batch size, with one protocol.
 
@@ -134,14 +210,20 @@ def run_bench(
         devices: ``cpu``, ``cuda``, ``cuda:N``.
         batch_sizes: batch sizes to time.
         threads: torch and ORT intra-op threads (default: available CPUs).
-        calib: calibration images for ``ort_int8`` (default: the bundled samples).
+        calib: calibration images for ``ort_int8`` (default: the bundled samples) and
+            ``ov_int8`` (which needs them disjoint from ``data``).
         min_seconds: time each row for at least this long.
         weights: as for :func:`zoo.create_model`.
+        data: real images (up to 64) on which each backend's top-1 agreement with eager is
+            measured (default: the bundled samples).
+        min_agreement: also name, per device and batch size, the fastest backend whose
+            agreement reaches this floor (``fastest``).
 
     Returns:
-        ``{"model", "fingerprint", "rows", "torch_threads", "ort_threads"}``; each row has
-        latency percentiles, images/s, cold start and the speed-up over eager, or status ❌
-        with the reason it could not run (a missing backend is a row, not an exception).
+        ``{"model", "fingerprint", "rows", "torch_threads", "ort_threads", "agreement_images",
+        "fastest"}``; each row has latency percentiles, images/s, cold start, the speed-up over
+        eager and the top-1 agreement with eager (with its 95% interval), or status ❌ with
+        the reason it could not run (a missing backend is a row, not an exception).
 
     Raises:
         ChoiceError: an unknown backend.
@@ -158,7 +240,9 @@ def run_bench(
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         builder = _Builder(ref, Path(tmp), threads, calib, weights)
+        builder.data = data
         c, h, w = builder.info.input_size
+        real = _real_batch(builder.info, data)
         for dev_name in devices:
             if dev_name.startswith("cuda") and not torch.cuda.is_available():
                 rows += [
@@ -175,6 +259,9 @@ def run_bench(
                 continue
             device = torch.device(dev_name)
             eager_p50: dict[int, float] = {}
+            agreement: dict[str, float] = {}
+            with torch.inference_mode():
+                ref_top1 = _top1(builder.model.to(device)(real.to(device)))
             for backend in backends:
                 for bs in batch_sizes:
                     x = torch.randn(bs, c, h, w, generator=torch.Generator().manual_seed(0)).to(
@@ -182,24 +269,30 @@ def run_bench(
                     )
                     row: dict[str, Any] = {"backend": backend, "device": dev_name, "batch": bs}
                     try:
-                        if backend.startswith(
-                            "ort"
-                        ):  # export/quantize: a build step, not cold start
+                        if backend in ORT_FILES:  # export/quantize: a build step, not cold start
                             builder.onnx_file(ORT_FILES[backend])
+                        if backend in OV_PRECISIONS:
+                            builder.ir_file(OV_PRECISIONS[backend])
                         with torch.inference_mode(), warnings.catch_warnings():
                             warnings.simplefilter(
                                 "ignore", FutureWarning
                             )  # TorchScript deprecation
                             t0 = time.perf_counter()
-                            fn, size = builder.build(backend, device, x)
-                            fn()
+                            run, size = builder.build(backend, device, x)
+                            run(x)
                             if device.type == "cuda":
                                 torch.cuda.synchronize()
                             row["cold_start_ms"] = round((time.perf_counter() - t0) * 1000, 1)
-                            cuda_timing = device.type == "cuda" and not backend.startswith("ort")
+                            cuda_timing = device.type == "cuda" and backend not in FILE_BACKENDS
                             stats = time_session(
-                                fn, label=backend, cuda=cuda_timing, min_seconds=min_seconds
+                                lambda: run(x),  # noqa: B023 (called here, in this iteration)
+                                label=backend,
+                                cuda=cuda_timing,
+                                min_seconds=min_seconds,
                             )
+                            if backend not in agreement:  # once per backend and device
+                                top1 = _top1(run(real.to(device)))
+                                agreement[backend] = float((top1 == ref_top1).mean())
                     except Exception as exc:  # any backend may be unavailable here: say why
                         row.update(
                             {
@@ -215,6 +308,8 @@ def run_bench(
                             "size_mb": size,
                             **stats,
                             "img_per_s": round(bs * 1000 / stats["p50_ms"], 1),
+                            "agreement": agreement[backend],
+                            "agreement_ci95": wilson(agreement[backend], len(real)),
                         }
                     )
                     if backend == "eager":
@@ -228,4 +323,18 @@ def run_bench(
         "rows": rows,
         "torch_threads": torch.get_num_threads(),
         "ort_threads": threads,
+        "agreement_images": len(real),
+        "fastest": fastest_within(rows, min_agreement) if min_agreement is not None else None,
     }
+
+
+def _real_batch(info: Any, data: str | None) -> torch.Tensor:
+    """The agreement images, preprocessed as every exported backend's users feed them."""
+    import numpy as np
+
+    from zoo.deploy.parity import real_images
+    from zoo.deploy.preprocess import preprocess
+    from zoo.images import open_image
+
+    pre = info.preprocessing()
+    return torch.from_numpy(np.stack([preprocess(open_image(p), pre) for p in real_images(data)]))

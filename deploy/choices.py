@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Format = Literal["onnx", "torchscript", "pt2", "triton"]
+Format = Literal["onnx", "torchscript", "pt2", "triton", "openvino"]
 """``zoo export --format``."""
 Exporter = Literal["auto", "dynamo", "legacy"]
 """ONNX exporter: torch.export-based (dynamo), TorchScript-based (legacy), or dynamo first."""
-Precision = Literal["fp32", "fp16"]
-"""``zoo export --precision``: the ONNX graph's weights and compute (inputs/outputs stay fp32)."""
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
+"""``zoo export --precision``: onnx fp32|fp16 (the graph's weights and compute; inputs/outputs
+stay fp32), openvino fp32|bf16|int8 (the inference precision, always set explicitly)."""
 JitMode = Literal["trace", "script"]
 """How ``--format torchscript`` builds its graph."""
 QuantMode = Literal["dynamic", "static"]
@@ -24,20 +25,35 @@ CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
 QuantEngine = Literal["ort", "nncf"]
 """Who quantizes statically: onnxruntime's ``quantize_static``, or NNCF (``quantize_nncf.py``)."""
-Backend = Literal["eager", "compile", "torchscript", "ort_fp32", "ort_fp16", "ort_int8"]
+Backend = Literal[
+    "eager",
+    "compile",
+    "torchscript",
+    "ort_fp32",
+    "ort_fp16",
+    "ort_int8",
+    "ov_fp32",
+    "ov_bf16",
+    "ov_int8",
+]
 """``zoo bench --backends``."""
 Tta = Literal["none", "flip", "five-crop", "ten-crop"]
 """Test-time augmentation of ``zoo eval`` and ``zoo predict`` (see :mod:`zoo.deploy.tta`)."""
+Runtime = Literal["auto", "onnxruntime", "openvino"]
+"""``zoo serve --runtime``: by the file (``.xml`` OpenVINO, ``.onnx`` ONNX Runtime), or named."""
 PredictEngine = Literal["local", "ray"]
 """``zoo predict --out --engine``: this process, or Ray Data."""
 
 FORMATS: tuple[str, ...] = get_args(Format)
 EXPORTERS: tuple[str, ...] = get_args(Exporter)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+ONNX_PRECISIONS: tuple[str, ...] = ("fp32", "fp16")
+OPENVINO_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8")
 JIT_MODES: tuple[str, ...] = get_args(JitMode)
 QUANT_MODES: tuple[str, ...] = get_args(QuantMode)
 CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
 QUANT_ENGINES: tuple[str, ...] = get_args(QuantEngine)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
 TTAS: tuple[str, ...] = get_args(Tta)

@@ -22,7 +22,7 @@ from zoo.deploy.choices import (
     EXPORTERS,
     FORMATS,
     JIT_MODES,
-    PRECISIONS,
+    ONNX_PRECISIONS,
     Exporter,
     JitMode,
     Precision,
@@ -60,7 +60,7 @@ class ExportResult:
     parity: dict[str, Any] = field(default_factory=dict)
     size_mb: float = 0.0
     slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
-    precision: str = "fp32"  # onnx: the graph's weights and compute (inputs/outputs fp32)
+    precision: str = "fp32"  # onnx: weights and compute (I/O fp32); openvino: inference
     embedded_preprocessing: bool = False  # onnx: uint8 NHWC pixels in (graph_preprocess.py)
     fp16_io: bool = False  # onnx, fp16: float16 inputs and outputs too
 
@@ -235,7 +235,7 @@ def export_onnx(
             f"(default {DEFAULT_OPSET})."
         )
     ChoiceError.check("exporter", exporter, EXPORTERS)
-    ChoiceError.check("precision", precision, PRECISIONS)
+    ChoiceError.check("precision", precision, ONNX_PRECISIONS)
     if fp16_io and (precision != "fp16" or embed_preprocessing):
         raise InputError(
             "--fp16-io makes an fp16 graph's inputs and outputs float16: it needs --precision "

@@ -49,7 +49,17 @@ FP32 = Tolerances()
 # "fp16"): max abs 0.058 on logits up to 20.8 (0.28 % of the range), cosine 0.999991. The
 # bound (2 % of the range) leaves 7x room; a classifier weight off by 5 % still fails it.
 FP16 = Tolerances(range_atol=0.02, min_cosine=0.9999)
-TOLERANCES = {"fp32": FP32, "fp16": FP16}  # per --precision (choices.PRECISIONS)
+# OpenVINO bf16 and int8 (zoo export --format openvino): an 8-bit mantissa, or 8-bit values,
+# move logits by more than a per-element bound that still catches a wrong graph, so these pass
+# through the prediction check: top-1 must agree with PyTorch on 98 % of the gate's real images
+# (``--min-agreement`` to change it; the report gives the count). The tensor bounds only catch
+# a graph that is wrong, not rounded: measured on the real ImageNet MobileNetV2, NNCF int8 on
+# 64 photo crops and seeded noise: cosine 0.978-0.992, max abs 1.7 on logits up to ~15; a
+# wrong normalisation mean fails them. bf16 (not runnable on this CPU): max abs 0.25 on
+# MobileNetV2 logits, measured on an AVX512-BF16 machine (issue #15).
+BF16 = Tolerances(range_atol=0.1, min_cosine=0.99, min_agreement=0.98)
+INT8 = Tolerances(range_atol=0.5, min_cosine=0.9, min_agreement=0.98)
+TOLERANCES = {"fp32": FP32, "fp16": FP16, "bf16": BF16, "int8": INT8}  # per choices.PRECISIONS
 
 
 @dataclass
@@ -112,7 +122,11 @@ class ParityReport:
             )
         if not self.predictions.get("passed", True):
             p = self.predictions
-            out.append(f"top-1 agreement {p['agreement']:.1%} on {p['n_images']} real images")
+            floor = self.tolerances.get("min_agreement", MIN_AGREEMENT)
+            out.append(
+                f"top-1 agreement {p['agreement']:.1%} on {p['n_images']} real images "
+                f"(needs {floor:.1%})"
+            )
         out += [
             f"dynamic check failed at batch {d['batch']}, size {d['size']}: max abs {d['max_abs']:.3g}"
             for d in self.dynamic

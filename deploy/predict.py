@@ -21,7 +21,7 @@ from zoo.deploy.tta import average, check_tta, check_views, views
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
-from zoo.ref import ModelRef
+from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Scorer:
 def _identity(ref: ModelRef, device: str) -> dict[str, Any]:
     ident: dict[str, Any] = {"model": str(ref), "device": device}
     if ref.is_path:
-        path = ref.path if ref.kind == "onnx" else ref.model_folder / "model.safetensors"
+        path = ref.path if ref.kind in RUNTIME_KINDS else ref.model_folder / "model.safetensors"
         ident["path"] = os.path.abspath(ref.path)
         if path.exists():
             st = path.stat()
@@ -101,8 +101,9 @@ def load_scorer(
     """Load a model for prediction, once.
 
     Args:
-        model: a model reference: an ``.onnx`` file runs in ONNX Runtime from its embedded
-            metadata alone; anything else is built with :func:`zoo.create_model`.
+        model: a model reference: an ``.onnx`` file runs in ONNX Runtime and an OpenVINO
+            ``.xml`` IR in OpenVINO, each from its embedded metadata alone; anything else is
+            built with :func:`zoo.create_model`.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         embeddings: also offer :attr:`Scorer.embed` (see :mod:`zoo.deploy.embeddings`).
         threads: ONNX Runtime's threads (default: the CPUs available); PyTorch keeps its own.
@@ -150,14 +151,15 @@ def load_scorer(
 
 
 def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> Scorer:
-    if ref.kind == "onnx":
-        from zoo.deploy.runtime import OnnxClassifier
+    if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, from its metadata alone
+        from zoo.deploy.runtime import OnnxClassifier, load_classifier
 
-        clf = OnnxClassifier(str(ref.path), device=device, threads=threads, embeddings=embeddings)
-        width = clf.session.get_outputs()[0].shape[-1]
+        clf = load_classifier(ref.path, device=device, threads=threads, embeddings=embeddings)
+        width = clf.width
         thresholds = clf.meta.get("thresholds")
 
         def onnx_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            assert isinstance(clf, OnnxClassifier)  # load_classifier refuses the others
             logits, feats = clf.run_with_features(x)
             return scores(logits, clf.multi_label), feats
 
@@ -167,7 +169,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> 
                 clf.run_each(list(x)) if clf.embedded else clf.run(x), clf.multi_label
             ),
             labels=tuple(clf.classes),
-            num_classes=width if isinstance(width, int) else len(clf.classes),
+            num_classes=width if width is not None else len(clf.classes),
             multi_label=clf.multi_label,
             thresholds=tuple(thresholds) if thresholds else None,
             identity=_identity(ref, device),

@@ -68,7 +68,7 @@ class ZooPredictor:
         self.scorer = load_scorer(
             model, device=device, embeddings=embeddings, threads=threads, tta=tta
         )
-        if threads is not None and not model.endswith(".onnx"):
+        if threads is not None and not model.endswith((".onnx", ".xml")):
             import torch
 
             torch.set_num_threads(threads)

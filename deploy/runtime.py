@@ -1,49 +1,20 @@
-"""onnxruntime sessions with explicit threads and an asserted provider, plus top-k
-classification from the metadata embedded in the file. Graphs with a fixed batch dimension are
-padded and chunked here, in one place (``run_padded``), for predict, serve, parity and bench."""
+"""onnxruntime sessions with explicit threads and an asserted provider, the ONNX Runtime
+:class:`~zoo.deploy.classifier.Classifier`, and :func:`load_classifier`, which picks the runtime
+for a model file."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zoo.deploy.classifier import Classifier, Prediction, run_padded
 from zoo.deploy.embeddings import flat, with_feature_output
-from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
-from zoo.deploy.preprocess import preprocess, scores
+from zoo.deploy.onnx_meta import read_metadata
 from zoo.errors import BackendUnavailableError, InputError
-from zoo.images import open_image
 from zoo.system import available_cpus
-
-
-def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
-    """Run ``x`` in chunks of exactly ``batch`` samples, for graphs with a fixed batch.
-
-    The last chunk is padded with copies of its last sample (real values, never zeros that a
-    model may not expect) and the padding's outputs are dropped.
-
-    Args:
-        run: one call of the graph on exactly ``batch`` samples.
-        x: any number of samples, ``len(x) >= 1``.
-        batch: the graph's batch dimension.
-
-    Returns:
-        ``len(x)`` outputs, in order.
-    """
-    if len(x) == batch:
-        return run(x)
-    outs = []
-    for i in range(0, len(x), batch):
-        chunk = x[i : i + batch]
-        n = len(chunk)
-        if n < batch:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
-        outs.append(run(chunk)[:n])
-    return np.concatenate(outs)
 
 
 def static_batch_of(session: Any) -> int | None:
@@ -94,15 +65,10 @@ def make_session(
     return sess
 
 
-@dataclass
-class Prediction:
-    label: str
-    index: int
-    score: float
+class OnnxClassifier(Classifier):
+    """An exported zoo model in ONNX Runtime."""
 
-
-class OnnxClassifier:
-    """An exported zoo model: preprocessing and class names come from its metadata."""
+    runtime = "onnxruntime"
 
     def __init__(
         self,
@@ -115,7 +81,6 @@ class OnnxClassifier:
     ) -> None:
         self.path = Path(path)
         self.meta = read_metadata(self.path)
-        self.pre = read_preprocessing(self.meta, self.path)
         t0 = time.perf_counter()
         source: Path | bytes = self.path
         self.feature_name: str | None = None  # embeddings: the second output's name
@@ -124,42 +89,18 @@ class OnnxClassifier:
         self.session = make_session(source, device=device, threads=threads, spin=spin)
         self.load_s = time.perf_counter() - t0
         self.input = self.session.get_inputs()[0]
-        self.static_batch = static_batch_of(self.session)
-        self.output_name = self.session.get_outputs()[0].name
-        self.classes: list[str] = list(self.meta.get("class_names") or [])
-        self.multi_label = bool(self.meta.get("multi_label", False))
-        # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
-        self.embedded = self.input.type == "tensor(uint8)"
-        # zoo export --fp16-io: float16 at the graph's boundary, cast here both ways
-        self.half_io = self.input.type == "tensor(float16)"
-
-    def prepare(self, image: Any) -> np.ndarray:
-        """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
-        or the ``(H, W, C)`` uint8 pixels a graph with embedded preprocessing resizes itself."""
-        if self.embedded:
-            from zoo.deploy.graph_preprocess import pixels
-
-            return pixels(image, self.pre.channels)
-        return preprocess(image, self.pre)
-
-    def run_each(self, samples: list[np.ndarray]) -> np.ndarray:
-        """Logits of samples that may differ in size (pixels for an embedded graph): one
-        batch when they share a shape, one call each otherwise."""
-        if len({x.shape for x in samples}) == 1:
-            return self.run(np.stack(samples))
-        return np.concatenate([self.run(x[None]) for x in samples])
+        self.input_shape, self.input_type = list(self.input.shape), self.input.type
+        self.input_name, self.output_name = self.input.name, self.session.get_outputs()[0].name
+        width = self.session.get_outputs()[0].shape[-1]
+        self.width = width if isinstance(width, int) else None
+        self.threads = self.session.get_session_options().intra_op_num_threads
+        self._init_common()
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         if self.half_io:
             x = batch.astype(np.float16)
             return self.session.run([self.output_name], {self.input.name: x})[0].astype(np.float32)
         return self.session.run([self.output_name], {self.input.name: batch})[0]
-
-    def run(self, batch: np.ndarray) -> np.ndarray:
-        """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
-        if self.static_batch is None:
-            return self._run_once(batch)
-        return run_padded(self._run_once, batch, self.static_batch)
 
     def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits and penultimate features (``(N, D)`` float32) in one pass; needs
@@ -180,23 +121,48 @@ class OnnxClassifier:
         )
         return out[:, :width], flat(out[:, width:])
 
-    def preprocess_images(self, images: list[Any]) -> list[np.ndarray]:
-        return [
-            self.prepare(im if not isinstance(im, str | Path | bytes) else open_image(im))
-            for im in images
-        ]
 
-    def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
-        probs = scores(self.run_each(self.preprocess_images(images)), self.multi_label)
-        out = []
-        for row in probs:
-            top = np.argsort(-row)[:k]
-            out.append(
-                [
-                    Prediction(
-                        self.classes[i] if i < len(self.classes) else str(i), int(i), float(row[i])
-                    )
-                    for i in top
-                ]
+def load_classifier(
+    path: str | Path,
+    *,
+    runtime: str = "auto",
+    device: str = "cpu",
+    threads: int | None = None,
+    spin: bool = True,
+    embeddings: bool = False,
+) -> Classifier:
+    """The runtime for a model file: an ``.xml`` IR (or ``runtime="openvino"``) in OpenVINO
+    (:mod:`zoo.deploy.openvino_runtime`), an ``.onnx`` file in ONNX Runtime.
+
+    Raises:
+        InputError: an IR with ``runtime="onnxruntime"``, or embeddings asked of OpenVINO.
+        BackendUnavailableError: the runtime or device is not available.
+    """
+    from zoo.deploy.choices import RUNTIMES
+    from zoo.errors import ChoiceError
+
+    ChoiceError.check("runtime", runtime, RUNTIMES)
+    is_ir = Path(path).suffix == ".xml"
+    if is_ir and runtime == "onnxruntime":
+        raise InputError(f"{path} is an OpenVINO IR: run it with --runtime openvino (or auto).")
+    if is_ir or runtime == "openvino":
+        if embeddings:
+            raise InputError(
+                "--embeddings reads a second output that zoo adds to ONNX graphs: use the .onnx "
+                "file with --runtime onnxruntime."
             )
-        return out
+        from zoo.deploy.openvino_runtime import OpenVinoClassifier
+
+        return OpenVinoClassifier(path, device=device, threads=threads)
+    return OnnxClassifier(path, device=device, threads=threads, spin=spin, embeddings=embeddings)
+
+
+__all__ = [
+    "Classifier",
+    "OnnxClassifier",
+    "Prediction",
+    "load_classifier",
+    "make_session",
+    "run_padded",
+    "static_batch_of",
+]

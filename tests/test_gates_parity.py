@@ -35,7 +35,14 @@ def test_tolerances_are_the_documented_ones() -> None:
         "range_atol": 0.0,
     }
     assert parity.Tolerances(range_atol=0.02, min_cosine=0.9999) == parity.FP16
-    assert parity.TOLERANCES == {"fp32": parity.FP32, "fp16": parity.FP16}
+    assert parity.Tolerances(range_atol=0.1, min_cosine=0.99, min_agreement=0.98) == parity.BF16
+    assert parity.Tolerances(range_atol=0.5, min_cosine=0.9, min_agreement=0.98) == parity.INT8
+    assert parity.TOLERANCES == {
+        "fp32": parity.FP32,
+        "fp16": parity.FP16,
+        "bf16": parity.BF16,
+        "int8": parity.INT8,
+    }
     assert tuple(parity.TOLERANCES) == PRECISIONS  # a bound for every --precision
 
 
@@ -189,7 +196,7 @@ def test_report_failures_name_each_broken_level() -> None:
     r = _report(tensors=False, predictions=False, dynamic=[(1, 224, True), (5, 192, False)])
     assert r.failures() == [
         "tensors differ: max abs 0.25, max rel 1.5, cosine 0.900000",
-        "top-1 agreement 50.0% on 4 real images",
+        "top-1 agreement 50.0% on 4 real images (needs 100.0%)",
         "dynamic check failed at batch 5, size 192: max abs 0.125",
     ]
     d = r.to_dict()

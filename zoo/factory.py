@@ -45,10 +45,11 @@ def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
         return get_entry(ref.name), None
     if ref.kind in ("timm", "hf-hub"):
         return get_entry(f"timm:{ref.timm_name}"), None
-    if ref.kind == "onnx":
+    if ref.kind in ("onnx", "openvino"):
         raise ModelRefError(
             ref.shown,
-            "is an ONNX file, and this needs a PyTorch model: give the registry name or model "
+            f"is an {'ONNX file' if ref.kind == 'onnx' else 'OpenVINO IR'}, and this needs a "
+            "PyTorch model: give the registry name or model "
             "folder it was exported from",
         )
     if ref.kind == "hf":

@@ -11,7 +11,8 @@ Accepted forms and their precedence (the first rule that applies wins):
 1. A prefix names its kind, whatever exists on disk: ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
    ``hf-hub:ORG/NAME`` (timm's spelling, resolved to ``timm:NAME``). A folder literally
    called ``hf:x`` is named ``./hf:x``.
-2. A name ending in ``.onnx`` is an ONNX file, and must exist.
+2. A name ending in ``.onnx`` is an ONNX file, one ending in ``.xml`` an OpenVINO IR (written by
+   ``zoo export --format openvino``); either must exist.
 3. A path spelling (a separator, a leading ``.`` or ``~``, or an absolute path) is a folder,
    and must exist: a training run when it holds ``model/``, else a model folder (its
    contract is checked when it is loaded, with the precise violation).
@@ -33,8 +34,10 @@ from typing import Literal
 
 from zoo.errors import ModelRefError, UnknownModelError
 
-RefKind = Literal["registry", "timm", "hf", "hf-hub", "run", "model-folder", "onnx"]
-PATH_KINDS: frozenset[RefKind] = frozenset({"run", "model-folder", "onnx"})
+RefKind = Literal["registry", "timm", "hf", "hf-hub", "run", "model-folder", "onnx", "openvino"]
+PATH_KINDS: frozenset[RefKind] = frozenset({"run", "model-folder", "onnx", "openvino"})
+RUNTIME_KINDS: frozenset[RefKind] = frozenset({"onnx", "openvino"})  # files a runtime runs as is
+_RUNTIME_SUFFIXES = {".onnx": ("onnx", "ONNX file"), ".xml": ("openvino", "OpenVINO IR (.xml)")}
 
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
 _REVISION = re.compile(r"^[\w.-]+(/[\w.-]+)*$")  # a branch, tag, commit or refs/pr/N
@@ -93,7 +96,7 @@ class ModelRef:
             raise ModelRefError(text, "is empty")
         if s.startswith(_PREFIXES):
             return _parse_prefixed(s)
-        if s.endswith(".onnx") or _looks_like_path(s):
+        if s.endswith(tuple(_RUNTIME_SUFFIXES)) or _looks_like_path(s):
             return _parse_path(s, text=s)
         from zoo.catalog import suggest, try_canonical_name
 
@@ -187,12 +190,13 @@ def _parse_prefixed(s: str) -> ModelRef:
 
 def _parse_path(s: str, *, text: str) -> ModelRef:
     p = Path(s).expanduser()
-    if s.endswith(".onnx"):
+    if p.suffix in _RUNTIME_SUFFIXES:
+        kind, what = _RUNTIME_SUFFIXES[p.suffix]
         if not p.is_file():
             raise ModelRefError(
-                text, "does not exist (no such ONNX file)" if not p.exists() else "is not a file"
+                text, f"does not exist (no such {what})" if not p.exists() else "is not a file"
             )
-        return ModelRef("onnx", s, text=text)
+        return ModelRef(kind, s, text=text)  # type: ignore[arg-type]
     if not p.exists():
         raise ModelRefError(text, "does not exist (no such run or model folder)")
     if not p.is_dir():
@@ -204,4 +208,4 @@ def _parse_path(s: str, *, text: str) -> ModelRef:
     return ModelRef("run" if (p / "model").is_dir() else "model-folder", s, text=text)
 
 
-__all__ = ["ModelRef", "RefKind", "is_repo_id"]
+__all__ = ["RUNTIME_KINDS", "ModelRef", "RefKind", "is_repo_id"]

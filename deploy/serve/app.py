@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.deploy.preprocess import check_aspect, scores
-from zoo.deploy.runtime import OnnxClassifier
+from zoo.deploy.runtime import Classifier, load_classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import ServerMetrics
@@ -61,7 +61,7 @@ class ModelServer:
         self.metrics = ServerMetrics()
         self.ready = False
         self.load_error: str | None = None
-        self.clf: OnnxClassifier | None = None
+        self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
         self._openapi: bytes | None = None
         self._page: str | None = None
@@ -70,10 +70,14 @@ class ModelServer:
     def _load(self) -> None:
         """Create the session and warm it up at batch 1 and max batch (in a thread)."""
         try:
-            clf = OnnxClassifier(  # no spinning: the same cores decode and answer HTTP
-                self.cfg.model_path, device=self.cfg.device, threads=self.cfg.threads, spin=False
+            clf = load_classifier(  # no spinning: the same cores decode and answer HTTP
+                self.cfg.model_path,
+                runtime=self.cfg.runtime,
+                device=self.cfg.device,
+                threads=self.cfg.threads,
+                spin=False,
             )
-            shape = clf.input.shape
+            shape = clf.input_shape
             if clf.embedded:  # pixels of any size: warmed up at the crop size
                 crop = clf.pre.crop_size
                 self.sample_shape: tuple[int, ...] = (crop, crop, clf.pre.channels)
@@ -89,12 +93,14 @@ class ModelServer:
             self.clf = clf
             self.ready = True
             log.info(
-                "zoo serve: model %r ready (%s) on %s, ORT intra-op threads %s, max batch %s%s, "
+                "zoo serve: model %r ready (%s) in %s on %s, %s threads, max batch %s%s, "
                 "max delay %s ms, max queue %s, timeout %s ms",
                 self.cfg.name,
                 self.cfg.model_path,
+                clf.runtime
+                + (f" {clf.meta.get('precision', 'fp32')}" if clf.runtime != "onnxruntime" else ""),
                 self.cfg.device,
-                clf.session.get_session_options().intra_op_num_threads,
+                clf.threads,
                 self.cfg.max_batch,
                 f" (the graph's batch is fixed at {clf.static_batch}: padded and chunked)"
                 if clf.static_batch
@@ -171,12 +177,12 @@ class ModelServer:
         assert self.clf is not None
         if len(inputs) != 1:
             raise InputError(
-                f"this model takes exactly one input ({self.clf.input.name!r}), got {len(inputs)}"
+                f"this model takes exactly one input ({self.clf.input_name!r}), got {len(inputs)}"
             )
         name, x = inputs[0]
-        if name != self.clf.input.name:
+        if name != self.clf.input_name:
             raise InputError(
-                f"unknown input {name!r}; the model's input is {self.clf.input.name!r}"
+                f"unknown input {name!r}; the model's input is {self.clf.input_name!r}"
             )
         if self.clf.embedded:
             return self._validate_pixels(name, x)
@@ -274,9 +280,9 @@ class ModelServer:
             versions=["1"],
             platform="onnxruntime_onnx",
             inputs=[
-                TensorMetadata(self.clf.input.name, "UINT8", [-1, -1, -1, self.clf.pre.channels])
+                TensorMetadata(self.clf.input_name, "UINT8", [-1, -1, -1, self.clf.pre.channels])
                 if self.clf.embedded
-                else TensorMetadata(self.clf.input.name, "FP32", [-1, *self.sample_shape])
+                else TensorMetadata(self.clf.input_name, "FP32", [-1, *self.sample_shape])
             ],
             outputs=[
                 TensorMetadata(self.clf.output_name, "FP32", [-1, len(self.clf.classes) or -1])

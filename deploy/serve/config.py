@@ -17,6 +17,7 @@ class ServeConfig:
     timeout_ms: float = 10_000.0
     threads: int | None = None  # ORT intra-op threads; default: the CPUs actually available
     device: str = "cpu"
+    runtime: str = "auto"  # by the file (.xml: OpenVINO), or onnxruntime / openvino
     max_body_mb: float = 32.0
     max_image_pixels: int = 40_000_000  # below zoo.images.MAX_PIXELS: a server is exposed
     graceful_timeout_s: float = 30.0

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig
-from zoo.ref import ModelRef
+from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
 def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
     """The ONNX file to serve for a model reference.
 
     Args:
-        model: a model reference: an ``.onnx`` file is served as is; a run or model folder
+        model: a model reference: an ``.onnx`` file or OpenVINO ``.xml`` IR is served as is; a
+            run or model folder
             holding ``model.onnx`` serves that file; anything else (a registry, timm or Hub
             name, a folder without ONNX) is exported to ``workdir`` first.
         workdir: where an on-the-fly export is written.
@@ -33,7 +34,7 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
         Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
     """
     ref = ModelRef.parse(model)
-    if ref.kind == "onnx":
+    if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, served as it is
         return ref.path
     if ref.kind in ("run", "model-folder"):
         candidate = ref.model_folder / ONNX_FILE
@@ -52,7 +53,12 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
 def default_name(onnx_path: Path) -> str:
     from zoo.deploy.onnx_meta import read_metadata
 
-    meta = read_metadata(onnx_path)
+    if onnx_path.suffix == ".xml":
+        from zoo.deploy.openvino_runtime import read_ir_file_metadata
+
+        meta = read_ir_file_metadata(onnx_path)
+    else:
+        meta = read_metadata(onnx_path)
     if meta.get("arch") and meta.get("tag"):
         return f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
     return onnx_path.stem

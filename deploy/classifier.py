@@ -1,0 +1,130 @@
+"""What predict and serve run, whatever the runtime (:class:`Classifier`): preprocessing and
+class names from the model file's zoo metadata, top-k, and fixed-batch graphs padded and
+chunked in one place (``run_padded``) for predict, serve, parity and bench. The runtimes are
+:class:`zoo.deploy.runtime.OnnxClassifier` and
+:class:`zoo.deploy.openvino_runtime.OpenVinoClassifier`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoo.deploy.onnx_meta import read_preprocessing
+from zoo.deploy.preprocess import preprocess, scores
+from zoo.images import open_image
+
+
+def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
+    """Run ``x`` in chunks of exactly ``batch`` samples, for graphs with a fixed batch.
+
+    The last chunk is padded with copies of its last sample (real values, never zeros that a
+    model may not expect) and the padding's outputs are dropped.
+
+    Args:
+        run: one call of the graph on exactly ``batch`` samples.
+        x: any number of samples, ``len(x) >= 1``.
+        batch: the graph's batch dimension.
+
+    Returns:
+        ``len(x)`` outputs, in order.
+    """
+    if len(x) == batch:
+        return run(x)
+    outs = []
+    for i in range(0, len(x), batch):
+        chunk = x[i : i + batch]
+        n = len(chunk)
+        if n < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
+        outs.append(run(chunk)[:n])
+    return np.concatenate(outs)
+
+
+@dataclass
+class Prediction:
+    label: str
+    index: int
+    score: float
+
+
+class Classifier:
+    """What predict and serve run, whatever the runtime: preprocessing and class names from the
+    model file's zoo metadata, batches padded and chunked for a fixed-batch graph, top-k.
+
+    A runtime sets ``meta``, ``input_name``, ``input_shape``, ``input_type`` (ONNX's
+    spelling, e.g. ``tensor(float)``), ``output_name``, ``width`` (outputs per sample),
+    ``threads`` and ``load_s``, and implements ``_run_once`` (exactly the graph's batch in,
+    float32 logits out).
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    input_name: str
+    input_shape: list[Any]
+    input_type: str
+    output_name: str
+    width: int | None
+    threads: int
+    load_s: float
+    runtime: str
+
+    def _init_common(self) -> None:
+        self.pre = read_preprocessing(self.meta, self.path)
+        dim = self.input_shape[0]
+        self.static_batch = dim if isinstance(dim, int) and dim > 0 else None
+        self.classes: list[str] = list(self.meta.get("class_names") or [])
+        self.multi_label = bool(self.meta.get("multi_label", False))
+        # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
+        self.embedded = self.input_type == "tensor(uint8)"
+        # zoo export --fp16-io: float16 at the graph's boundary, cast here both ways
+        self.half_io = self.input_type == "tensor(float16)"
+
+    def _run_once(self, batch: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def prepare(self, image: Any) -> np.ndarray:
+        """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
+        or the ``(H, W, C)`` uint8 pixels a graph with embedded preprocessing resizes itself."""
+        if self.embedded:
+            from zoo.deploy.graph_preprocess import pixels
+
+            return pixels(image, self.pre.channels)
+        return preprocess(image, self.pre)
+
+    def run_each(self, samples: list[np.ndarray]) -> np.ndarray:
+        """Logits of samples that may differ in size (pixels for an embedded graph): one
+        batch when they share a shape, one call each otherwise."""
+        if len({x.shape for x in samples}) == 1:
+            return self.run(np.stack(samples))
+        return np.concatenate([self.run(x[None]) for x in samples])
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
+        if self.static_batch is None:
+            return self._run_once(batch)
+        return run_padded(self._run_once, batch, self.static_batch)
+
+    def preprocess_images(self, images: list[Any]) -> list[np.ndarray]:
+        return [
+            self.prepare(im if not isinstance(im, str | Path | bytes) else open_image(im))
+            for im in images
+        ]
+
+    def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
+        probs = scores(self.run_each(self.preprocess_images(images)), self.multi_label)
+        out = []
+        for row in probs:
+            top = np.argsort(-row)[:k]
+            out.append(
+                [
+                    Prediction(
+                        self.classes[i] if i < len(self.classes) else str(i), int(i), float(row[i])
+                    )
+                    for i in top
+                ]
+            )
+        return out

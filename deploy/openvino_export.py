@@ -1,0 +1,225 @@
+"""``zoo export --format openvino``: an OpenVINO IR (``model.xml`` + ``model.bin`` in a folder)
+converted from zoo's parity-proven ONNX export, optionally int8 by NNCF, judged by the same
+gate against PyTorch at the precision it will run in, and written atomically.
+
+The folder is built beside its destination and swapped in whole (:func:`zoo.durable.replace_dir`):
+a kill leaves the old IR, none, or the new one, never a new ``.bin`` under an old ``.xml``.
+Weights are saved in fp32 (``compress_to_fp16=False``): the precision is the runtime's, set
+explicitly (:mod:`zoo.deploy.openvino_runtime`), never a side effect of saving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoo import durable
+from zoo.deploy.choices import OPENVINO_PRECISIONS
+from zoo.deploy.export import ExportResult, export_onnx, load_for_export
+from zoo.deploy.openvino_runtime import (
+    HINTS,
+    META_KEY,
+    compile_cpu,
+    openvino,
+    require_precision,
+)
+from zoo.deploy.parity import TOLERANCES, check_parity, real_images
+from zoo.errors import ChoiceError, InputError, ParityError
+from zoo.ref import ModelRef
+
+IR_FILES = ("model.xml", "model.bin")
+GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5 checked too)
+
+
+def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: int) -> list[Any]:
+    """Calibration batches for int8, from images none of which the gate judges with."""
+    from zoo.deploy.preprocess import preprocess
+    from zoo.images import open_image
+
+    if calib is None:
+        raise InputError(
+            "--precision int8 needs --calib DIR: a folder of real images like the ones the model "
+            "will see (a few hundred; not the --data images the gate judges it on)."
+        )
+    images = real_images(calib, limit=limit)
+    if not images:
+        raise InputError(f"No images found for calibration in {calib}.")
+    shared = {p.resolve() for p in images} & {p.resolve() for p in gate_images}
+    if shared:
+        raise InputError(
+            f"{len(shared)} calibration image(s) are also gate images (e.g. {min(shared)}): "
+            "the agreement would be measured on what int8 was fitted to. Give --data and "
+            "--calib disjoint folders."
+        )
+    return [preprocess(open_image(p), pre)[None] for p in images]
+
+
+def _nncf_int8(model: Any, batches: list[Any]) -> Any:
+    """NNCF's post-training int8 of an OpenVINO model (its native backend: FakeQuantize nodes
+    that the CPU plugin runs as int8 kernels)."""
+    try:
+        import nncf
+    except ImportError as exc:
+        raise InputError(f"--precision int8 needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
+    name = model.inputs[0].get_any_name()
+    # NNCF draws progress bars on stdout, where --json's report goes: they go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        return nncf.quantize(
+            model,
+            nncf.Dataset(batches, lambda x: {name: x}),
+            preset=nncf.QuantizationPreset.MIXED,
+            subset_size=len(batches),
+            fast_bias_correction=False,
+        )
+
+
+def export_openvino(
+    name: str | ModelRef,
+    out: Path,
+    *,
+    precision: str = "fp32",
+    data: str | None = None,
+    calib: str | None = None,
+    calib_size: int = 300,
+    min_agreement: float | None = None,
+    allow_mismatch: bool = False,
+    weights: str | None = None,
+    model: Any = None,
+) -> ExportResult:
+    """Export an OpenVINO IR folder (``out/model.xml``, ``out/model.bin``) that runs at
+    ``precision``, proven against PyTorch by the parity gate at that precision.
+
+    Args:
+        name: what to export (a model reference, as for :func:`zoo.deploy.export.export_onnx`).
+        out: the IR folder to write (replaced whole; it must hold only an IR if it exists).
+        precision: ``fp32``, ``bf16`` (on a CPU that runs it) or ``int8`` (NNCF, needs
+            ``calib``); judged by :data:`zoo.deploy.parity.TOLERANCES` of that precision.
+        data: real images for the gate (default: the bundled samples).
+        calib: int8: a folder of calibration images, disjoint from ``data``.
+        calib_size: int8: at most this many calibration images.
+        min_agreement: bf16/int8: the share of the gate's real images whose top-1 must agree
+            with PyTorch (default 0.98); fp32 always needs all of them.
+        allow_mismatch, weights, model: as for :func:`zoo.deploy.export.export_onnx` (``model``:
+            this instance, not a fresh one: a randomly initialised entry differs each time).
+
+    Returns:
+        What was written, with the gate's report of the IR (``parity``) and of the ONNX step
+        (``attempts[0]``).
+
+    Raises:
+        ChoiceError: an unknown precision.
+        InputError: ``out`` holds other files; int8 without (disjoint) calibration images.
+        BackendUnavailableError: OpenVINO (or NNCF) missing, or a precision this CPU cannot run.
+        ParityError: the IR does not match PyTorch at its precision (nothing is written).
+        Everything :func:`zoo.deploy.export.export_onnx` raises.
+    """
+    ChoiceError.check("precision", precision, OPENVINO_PRECISIONS)
+    tolerances = TOLERANCES[precision]
+    if min_agreement is not None:
+        if precision == "fp32" or not 0 < min_agreement <= 1:
+            raise InputError(
+                f"--min-agreement {min_agreement}: give a share in (0, 1] for --precision bf16 or "
+                "int8 (fp32 must agree on every image)."
+            )
+        tolerances = replace(tolerances, min_agreement=min_agreement)
+    ov = openvino()
+    core = ov.Core()
+    if out.exists() and (not out.is_dir() or set(p.name for p in out.iterdir()) - set(IR_FILES)):
+        raise InputError(
+            f"{out} exists and is not an OpenVINO IR folder: give a new folder (-o DIR); zoo "
+            f"replaces a folder holding only {' and '.join(IR_FILES)}."
+        )
+    require_precision(core, precision)  # before the work, not after it
+    ref = ModelRef.parse(name)
+    fresh, info, _ = load_for_export(ref, weights)
+    model = (model if model is not None else fresh).eval()
+    images = real_images(data)
+    batches = (
+        _calibration(calib, images, info.preprocessing(), calib_size)
+        if precision == "int8"
+        else None
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.onnx.") as work:
+        onnx_file = Path(work) / "model.onnx"
+        step = export_onnx(ref, onnx_file, data=data, weights=weights, model=model)
+        from zoo.deploy.onnx_meta import read_metadata
+
+        meta = read_metadata(onnx_file)
+        ir = ov.convert_model(str(onnx_file))
+    if batches is not None:
+        ir = _nncf_int8(ir, batches)
+    compiled = compile_cpu(core, ir, precision, None)
+    request = compiled.create_infer_request()
+
+    def run(x: np.ndarray) -> np.ndarray:
+        request.infer({0: x})
+        return np.array(request.get_output_tensor(0).data, dtype=np.float32)
+
+    parity = check_parity(
+        model,
+        info,
+        run,
+        export_batch=GATE_BATCH,
+        dynamic_batch=True,
+        dynamic_size=False,
+        images=images,
+        tolerances=tolerances,
+    )
+    result = ExportResult(
+        path=str(out / IR_FILES[0]),
+        format="openvino",
+        model=ref.shown,
+        opset=step.opset,
+        exporter=f"{step.exporter} → openvino.convert_model",
+        attempts=[{"onnx": step.to_dict()}],
+        parity=parity.to_dict(),
+        precision=precision,
+    )
+    if not parity.passed and not allow_mismatch:
+        raise ParityError(
+            f"OpenVINO {precision} IR of {ref.shown} does not match PyTorch: "
+            + "; ".join(parity.failures())
+            + ". Nothing was written; --allow-mismatch writes it anyway."
+        )
+    ir_meta = {
+        **meta,
+        "format": "openvino",
+        "precision": precision,
+        "openvino": {
+            "version": ov.__version__,
+            "inference_precision": HINTS[precision],
+            "int8": {"engine": "nncf", "preset": "mixed", "calib_images": len(batches)}
+            if batches is not None
+            else None,
+        },
+        "parity": {
+            **meta["parity"],
+            "passed": parity.passed,
+            "max_abs": parity.tensors.get("max_abs"),
+            "cosine": parity.tensors.get("cosine"),
+            "top1_agreement": parity.predictions.get("agreement"),
+            "dynamic_checked": [[d["batch"], d["size"]] for d in parity.dynamic],
+        },
+    }
+    ir.set_rt_info(json.dumps(ir_meta), META_KEY)
+    tmp = durable.temp_path(out, folder=True)
+    try:
+        ov.save_model(ir, str(tmp / IR_FILES[0]), compress_to_fp16=False)
+        durable.replace_dir(tmp, out, label=None)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.size_mb = round(sum((out / f).stat().st_size for f in IR_FILES) / 2**20, 2)
+    return result
+
+
+__all__ = ["IR_FILES", "export_openvino"]
