@@ -272,6 +272,12 @@ def _check_precision(fmt: str, precision: str, calib: str | None, agree: float |
             + (" (int8 ONNX: zoo quantize)" if fmt == "onnx" and precision == "int8" else ""),
             param_hint="--precision",
         )
+    if calib is None and (fmt, precision) == ("openvino", "int8"):
+        raise typer.BadParameter(
+            "--format openvino --precision int8 needs --calib DIR: real images like the ones "
+            "the model will see, not the --data images the gate judges it on",
+            param_hint="--calib",
+        )
     if calib is not None and (fmt, precision) != ("openvino", "int8"):
         raise typer.BadParameter(
             "--calib applies to --format openvino --precision int8 (ONNX int8: zoo quantize)",
@@ -493,6 +499,17 @@ def quantize_cmd(
     max_accuracy_drop: Annotated[
         float | None, typer.Option(help="fail above this drop, e.g. 0.01")
     ] = None,
+    target_agreement: Annotated[
+        float | None,
+        typer.Option(
+            "--target-agreement",
+            min=0.0,
+            max=1.0,
+            help="static, --engine ort: try every calibration, then keep the most sensitive "
+            "nodes float until top-1 agreement with fp32 on --data (held out: no --calib "
+            "image in it) reaches this, e.g. 0.98",
+        ),
+    ] = None,
     threads: int | None = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
     as_json: JsonOpt = False,
@@ -500,6 +517,17 @@ def quantize_cmd(
     """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32."""
     from zoo.deploy.quantize import quantize
 
+    if mode == "dynamic" and calib is not None:
+        raise typer.BadParameter(
+            "--calib applies to --mode static (dynamic quantization calibrates nothing)",
+            param_hint="--calib",
+        )
+    if target_agreement is not None and not target_agreement > 0.0:  # 0 or nan
+        raise typer.BadParameter(
+            f"{target_agreement} is not in (0, 1]: give the share of top-1 answers to keep, "
+            "e.g. 0.98",
+            param_hint="--target-agreement",
+        )
     dest = output or model.with_name(model.stem + f".int8-{mode}.onnx")
     report = quantize(
         model,
@@ -512,6 +540,7 @@ def quantize_cmd(
         max_accuracy_drop=max_accuracy_drop,
         threads=threads,
         engine=engine,
+        target_agreement=target_agreement,
     )
     for line in report["advice_before"]:
         err.print(f"advice: {line}")
@@ -538,6 +567,24 @@ def quantize_cmd(
             )
         cov = report["coverage"]
         out.print(f"coverage: {cov['quantized']}/{cov['heavy_ops']} Conv/Gemm/MatMul nodes in int8")
+        if "search" in report:
+            s, cal = report["search"], report["search"]["calibration"]
+            ops = ", ".join(f"{n} {op}" for op, n in s["float_ops"].items()) or "none"
+            out.print(
+                f"float: {s['k']} of {s['sensitivity']['candidates']} quantizable nodes kept "
+                f"float ({ops}) for target agreement {s['target']:.1%}"
+            )
+            out.print(
+                f"calibration: {cal['method']}, per-channel {'on' if cal['per_channel'] else 'off'}"
+                f"{', symmetric activations' if cal['symmetric_activations'] else ''} won of "
+                f"{len(cal['tried'])} tried on {cal['n_images']} calibration images"
+            )
+            held = s["held_out"]
+            low, high = held["ci95"]
+            out.print(
+                f"held-out agreement: {held['agreement']:.1%} on {held['n_images']} --data images "
+                f"(95% interval {low:.1%}–{high:.1%}; the float count was chosen on them)"
+            )
     if report.get("advice_after"):
         err.print(f"advice: {report['advice_after']}")
 
@@ -640,7 +687,8 @@ def bench_cmd(
             err.print(f"no backend reaches agreement ≥ {min_agreement:.1%} on {dev}, batch {bs}")
     fp = report["fingerprint"]
     out.print(
-        f"torch {fp['torch']}, onnxruntime {fp['onnxruntime']}, {fp['threads']} threads, "
+        f"torch {fp['torch']}, onnxruntime {fp['onnxruntime']}, openvino {fp['openvino']}, "
+        f"{fp['threads']} threads, "
         f"{fp['cpus_available']} CPUs, {fp['processor']}"
     )
 

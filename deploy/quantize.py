@@ -8,8 +8,10 @@ and after with the measured numbers, and never switches modes silently.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -29,6 +31,7 @@ from zoo.deploy.choices import (
 from zoo.deploy.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.deploy.parity import real_images
 from zoo.deploy.preprocess import preprocess
+from zoo.deploy.quantize_search import CalibReader
 from zoo.deploy.runtime import make_session
 from zoo.errors import ChoiceError, InputError, QuantizationError
 from zoo.images import open_image
@@ -48,7 +51,10 @@ def conv_heavy(counts: Counter[str]) -> bool:
 
 def coverage(fp32: Counter[str], q_path: Path, mode: str) -> dict[str, Any]:
     """How many of the fp32 model's Conv/Gemm/MatMul nodes run in int8 afterwards: integer ops
-    (dynamic), or heavy ops fed by a DequantizeLinear that ORT fuses into QLinear ops (QDQ)."""
+    (dynamic), or heavy ops whose two operands (activation and weight) both come from a
+    DequantizeLinear, which ORT fuses into QLinear ops (QDQ). A node kept float
+    (``nodes_to_exclude``) keeps its float weight and counts as fp32 even when its input was
+    dequantized for it."""
     import onnx
 
     graph = onnx.load(str(q_path), load_external_data=False).graph
@@ -60,17 +66,10 @@ def coverage(fp32: Counter[str], q_path: Path, mode: str) -> dict[str, Any]:
         quantized = sum(
             1
             for n in graph.node
-            if n.op_type in HEAVY_OPS and producer.get(n.input[0]) == "DequantizeLinear"
+            if n.op_type in HEAVY_OPS
+            and all(producer.get(i) == "DequantizeLinear" for i in n.input[:2])
         )
     return {"heavy_ops": total, "quantized": quantized, "fp32_left": total - quantized}
-
-
-class _CalibReader:
-    def __init__(self, batches: list[np.ndarray], input_name: str) -> None:
-        self._it = iter([{input_name: b} for b in batches])
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
 
 
 def _labels_for(images: list[Path], classes: list[str]) -> np.ndarray | None:
@@ -94,6 +93,7 @@ def quantize(
     threads: int | None = None,
     calib_size: int = 64,
     engine: QuantEngine = "ort",
+    target_agreement: float | None = None,
 ) -> dict[str, Any]:
     """Quantize an exported fp32 ONNX model to int8, measure it against fp32, and write it
     atomically (nothing is written when a step or the accuracy gate fails).
@@ -115,16 +115,29 @@ def quantize(
         engine: static: ``ort`` (onnxruntime's ``quantize_static``, with ``method`` and
             ``per_channel``) or ``nncf`` (NNCF's post-training quantization, its own ranges:
             :mod:`zoo.deploy.quantize_nncf`).
+        target_agreement: static, ``ort``: search for the calibration and the fewest nodes
+            kept float such that top-1 agreement with fp32 on the ``eval_data`` images (which
+            must be disjoint from ``calib``) reaches this share, in (0, 1]
+            (:mod:`zoo.deploy.quantize_search`). The search tries every ``method`` and
+            ``per_channel`` setting itself. The number of float nodes is chosen on the
+            ``eval_data`` images, so the agreement reported there is the stopping rule's own
+            figure. ``max_accuracy_drop`` still applies to the result, on the same images.
 
     Returns:
         The report: sizes, p50 latencies and their ratios, top-1 agreement (and accuracy
-        with labels), op coverage, advice, the gate, and ``path``.
+        with labels), op coverage, advice, the gate, ``path``, and with
+        ``target_agreement`` a ``search`` section (calibration tried and chosen, float
+        nodes, the steps of the search, held-out agreement with its interval).
 
     Raises:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
         InputError: ``model`` is missing, not ONNX or without zoo metadata; static mode
-            without ``calib`` or with no images in it.
-        QuantizationError: the accuracy gate failed.
+            without ``calib`` or with no images in it; ``target_agreement`` out of (0, 1],
+            without static ``ort`` mode or ``eval_data``, with a ``method`` or
+            ``per_channel`` of its own, or with ``eval_data`` images that are also
+            calibration images.
+        QuantizationError: the accuracy gate failed, or no number of float nodes reaches
+            ``target_agreement``.
     """
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -145,6 +158,13 @@ def quantize(
             "--engine nncf picks activation ranges its own way: drop --method (it applies to "
             "--engine ort)."
         )
+    if mode == "dynamic" and calib is not None:
+        raise InputError(
+            "--calib calibrates activations, which --mode dynamic does not quantize: drop "
+            "--calib, or use --mode static."
+        )
+    if target_agreement is not None:
+        _check_search_options(target_agreement, mode, engine, method, per_channel, eval_data)
     meta = read_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise InputError(
@@ -166,7 +186,19 @@ def quantize(
     fp32_ops = op_counts(model)
     advice = advice_before(model.name, fp32_ops, mode)
     eval_imgs = real_images(eval_data, limit=200)
+    calib_imgs: list[Path] = []
+    if mode == "static":
+        if calib is None:
+            raise InputError("--mode static needs --calib DIR with representative real images.")
+        calib_imgs = real_images(calib, limit=calib_size)
+        if not calib_imgs:
+            raise InputError(f"No images found for calibration in {calib}.")
+        if target_agreement is not None:
+            from zoo.deploy.quantize_search import check_disjoint
+
+            check_disjoint(calib_imgs, eval_imgs)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in eval_imgs])
+    searched = None
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmpdir:
         prepped = Path(tmpdir) / "prepped.onnx"
@@ -177,11 +209,6 @@ def quantize(
                 str(prepped), str(tmp_out), weight_type=QuantType.QInt8, per_channel=per_channel
             )
         else:
-            if calib is None:
-                raise InputError("--mode static needs --calib DIR with representative real images.")
-            calib_imgs = real_images(calib, limit=calib_size)
-            if not calib_imgs:
-                raise InputError(f"No images found for calibration in {calib}.")
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
             methods = {m.name.lower(): m for m in CalibrationMethod}  # MinMax -> minmax
             sess_in = make_session(model).get_inputs()[0].name
@@ -189,17 +216,36 @@ def quantize(
                 from zoo.deploy.quantize_nncf import nncf_quantize
 
                 nncf_quantize(prepped, tmp_out, batches, sess_in)
-            else:
-                quantize_static(
-                    str(prepped),
-                    str(tmp_out),
-                    _CalibReader(batches, sess_in),
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel,
-                    activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method=methods[method],
+            elif target_agreement is not None:
+                from zoo.deploy.quantize_search import search
+
+                searched = search(
+                    prepped,
+                    tmp_out,
+                    calib_batches=batches,
+                    input_name=sess_in,
+                    x_held_out=x_eval,
+                    fp32_model=model,
+                    target=target_agreement,
+                    threads=threads,
+                    workdir=Path(tmpdir),
                 )
+                method = searched.calibration.method
+                per_channel = searched.calibration.per_channel
+            else:
+                # the histogram calibrators (entropy, percentile) print progress on stdout,
+                # where --json's report goes
+                with contextlib.redirect_stdout(sys.stderr):
+                    quantize_static(
+                        str(prepped),
+                        str(tmp_out),
+                        CalibReader(batches, sess_in),
+                        quant_format=QuantFormat.QDQ,
+                        per_channel=per_channel,
+                        activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        calibrate_method=methods[method],
+                    )
         import onnx
 
         q = onnx.load(str(tmp_out))
@@ -213,6 +259,15 @@ def quantize(
                     "method": method if mode == "static" else None,
                     "per_channel": per_channel,
                     "source": str(model),
+                    **(
+                        {}
+                        if searched is None
+                        else {
+                            "symmetric_activations": searched.calibration.symmetric,
+                            "target_agreement": searched.target,
+                            "float_nodes": searched.float_nodes,
+                        }
+                    ),
                 },
             },
         )
@@ -229,6 +284,9 @@ def quantize(
             }
         )
         after = advice_after(fp32_ops, mode, report["latency_ratio"])
+        if searched is not None:
+            report["search"] = searched.to_dict(wilson(searched.agreement, searched.n_held_out))
+            after = after or search_advice(searched.k, report["latency_ratio"])
         if after:
             report["advice_after"] = after
         if max_accuracy_drop is not None:
@@ -236,6 +294,46 @@ def quantize(
         os.replace(tmp_out, out)
     report["path"] = str(out)
     return report
+
+
+def _check_search_options(
+    target: float,
+    mode: str,
+    engine: str,
+    method: str,
+    per_channel: bool,
+    eval_data: str | None,
+) -> None:
+    """``--target-agreement``'s own checks, made before anything is read or written."""
+    from zoo.deploy.quantize_search import check_target
+
+    check_target(target)
+    if mode != "static" or engine != "ort":
+        raise InputError(
+            "--target-agreement keeps nodes float in onnxruntime's static QDQ int8: use "
+            f"--mode static --engine ort (got --mode {mode} --engine {engine})."
+        )
+    if method != "minmax" or not per_channel:
+        raise InputError(
+            "--target-agreement tries every --method and --per-channel/--no-per-channel "
+            "setting itself and reports which won: drop "
+            f"{'--method ' + method if method != 'minmax' else '--no-per-channel'}."
+        )
+    if eval_data is None:
+        raise InputError(
+            "--target-agreement needs --data DIR: held-out real images, none of them in "
+            "--calib, to measure the agreement on."
+        )
+
+
+def search_advice(k: int, latency_ratio: float) -> str | None:
+    """The measured verdict on a searched model that came out no faster than fp32."""
+    if latency_ratio < 1.0:
+        return None
+    return (
+        f"measured: with {k} node(s) kept float, int8 is {latency_ratio:.2f}× the fp32 latency "
+        "(not faster): keep the fp32 model, lower --target-agreement, or try --engine nncf."
+    )
 
 
 def _measure(

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from zoo.deploy import quantize as q
+from zoo.deploy.quantize_search import CalibReader
 from zoo.errors import QuantizationError
 
 
@@ -90,27 +91,33 @@ def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
 
 
 def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> None:
-    fp32 = Counter({"Conv": 2, "Gemm": 2, "MatMul": 1, "Relu": 4})
+    fp32 = Counter({"Conv": 3, "Gemm": 2, "MatMul": 1, "Relu": 4})
+    dequantized_weights = [
+        helper.make_node("DequantizeLinear", [f"{w}q", "ws", "wz"], [w])
+        for w in ("w1", "w3", "w4", "w5")
+    ]
     qdq = _save(
         tmp_path,
         [
+            *dequantized_weights,
             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
-            helper.make_node("Conv", ["xd", "w1"], ["c1"]),  # int8: input dequantized
+            helper.make_node("Conv", ["xd", "w1"], ["c1"]),  # int8: input and weight dequantized
             helper.make_node("Conv", ["c1", "w2"], ["c2"]),  # fp32: input is a Conv output
+            helper.make_node("Conv", ["xd", "w2"], ["c3"]),  # fp32: a float weight (kept float)
             helper.make_node("DequantizeLinear", ["c2q", "s", "z"], ["c2d"]),
             helper.make_node("MatMul", ["c2d", "w3"], ["m"]),  # int8
             helper.make_node("Relu", ["c2d"], ["r"]),  # not a heavy op, even if dequantized
-            helper.make_node("Gemm", ["w4", "c2d"], ["g"]),  # dequantized weight, fp32 input
+            helper.make_node("Gemm", ["w4", "c2"], ["g"]),  # dequantized weight, fp32 input
             helper.make_node("Gemm", ["c2d", "w5"], ["y"]),  # int8
         ],
     )
-    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 5, "quantized": 3, "fp32_left": 2}
+    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 6, "quantized": 3, "fp32_left": 3}
     assert q.coverage(fp32, qdq, "dynamic")["quantized"] == 0
 
 
 def test_calibration_reader_yields_each_batch_once_by_input_name() -> None:
     batches = [np.zeros((1, 3)), np.ones((1, 3))]
-    reader = q._CalibReader(batches, "input")
+    reader = CalibReader(batches, "input")
     first, second = reader.get_next(), reader.get_next()
     assert first is not None and second is not None
     assert list(first) == ["input"] and first["input"] is batches[0]
@@ -244,3 +251,17 @@ def test_nncf_int8_activations_become_uint8_with_the_same_values() -> None:
     q, dq, w = after_model.graph.node[:3]
     assert q.input[2] == dq.input[2] == "z_u8" and zero["z_u8"] == np.uint8(125)
     assert w.input[2] == "wz" and zero["wz"].dtype == np.int8  # the weights stay int8
+
+
+def test_calib_with_dynamic_mode_is_refused_not_ignored(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from zoo.cli.app import app
+    from zoo.errors import InputError
+
+    model = tmp_path / "m.onnx"
+    res = CliRunner().invoke(app, ["quantize", str(model), "--mode", "dynamic", "--calib", "x"])
+    assert res.exit_code == 2 and "--calib applies to --mode static" in res.output
+    with pytest.raises(InputError, match="which --mode dynamic does not quantize"):
+        q.quantize(model, tmp_path / "q.onnx", mode="dynamic", calib="x")
+    assert not list(tmp_path.iterdir())
