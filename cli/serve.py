@@ -26,7 +26,8 @@ def serve_cmd(
         float, typer.Option(min=1, help="504 after waiting this long")
     ] = 10_000.0,
     threads: Annotated[
-        int | None, typer.Option(min=1, help="ORT intra-op threads (default: available CPUs)")
+        int | None,
+        typer.Option(min=1, help="inference threads: ORT intra-op, or OpenVINO (default: CPUs)"),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
     runtime: Annotated[

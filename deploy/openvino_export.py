@@ -42,6 +42,7 @@ GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5
 def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: int) -> list[Any]:
     """Calibration batches for int8, from images none of which the gate judges with."""
     from zoo.deploy.preprocess import preprocess
+    from zoo.deploy.quantize_search import check_disjoint
     from zoo.images import open_image
 
     if calib is None:
@@ -52,13 +53,7 @@ def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: in
     images = real_images(calib, limit=limit)
     if not images:
         raise InputError(f"No images found for calibration in {calib}.")
-    shared = {p.resolve() for p in images} & {p.resolve() for p in gate_images}
-    if shared:
-        raise InputError(
-            f"{len(shared)} calibration image(s) are also gate images (e.g. {min(shared)}): "
-            "the agreement would be measured on what int8 was fitted to. Give --data and "
-            "--calib disjoint folders."
-        )
+    check_disjoint(images, gate_images)
     return [preprocess(open_image(p), pre)[None] for p in images]
 
 

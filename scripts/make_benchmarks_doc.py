@@ -327,6 +327,52 @@ def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     return [*lines, *a.lines(out), "", f"Photographs (evaluation | calibration): {photos}.", ""]
 
 
+def openvino_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    lines: list[str] = []
+    for key, title, agree in (
+        ("mobilenet_v2", "MobileNetV2, real ImageNet weights", True),
+        ("resnet18", "ResNet-18 at 224 px, random weights (latency only)", False),
+    ):
+        rep = r[key]
+        head = ["backend", "batch", "p50 ms", "× ORT fp32"]
+        t = Table(name, *head, *(["top-1 agreement with eager", "interval"] if agree else []))
+        reasons: list[str] = []
+        for row in rep["rows"]:
+            if row["backend"] == "eager" and row["batch"] != 1:
+                continue
+            if row["status"] != "✅":
+                if row["reason"] not in reasons:
+                    reasons.append(row["reason"])
+                cells = [f"did not run [{reasons.index(row['reason']) + 1}]", "", ""]
+                t.add(f"`{row['backend']}`", row["batch"], *cells, *(["", ""] if agree else []))
+                continue
+            ratio = rep["ratio_vs_ort_fp32"][str(row["batch"])].get(row["backend"])
+            extra = (
+                [
+                    f"**{pct(row['agreement'])}**",
+                    f"{pct(row['agreement_ci95'][0])}–{pct(row['agreement_ci95'][1])}",
+                ]
+                if agree
+                else []
+            )
+            t.add(f"`{row['backend']}`", row["batch"], fmt(row["p50_ms"]), fmt(ratio, 3), *extra)
+        lines += [f"**{title}**, {r['threads']} threads:", "", *t.lines(out), ""]
+        lines += [f"[{i}] {why}" for i, why in enumerate(reasons, 1)] + ([""] if reasons else [])
+        if agree:
+            fastest = ", ".join(
+                f"batch {f['batch']}: `{f['backend']}`" for f in rep["fastest"] or []
+            )
+            lines += [
+                f"Agreement on {rep['agreement_images']} crops of "
+                f"{', '.join(r['eval_crops'])}; int8 calibrated on crops of "
+                f"{', '.join(r['calib_crops'])}. The fastest backend within agreement "
+                f"{pct(r['floor'], 0)} (`zoo bench --min-agreement`): {fastest or 'none'}.",
+                "",
+            ]
+    return lines
+
+
 def spread(counts: dict[str, int], unit: str) -> str:
     """ "20 per class (digit_0 … digit_9)", or every count when they differ."""
     values = set(counts.values())
@@ -609,6 +655,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "cache_accuracy": cache_accuracy,
     "cli_startup": cli_startup,
     "predict_throughput": predict_throughput,
+    "openvino_bench": openvino_bench,
 }
 
 

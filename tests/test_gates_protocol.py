@@ -186,3 +186,39 @@ def test_binary_bytes_tensor_frames_every_string() -> None:
         out.append(blob[pos + 4 : pos + 4 + n].decode())
         pos += 4 + n
     assert out == ["x", "yz", "", "éé"]
+
+
+def _values(datatype: str, data: list) -> np.ndarray:
+    tensor = {"name": "x", "shape": [len(data)], "datatype": datatype, "data": data}
+    return parse_request(json.dumps({"inputs": [tensor]}).encode(), None).inputs[0][1]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("UINT8", [1.5, 2], "input 'x': UINT8 data must be integers, got 1.5"),
+        ("UINT8", [True, False], "input 'x': UINT8 data must be integers, got True"),
+        ("UINT8", [0, 256], "input 'x': 256 is outside UINT8's range 0..255"),
+        ("UINT8", [-1, 3], "input 'x': -1 is outside UINT8's range 0..255"),
+        ("INT8", [128], "input 'x': 128 is outside INT8's range -128..127"),
+        ("BOOL", [1, 2], "input 'x': BOOL data must be true/false, got 2"),
+        ("INT64", [2**70], "input 'x': 1180591620717411303424 is outside INT64's range"),
+        ("FP32", [True], "input 'x': FP32 data must be numbers, got True"),
+        ("FP32", [1.0, 1e39], "input 'x': 1e+39 is outside FP32's range"),
+        ("FP16", [65504.0, 70000.0], "input 'x': 70000.0 is outside FP16's range"),
+    ],
+)
+def test_json_values_are_never_cast_silently(datatype: str, data: list, message: str) -> None:
+    with pytest.raises(InputError) as info:
+        _values(datatype, data)
+    assert str(info.value) == message
+
+
+def test_json_values_each_datatype_holds_exactly_pass() -> None:
+    np.testing.assert_array_equal(_values("UINT8", [0, 2.0, 255]), np.array([0, 2, 255], np.uint8))
+    assert _values("UINT8", [0, 255]).dtype == np.uint8
+    assert _values("INT8", [-128, 127]).tolist() == [-128, 127]
+    assert _values("FP16", [65504.0]).tolist() == [65504.0]
+    assert _values("FP32", [1, 2.5]).tolist() == [1.0, 2.5]
+    assert _values("BOOL", [True, False]).tolist() == [True, False]
+    assert _values("INT32", []).dtype == np.int32

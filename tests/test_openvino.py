@@ -82,6 +82,15 @@ def test_bf16_is_refused_where_the_cpu_would_silently_run_f32() -> None:
         compile_cpu(_Core(["FP32", "BF16"], runs="f32"), object(), "bf16", 1)
 
 
+def test_bf16_export_on_a_cpu_without_it_exits_1_before_any_work(tmp_path: Path) -> None:
+    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU runs bf16: the refusal cannot be met here")
+    r = run_zoo("export", "mobilenet_v2", "--format", "openvino", "--precision", "bf16", "-o",
+                str(tmp_path / "ir"))  # fmt: skip
+    assert r.returncode == 1 and "would silently run f32" in r.stderr
+    assert not (tmp_path / "ir").exists()
+
+
 def test_this_machines_plugin_is_asked_not_assumed() -> None:
     from zoo.deploy.openvino_runtime import require_precision
 
@@ -147,6 +156,7 @@ def test_an_xml_file_is_an_openvino_reference(tmp_path: Path) -> None:
         ),
         (["--format", "openvino", "--precision", "fp16"], "openvino's: fp32, bf16, int8"),
         (["--calib", "x"], "--calib applies to --format openvino --precision int8"),
+        (["--format", "openvino", "--precision", "int8"], "int8 needs --calib DIR"),
         (["--format", "openvino", "--min-agreement", "0.9"], "--min-agreement applies to"),
         (
             ["--format", "openvino", "--precision", "int8", "--min-agreement", "1.5"],
@@ -173,7 +183,7 @@ def test_export_refuses_a_folder_that_is_not_an_ir_and_int8_without_calibration(
     gate = sorted(SAMPLES.glob("*.jpg"))
     with pytest.raises(InputError, match="needs --calib DIR"):
         _calibration(None, gate, None, 10)
-    with pytest.raises(InputError, match=r"2 calibration image\(s\) are also gate images"):
+    with pytest.raises(InputError, match=r"2 --data image\(s\) are also --calib images"):
         _calibration(str(SAMPLES), gate, None, 10)
 
 

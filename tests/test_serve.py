@@ -136,6 +136,7 @@ def test_bad_input_matrix_then_still_serving(srv: str) -> None:
             "decode",
         ),
         (predict, {"content": b""}, 400, "empty"),
+        (predict + "?top_k=0", {"content": jpeg}, 400, "top_k=0: ask for 1 or more"),
         (predict, {"content": b"x" * (13 * 2**20)}, 413, "limit"),
         (
             predict,

@@ -93,6 +93,8 @@ def environment_report() -> dict[str, Any]:
         "onnx",
         "onnxruntime",
         "onnxruntime-gpu",
+        "openvino",
+        "nncf",
         "huggingface_hub",
         "safetensors",
         "numpy",

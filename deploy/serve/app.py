@@ -97,8 +97,7 @@ class ModelServer:
                 "max delay %s ms, max queue %s, timeout %s ms",
                 self.cfg.name,
                 self.cfg.model_path,
-                clf.runtime
-                + (f" {clf.meta.get('precision', 'fp32')}" if clf.runtime != "onnxruntime" else ""),
+                f"{clf.runtime} {clf.meta.get('precision', 'fp32')}",
                 self.cfg.device,
                 clf.threads,
                 self.cfg.max_batch,
@@ -338,6 +337,8 @@ class ModelServer:
                 k = int(request.query_params.get("top_k", "5"))
             except ValueError as exc:
                 raise InputError("top_k must be an integer") from exc
+            if k < 1:
+                raise InputError(f"top_k={k}: ask for 1 or more classes (default 5)")
             ctype = request.headers.get("content-type", "").lower()
             if ctype.startswith("multipart/form-data"):
                 data = await self._upload(request)
@@ -349,7 +350,7 @@ class ModelServer:
                 )
             x = await asyncio.to_thread(self._image_tensor, data)
             probs = scores(await self._infer_array(x), self.clf.multi_label)[0]
-            top = np.argsort(-probs)[: max(1, k)]
+            top = np.argsort(-probs)[:k]  # every class when k is larger
             labels = self.clf.classes
             body = {
                 "model_name": self.cfg.name,

@@ -116,7 +116,12 @@ def openapi_document(model_name: str) -> dict[str, Any]:
         "summary": "An image in (raw body or multipart field 'file'), top-k labels out",
         "parameters": [
             name,
-            {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer"}},
+            {
+                "name": "top_k",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "integer", "minimum": 1},
+            },
         ],
         "requestBody": {
             "required": True,

@@ -206,12 +206,58 @@ def _tensor(spec: InputTensor, binary: memoryview | None, count: int) -> np.ndar
     if spec.data is None:
         raise InputError(f"input {name!r} has no 'data' (nor parameters.binary_data_size)")
     try:
-        arr = np.asarray(spec.data, dtype=np_dtype)
-    except (TypeError, ValueError, OverflowError) as exc:  # ragged nesting, out-of-range ints
+        raw = np.asarray(spec.data)
+    except (TypeError, ValueError, OverflowError) as exc:  # ragged nesting
         raise InputError(f"input {name!r}: data is not {spec.datatype} ({exc})") from exc
-    if arr.size != count:
-        raise InputError(f"input {name!r}: {arr.size} values for shape {shape} ({count} expected)")
-    return arr.reshape(shape)
+    if raw.size != count:
+        raise InputError(f"input {name!r}: {raw.size} values for shape {shape} ({count} expected)")
+    if raw.size:
+        _check_values(name, spec.datatype, raw, np_dtype)
+    return raw.astype(np_dtype).reshape(shape)
+
+
+def _check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) -> None:
+    """JSON values that the tensor's datatype holds exactly: integers in range for an integer
+    type, true/false (or 0/1) for BOOL, finite numbers in range for a float type; never a
+    silent cast (1.5 sent as UINT8 is not pixel 1, 300 is not 44, 1e39 as FP32 is not inf).
+
+    Raises:
+        InputError: naming the input, the datatype and an offending value.
+    """
+    kind = raw.dtype.kind  # b: all booleans, i/u: all integers, f: numbers, O: mixed or huge
+
+    def refuse(what: str, bad: Any) -> InputError:
+        shown = bad.item() if isinstance(bad, np.generic) else bad
+        return InputError(f"input {name!r}: {datatype} data must be {what}, got {shown!r}")
+
+    if dtype.kind == "b":
+        if kind != "b" and (kind not in "iu" or not np.isin(raw, (0, 1)).all()):
+            raise refuse("true/false", raw[~np.isin(raw, (0, 1))].flat[0])
+        return
+    if kind == "O" and dtype.kind in "iu":  # integers beyond 64 bits (or mixed with true)
+        big = next((v for v in raw.flat if type(v) is int and abs(v) >= 2**63), None)
+        if big is not None:
+            raise InputError(f"input {name!r}: {big} is outside {datatype}'s range")
+    if kind not in "iuf":  # true/false
+        raise refuse("integers" if dtype.kind in "iu" else "numbers", raw.flat[0])
+    if dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            over = ~np.isfinite(raw.astype(dtype))
+        if over.any():
+            raise InputError(
+                f"input {name!r}: {raw[over].flat[0].item()!r} is outside {datatype}'s range"
+            )
+        return
+    fractions = raw[raw != np.floor(raw)] if kind == "f" else raw[:0]
+    if fractions.size:  # 2.0 is the integer 2; 2.5 is not
+        raise refuse("integers", fractions.flat[0])
+    info = np.iinfo(dtype)
+    low, high = int(raw.min()), int(raw.max())
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        raise InputError(
+            f"input {name!r}: {bad} is outside {datatype}'s range {info.min}..{info.max}"
+        )
 
 
 def parse_request(
