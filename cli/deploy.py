@@ -283,6 +283,8 @@ def _check_precision(fmt: str, precision: str, calib: str | None, agree: float |
             "--calib applies to --format openvino --precision int8 (ONNX int8: zoo quantize)",
             param_hint="--calib",
         )
+    if agree is not None and not agree > 0:
+        raise typer.BadParameter("give a share in (0, 1], e.g. 0.98", param_hint="--min-agreement")
     if agree is not None and (fmt != "openvino" or precision == "fp32"):
         raise typer.BadParameter(
             "--min-agreement applies to --format openvino --precision bf16 or int8 (fp32 must "
@@ -575,9 +577,10 @@ def quantize_cmd(
                 f"float ({ops}) for target agreement {s['target']:.1%}"
             )
             out.print(
-                f"calibration: {cal['method']}, per-channel {'on' if cal['per_channel'] else 'off'}"
-                f"{', symmetric activations' if cal['symmetric_activations'] else ''} won of "
-                f"{len(cal['tried'])} tried on {cal['n_images']} calibration images"
+                f"calibration: {cal['method']} ranges, per-channel weights "
+                f"{'on' if cal['per_channel'] else 'off'}"
+                f"{', symmetric activations' if cal['symmetric_activations'] else ''} (the best "
+                f"of {len(cal['tried'])} settings tried on {cal['n_images']} calibration images)"
             )
             held = s["held_out"]
             low, high = held["ci95"]
@@ -670,7 +673,9 @@ def bench_cmd(
             str(r.get("p99_ms", "")),
             str(r.get("img_per_s", "")),
             str(r.get("speedup_vs_eager", "")),
-            f"{r['agreement']:.1%}" if "agreement" in r else "",
+            f"{r['agreement']:.1%} ({r['agreement_ci95'][0]:.0%}–{r['agreement_ci95'][1]:.0%})"
+            if "agreement" in r
+            else "",
             str(r.get("cold_start_ms", "")),
         )
     out.print(t)
@@ -680,6 +685,11 @@ def bench_cmd(
         out.print(
             f"fastest with agreement ≥ {f['min_agreement']:.1%} on {f['device']}, batch "
             f"{f['batch']}: {f['backend']} ({f['p50_ms']} ms p50, agreement {f['agreement']:.1%})"
+        )
+    if min_agreement is not None and data is None:
+        err.print(
+            f"note: agreement measured on the {report['agreement_images']} built-in images "
+            "proves little: pass --data DIR with real images like yours"
         )
     if min_agreement is not None:
         met = {(f["device"], f["batch"]) for f in report["fastest"]}

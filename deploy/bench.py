@@ -17,7 +17,7 @@ import torch
 from zoo.deploy.bench_harness import time_session
 from zoo.deploy.choices import BACKENDS
 from zoo.deploy.quantize import wilson
-from zoo.errors import BackendUnavailableError, ChoiceError
+from zoo.errors import BackendUnavailableError, ChoiceError, InputError
 from zoo.ref import ModelRef
 
 
@@ -236,6 +236,15 @@ def run_bench(
 
     for b in backends:
         ChoiceError.check("backend", b, BACKENDS)
+    if "ov_int8" in backends:  # refused before anything is timed
+        if calib is None:
+            raise InputError(
+                "ov_int8 needs --calib DIR: real calibration images, disjoint from --data."
+            )
+        from zoo.deploy.parity import real_images
+        from zoo.deploy.quantize_search import check_disjoint
+
+        check_disjoint(real_images(calib, limit=300), real_images(data, limit=AGREEMENT_IMAGES))
     ref = ModelRef.parse(name)
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
@@ -295,11 +304,13 @@ def run_bench(
                             if backend not in agreement:  # once per backend and device
                                 top1 = _top1(run(real.to(device)))
                                 agreement[backend] = float((top1 == ref_top1).mean())
+                    except InputError:  # the user's input (calibration, data): not a row
+                        raise
                     except Exception as exc:  # any backend may be unavailable here: say why
                         row.update(
                             {
                                 "status": "❌",
-                                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}",
                             }
                         )
                         rows.append(row)

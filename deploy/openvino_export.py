@@ -125,6 +125,11 @@ def export_openvino(
                 "int8 (fp32 must agree on every image)."
             )
         tolerances = replace(tolerances, min_agreement=min_agreement)
+    if out.suffix in (".xml", ".bin", ".onnx"):
+        raise InputError(
+            f"-o {out}: an OpenVINO export is a folder (it holds {' and '.join(IR_FILES)}): give "
+            f"a folder, e.g. -o {out.with_suffix('')}_openvino."
+        )
     ov = openvino()
     core = ov.Core()
     if out.exists() and (not out.is_dir() or set(p.name for p in out.iterdir()) - set(IR_FILES)):

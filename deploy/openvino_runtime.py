@@ -51,8 +51,8 @@ def require_precision(core: Any, precision: str) -> None:
     if {"fp32": "FP32", "bf16": "BF16", "int8": "INT8"}[precision] not in caps:
         raise BackendUnavailableError(
             f"This CPU cannot run OpenVINO {precision} (its plugin offers {', '.join(caps)}; bf16 "
-            "needs AVX512_BF16 or AMX), and the plugin would silently run f32 instead: use "
-            "--precision fp32 or int8 here, or a CPU with bf16."
+            "needs AVX512_BF16 or AMX), and the plugin would silently run f32 instead: use fp32 "
+            "or int8 here, or a CPU with bf16."
         )
 
 
@@ -103,10 +103,21 @@ def read_ir(core: Any, path: Path) -> Any:
     """
     if not path.is_file():
         raise InputError(f"Model file {path} does not exist.")
+    if path.suffix == ".xml":
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        if b"<net" not in head:
+            raise InputError(f"{path} is not an OpenVINO IR (no <net> element in it).")
+        if not path.with_suffix(".bin").is_file():
+            raise InputError(
+                f"{path.with_suffix('.bin')} is missing: an IR is the .xml and its .bin side by "
+                "side; export it again with `zoo export --format openvino`."
+            )
     try:
         return core.read_model(str(path))
     except Exception as exc:  # OpenVINO raises its own RuntimeError kinds
-        raise InputError(f"OpenVINO cannot read {path}: {exc}") from exc
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"OpenVINO cannot read {path}: {first[:300]}") from exc
 
 
 def read_ir_file_metadata(path: str | Path) -> dict[str, Any]:

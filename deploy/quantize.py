@@ -158,13 +158,13 @@ def quantize(
             "--engine nncf picks activation ranges its own way: drop --method (it applies to "
             "--engine ort)."
         )
+    if target_agreement is not None:
+        _check_search_options(target_agreement, mode, engine, method, per_channel, eval_data)
     if mode == "dynamic" and calib is not None:
         raise InputError(
             "--calib calibrates activations, which --mode dynamic does not quantize: drop "
             "--calib, or use --mode static."
         )
-    if target_agreement is not None:
-        _check_search_options(target_agreement, mode, engine, method, per_channel, eval_data)
     meta = read_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise InputError(

@@ -148,8 +148,8 @@ def load_classifier(
     if is_ir or runtime == "openvino":
         if embeddings:
             raise InputError(
-                "--embeddings reads a second output that zoo adds to ONNX graphs: use the .onnx "
-                "file with --runtime onnxruntime."
+                "--embeddings reads a second output that zoo adds to ONNX graphs, in ONNX "
+                "Runtime: give the .onnx file the IR was exported from (zoo export MODEL)."
             )
         from zoo.deploy.openvino_runtime import OpenVinoClassifier
 

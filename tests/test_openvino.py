@@ -140,11 +140,34 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
 
 
 # ---- references, options and refusals before any work --------------------------------------
-def test_an_xml_file_is_an_openvino_reference(tmp_path: Path) -> None:
+def test_an_xml_file_or_its_folder_is_an_openvino_reference(tmp_path: Path) -> None:
     (tmp_path / "model.xml").write_text("<net/>")
     assert ModelRef.parse(str(tmp_path / "model.xml")).kind == "openvino"
+    folder = ModelRef.parse(str(tmp_path))  # the folder zoo export --format openvino wrote
+    assert folder.kind == "openvino" and folder.path == tmp_path / "model.xml"
     with pytest.raises(ModelRefError, match=r"no such OpenVINO IR"):
         ModelRef.parse(str(tmp_path / "other.xml"))
+
+
+def test_a_broken_ir_is_named_plainly(tmp_path: Path) -> None:
+    from zoo.deploy.openvino_runtime import read_ir
+
+    (tmp_path / "a.xml").write_text("hello")
+    with pytest.raises(InputError, match=r"a\.xml is not an OpenVINO IR \(no <net> element"):
+        read_ir(ov.Core(), tmp_path / "a.xml")
+    (tmp_path / "b.xml").write_text('<?xml version="1.0"?><net name="x" version="11"></net>')
+    with pytest.raises(InputError, match=r"b\.bin is missing: an IR is the \.xml and its \.bin"):
+        read_ir(ov.Core(), tmp_path / "b.xml")
+
+
+def test_bench_refuses_ov_int8_input_before_timing(tmp_path: Path) -> None:
+    from zoo.deploy.bench import run_bench
+
+    common = {"devices": ["cpu"], "batch_sizes": [1], "backends": ["ov_int8"]}
+    with pytest.raises(InputError, match="ov_int8 needs --calib DIR"):
+        run_bench("simple_cnn.scratch", **common)
+    with pytest.raises(InputError, match=r"are also --calib images"):
+        run_bench("simple_cnn.scratch", calib=str(SAMPLES), data=str(SAMPLES), **common)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +184,10 @@ def test_an_xml_file_is_an_openvino_reference(tmp_path: Path) -> None:
         (
             ["--format", "openvino", "--precision", "int8", "--min-agreement", "1.5"],
             "less than or equal to 1",
+        ),
+        (
+            ["--format", "openvino", "--precision", "int8", "--calib", "c", "--min-agreement", "0"],
+            "give a share in (0, 1]",
         ),
     ],
 )
@@ -179,6 +206,8 @@ def test_export_refuses_a_folder_that_is_not_an_ir_and_int8_without_calibration(
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(InputError, match="is not an OpenVINO IR folder"):
         export_openvino("simple_cnn.scratch", tmp_path / "mine")
+    with pytest.raises(InputError, match=r"an OpenVINO export is a folder .* -o .*m_openvino"):
+        export_openvino("simple_cnn.scratch", tmp_path / "m.xml")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     gate = sorted(SAMPLES.glob("*.jpg"))
     with pytest.raises(InputError, match="needs --calib DIR"):
@@ -245,12 +274,13 @@ def test_the_fp32_ir_carries_zoo_metadata_and_matches_onnxruntime(
 
 @pytest.mark.slow
 def test_predict_reads_the_ir_alone(ir_fp32: Path) -> None:
-    r = run_zoo("predict", str(ir_fp32), *map(str, sorted(SAMPLES.glob("*.jpg"))), "--json")
+    folder = str(ir_fp32.parent)  # the IR folder names its model.xml
+    r = run_zoo("predict", folder, *map(str, sorted(SAMPLES.glob("*.jpg"))), "--json")
     assert r.returncode == 0, r.stderr
     top = {Path(x["image"]).stem: x["top"][0]["label"] for x in json.loads(r.stdout)}
     assert top == {"chelsea": "Egyptian cat", "coffee": "espresso"}
     r = run_zoo("predict", str(ir_fp32), str(SAMPLES), "--embeddings", "--out", "x.parquet")
-    assert r.returncode == 1 and "--runtime onnxruntime" in r.stderr
+    assert r.returncode == 1 and "give the .onnx file the IR was exported from" in r.stderr
 
 
 @pytest.mark.slow
@@ -270,6 +300,9 @@ def test_serve_runs_the_ir_and_onnx_in_openvino(ir_fp32: Path, mobilenet_onnx: P
                               "data": [0.0] * 12}]},
         )  # fmt: skip
         assert bad.status_code == 400 and "expected [batch, 3, 224, 224]" in bad.text
+        assert meta["platform"] == "openvino"
+    refused = run_zoo("serve", str(ir_fp32), "--runtime", "onnxruntime", "--port", "1")
+    assert refused.returncode == 1 and "run it with --runtime openvino" in refused.stderr
     with server(mobilenet_onnx, "--runtime", "openvino") as (url, _):
         r = httpx.post(
             f"{url}/v2/models/mobilenet_v2.tv_in1k/predict", files={"file": ("c.jpg", chelsea)}

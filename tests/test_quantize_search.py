@@ -219,9 +219,10 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "float: 20 of 99 quantizable nodes kept float (3 Add, 4 Clip, 13 Conv) for target "
         "agreement 98.0%"
     ) in res.output
-    assert "calibration: percentile, per-channel off won of 7 tried on 80 calibration images" in (
-        res.output
-    )
+    assert (
+        "calibration: percentile ranges, per-channel weights off (the best of 7 settings "
+        "tried on 80 calibration images)"
+    ) in res.output
     assert "held-out agreement: 98.3% on 120 --data images (95% interval 94.1%–99.5%" in (
         res.output
     )

@@ -110,7 +110,8 @@ def test_bad_input_matrix_then_still_serving(srv: str) -> None:
     x = x_of(2)
     jpeg = sample_image_paths()[1].read_bytes()
     cases = [
-        (infer, {"json": json_infer(x, dtype="INT64")}, 400, "FP32"),
+        (infer, {"json": json_infer(x, dtype="INT64")}, 400, "INT64 data must be integers"),
+        (infer, {"json": json_infer(np.round(x * 10), dtype="INT64")}, 400, "FP32"),
         (infer, {"json": json_infer(x[:, :, :100, :100])}, 400, "shape"),
         (infer, {"json": json_infer(x, name="pixels")}, 400, "unknown input"),
         (

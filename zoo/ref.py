@@ -205,6 +205,9 @@ def _parse_path(s: str, *, text: str) -> ModelRef:
             "is a file; give its model folder, an .onnx file, or convert a checkpoint "
             "with `zoo convert FILE --arch ARCH`",
         )
+    ir = p / "model.xml"  # a folder written by zoo export --format openvino
+    if ir.is_file() and not (p / "config.json").exists() and not (p / "model").is_dir():
+        return ModelRef("openvino", str(ir), text=text)
     return ModelRef("run" if (p / "model").is_dir() else "model-folder", s, text=text)
 
 

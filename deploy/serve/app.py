@@ -277,7 +277,7 @@ class ModelServer:
         meta = ModelMetadata(
             name=self.cfg.name,
             versions=["1"],
-            platform="onnxruntime_onnx",
+            platform="openvino" if self.clf.runtime == "openvino" else "onnxruntime_onnx",
             inputs=[
                 TensorMetadata(self.clf.input_name, "UINT8", [-1, -1, -1, self.clf.pre.channels])
                 if self.clf.embedded

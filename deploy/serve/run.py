@@ -97,6 +97,8 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
+        Everything :func:`zoo.deploy.runtime.load_classifier` raises: the model is loaded
+            once before the server binds, so a model it cannot run is refused, not served 503.
     """
     import uvicorn
 
@@ -109,6 +111,15 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
     with tempfile.TemporaryDirectory() as tmp:
         path = resolve_onnx(model, Path(tmp))
+        from zoo.deploy.runtime import load_classifier
+
+        # refused here, exit 1, rather than a server that answers 503 for ever
+        load_classifier(
+            path,
+            runtime=str(cfg_kwargs.get("runtime", "auto")),
+            device=str(cfg_kwargs.get("device", "cpu")),
+            threads=1,
+        )
         name = cfg_kwargs.pop("name", None) or default_name(path)
         cfg = ServeConfig(model_path=str(path), name=str(name), **cfg_kwargs)  # type: ignore[arg-type]
         app = create_app(cfg)
