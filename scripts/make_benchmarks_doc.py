@@ -323,6 +323,21 @@ def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             f"{pct(nn['agreement_ci95'][0])}–{pct(nn['agreement_ci95'][1])}",
             "(no labels)",
         )
+    ta = r.get("int8_static_mobilenet_v2_target_agreement")
+    if ta:  # the same images, zoo quantize --target-agreement (quantize_search.py)
+        cal = ta["calibration"]
+        a.add(
+            f"MobileNetV2, real ImageNet weights, `--target-agreement {ta['target']}` "
+            f"(latency × {fmt(ta['latency_ratio'], 3)}; {ta['float_nodes']} of "
+            f"{ta['quantizable_nodes']} quantizable nodes kept float; calibration: "
+            f"{cal['method']}, per-channel {fmt(cal['per_channel'])}; the float count is chosen "
+            "on the evaluation crops)",
+            "the same",
+            "the same",
+            f"**{pct(ta['top1_agreement'])}**",
+            f"{pct(ta['agreement_ci95'][0])}–{pct(ta['agreement_ci95'][1])}",
+            "(no labels)",
+        )
     photos = ", ".join(mb["eval_photos"]) + " | " + ", ".join(mb["calibration_photos"])
     return [*lines, *a.lines(out), "", f"Photographs (evaluation | calibration): {photos}.", ""]
 
@@ -344,7 +359,7 @@ def openvino_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             if row["status"] != "✅":
                 if row["reason"] not in reasons:
                     reasons.append(row["reason"])
-                cells = [f"did not run [{reasons.index(row['reason']) + 1}]", "", ""]
+                cells = [f"did not run [{reasons.index(row['reason']) + 1}]", ""]
                 t.add(f"`{row['backend']}`", row["batch"], *cells, *(["", ""] if agree else []))
                 continue
             ratio = rep["ratio_vs_ort_fp32"][str(row["batch"])].get(row["backend"])
