@@ -24,6 +24,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+# OpenVINO's tests run in a process of their own (tests/test_openvino_process.py)
+collect_ignore = [] if os.environ.get("ZOO_OPENVINO_CHILD") == "1" else ["test_openvino.py"]
 ZOO = str(Path(sys.executable).parent / "zoo")
 
 

@@ -1,0 +1,41 @@
+"""tests/test_openvino.py in a pytest process of its own.
+
+OpenVINO's runtime and its ONNX frontend bring native libraries (TBB threads, their own
+protobuf) into the process; in the full suite, with torch, onnxruntime and NNCF loaded beside
+them, the process once died of a segmentation fault a few tests after the OpenVINO ones.
+Running them in a child process keeps every other test's process free of them, and a crash
+of the child is a failure here, not the end of the suite. ``ZOO_OPENVINO_CHILD=1`` collects
+the file directly (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.slow
+def test_the_openvino_tests_pass_in_their_own_process() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(HERE / "test_openvino.py"),
+        ],
+        env={**os.environ, "ZOO_OPENVINO_CHILD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    tail = r.stdout[-6000:] + r.stderr[-3000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and " failed" not in r.stdout, tail
