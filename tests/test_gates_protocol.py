@@ -202,6 +202,7 @@ def _values(datatype: str, data: list) -> np.ndarray:
         ("UINT8", [-1, 3], "input 'x': -1 is outside UINT8's range 0..255"),
         ("INT8", [128], "input 'x': 128 is outside INT8's range -128..127"),
         ("BOOL", [1, 2], "input 'x': BOOL data must be true/false, got 2"),
+        ("BOOL", [0.0, 0.5], "input 'x': BOOL data must be true/false, got 0.5"),
         ("INT64", [2**70], "input 'x': 1180591620717411303424 is outside INT64's range"),
         ("FP32", [True], "input 'x': FP32 data must be numbers, got True"),
         ("FP32", [1.0, 1e39], "input 'x': 1e+39 is outside FP32's range"),
@@ -221,4 +222,5 @@ def test_json_values_each_datatype_holds_exactly_pass() -> None:
     assert _values("FP16", [65504.0]).tolist() == [65504.0]
     assert _values("FP32", [1, 2.5]).tolist() == [1.0, 2.5]
     assert _values("BOOL", [True, False]).tolist() == [True, False]
+    assert _values("BOOL", [0.0, 1]).tolist() == [False, True]  # fuzzing found a 500 here
     assert _values("INT32", []).dtype == np.int32

@@ -231,8 +231,9 @@ def _check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) ->
         return InputError(f"input {name!r}: {datatype} data must be {what}, got {shown!r}")
 
     if dtype.kind == "b":
-        if kind != "b" and (kind not in "iu" or not np.isin(raw, (0, 1)).all()):
-            raise refuse("true/false", raw[~np.isin(raw, (0, 1))].flat[0])
+        ok = np.isin(raw, (0, 1)) if kind in "biuf" else np.zeros(raw.shape, bool)
+        if not ok.all():  # true/false, or 0/1
+            raise refuse("true/false", raw[~ok].flat[0])
         return
     if kind == "O" and dtype.kind in "iu":  # integers beyond 64 bits (or mixed with true)
         big = next((v for v in raw.flat if type(v) is int and abs(v) >= 2**63), None)
@@ -248,6 +249,8 @@ def _check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) ->
                 f"input {name!r}: {raw[over].flat[0].item()!r} is outside {datatype}'s range"
             )
         return
+    if kind == "f" and not np.isfinite(raw).all():  # 1e999 parses as infinity
+        raise refuse("integers", raw[~np.isfinite(raw)].flat[0])
     fractions = raw[raw != np.floor(raw)] if kind == "f" else raw[:0]
     if fractions.size:  # 2.0 is the integer 2; 2.5 is not
         raise refuse("integers", fractions.flat[0])
