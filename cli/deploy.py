@@ -686,6 +686,13 @@ def bench_cmd(
             f"fastest with agreement ≥ {f['min_agreement']:.1%} on {f['device']}, batch "
             f"{f['batch']}: {f['backend']} ({f['p50_ms']} ms p50, agreement {f['agreement']:.1%})"
         )
+        if not f["shown"]:
+            low = f["agreement_ci95"][0] if f["agreement_ci95"] else 0.0
+            err.print(
+                f"note: {report['agreement_images']} images do not show ≥ "
+                f"{f['min_agreement']:.1%} for {f['backend']}: the 95% interval starts at "
+                f"{low:.1%}; pass --data with more images to prove the floor"
+            )
     if min_agreement is not None and data is None:
         err.print(
             f"note: agreement measured on the {report['agreement_images']} built-in images "

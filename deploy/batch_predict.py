@@ -67,14 +67,18 @@ class BatchSummary:
 
 
 def decoded(
-    paths: Iterator[str], prepare: Callable[[Image.Image], np.ndarray], workers: int
+    paths: Iterator[str],
+    prepare: Callable[[Image.Image], np.ndarray],
+    workers: int,
+    ahead: int | None = None,
 ) -> Generator[Decoded, None, None]:
-    """Open and preprocess ``paths`` in ``workers`` threads, at most a few batches ahead.
+    """Open and preprocess ``paths`` in ``workers`` threads, ``ahead`` inputs (default
+    ``4 * workers``, at least 8) in flight or waiting beyond the one just yielded.
 
     Yields:
         ``(path, array, None)`` or ``(path, None, reason)``, in the order of ``paths``.
     """
-    ahead = max(8, 4 * workers)
+    ahead = ahead or max(8, 4 * workers)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="zoo-decode")
     pending: deque[Any] = deque()
     try:
@@ -104,8 +108,11 @@ def local_results(
     paths: Iterator[str], scorer: Scorer, k: int, *, embeddings: bool, batch_size: int, workers: int
 ) -> Generator[Result, None, None]:
     """The local engine: ``workers`` decoding threads, batches of ``batch_size`` per model
-    call, results in input order."""
-    with closing(decoded(paths, scorer.prepare, workers)) as stream:
+    call, results in input order. While the model scores a batch the threads decode the whole
+    next one (a batch and a few inputs are kept in flight: two batches of arrays in memory at
+    most), so decoding hides behind inference instead of waiting for it."""
+    ahead = batch_size + 2 * workers
+    with closing(decoded(paths, scorer.prepare, workers, ahead)) as stream:
         while batch := list(islice(stream, batch_size)):  # a batch of arrays in memory
             yield from score_decoded(scorer, batch, k, embeddings)
 
@@ -187,7 +194,13 @@ def predict_to_file(
     scorer = (
         model
         if isinstance(model, Scorer)
-        else load_scorer(model, device=device, embeddings=embeddings and engine == "local", tta=tta)
+        else load_scorer(
+            model,
+            device=device,
+            embeddings=embeddings and engine == "local",
+            tta=tta,
+            spin=False,  # the decoding threads share the cores ORT's idle threads would spin on
+        )
     )
     k = min(top_k, scorer.num_classes)
     store = ChunkStore(out, columns(k, scorer.multi_label, embeddings))

@@ -169,7 +169,9 @@ def _top1(out: Any) -> Any:
 
 def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, Any]]:
     """Per device and batch size, the fastest row (lowest p50) whose top-1 agreement with
-    eager is at least ``floor``; rows that did not run or were not compared are never picked."""
+    eager is at least ``floor``; rows that did not run or were not compared are never picked.
+    The pick is on the measured agreement (what the user asked for); ``shown`` says whether the
+    sample also proves it: the 95 % interval's lower bound is at or above the floor."""
     best: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         if r.get("status") != "✅" or r.get("agreement") is None or r["agreement"] < floor:
@@ -184,6 +186,8 @@ def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, A
             "backend": r["backend"],
             "p50_ms": r["p50_ms"],
             "agreement": r["agreement"],
+            "agreement_ci95": r.get("agreement_ci95"),
+            "shown": bool(r.get("agreement_ci95")) and r["agreement_ci95"][0] >= floor,
             "min_agreement": floor,
         }
         for (d, b), r in sorted(best.items())

@@ -97,6 +97,7 @@ def load_scorer(
     embeddings: bool = False,
     threads: int | None = None,
     tta: str = "none",
+    spin: bool = True,
 ) -> Scorer:
     """Load a model for prediction, once.
 
@@ -109,6 +110,8 @@ def load_scorer(
         threads: ONNX Runtime's threads (default: the CPUs available); PyTorch keeps its own.
         tta: test-time augmentation (:mod:`zoo.deploy.tta`): ``prepare`` then gives each
             image's views and ``score`` averages their probabilities.
+        spin: let ONNX Runtime's idle threads busy-wait between runs (fastest when nothing
+            else needs the cores; ``False`` when decoding threads run beside it).
 
     Returns:
         The loaded :class:`Scorer`.
@@ -122,7 +125,7 @@ def load_scorer(
             "Embeddings with test-time augmentation would average features of different "
             "views: drop --tta or --embeddings."
         )
-    scorer = _load(ModelRef.parse(model), device, embeddings, threads)
+    scorer = _load(ModelRef.parse(model), device, embeddings, threads, spin)
     if scorer.pixels_in and (tta != "none" or embeddings):
         raise InputError(
             f"{model} preprocesses images inside its graph (exported with "
@@ -150,11 +153,13 @@ def load_scorer(
     )
 
 
-def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None) -> Scorer:
+def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spin: bool) -> Scorer:
     if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, from its metadata alone
         from zoo.deploy.runtime import OnnxClassifier, load_classifier
 
-        clf = load_classifier(ref.path, device=device, threads=threads, embeddings=embeddings)
+        clf = load_classifier(
+            ref.path, device=device, threads=threads, spin=spin, embeddings=embeddings
+        )
         width = clf.width
         thresholds = clf.meta.get("thresholds")
 

@@ -27,6 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 # OpenVINO's tests run in a process of their own (tests/test_openvino_process.py)
 collect_ignore = [] if os.environ.get("ZOO_OPENVINO_CHILD") == "1" else ["test_openvino.py"]
 ZOO = str(Path(sys.executable).parent / "zoo")
+# The files that take longest start first, so that `-n auto --dist loadfile` (the README's
+# test command) does not end with one worker running a two-minute file alone.
+LONGEST_FIRST = ("test_openvino_process.py", "test_distributed.py", "test_serve_fuzz.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within and among the other files is kept
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per usable CPU, at most 4 (each worker holds torch,
+    onnxruntime and often a served model or a training run: about 2 GiB)."""
+    from zoo.system import available_cpus
+
+    return max(1, min(available_cpus(), 4))
 
 
 @pytest.fixture(scope="session")

@@ -163,3 +163,46 @@ def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:
         with pytest.raises(InputError, match=message):
             predict_to_file("no-model-needed.onnx", specs, tree / "out.parquet")
         assert not (tree / "out.parquet.parts").exists()
+
+
+def test_the_next_batch_decodes_while_the_model_scores_and_no_further(tmp_path: Path) -> None:
+    """While the model scores batch k, the threads decode all of batch k+1 (so decoding hides
+    behind inference), yet never more than a batch and two inputs per thread beyond it."""
+    import threading
+    import time
+
+    from PIL import Image
+
+    from zoo.deploy.batch_predict import local_results
+
+    paths = []
+    for i in range(40):
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(p := tmp_path / f"{i}.png")
+        paths.append(str(p))
+    done, lock = [0], threading.Lock()
+
+    def prepare(im: Image.Image) -> np.ndarray:
+        with lock:
+            done[0] += 1
+        return np.asarray(im, np.float32)[:1, :1, 0].ravel()
+
+    bs, workers, scored, checks = 16, 2, [0], []
+
+    def score(x: np.ndarray) -> np.ndarray:
+        scored[0] += len(x)
+        target = min(len(paths), scored[0] + bs)  # the whole next batch
+        deadline = time.monotonic() + 5
+        while done[0] < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)  # room to overrun the bound, if anything would
+        checks.append((done[0] >= target, done[0] <= scored[0] + bs + 2 * workers))
+        red = x[:, 0] / 255
+        return np.stack([red, 1 - red], 1)
+
+    scorer = Scorer(prepare=prepare, score=score, labels=("red", "other"), num_classes=2)
+    rows = list(
+        local_results(iter(paths), scorer, 1, embeddings=False, batch_size=bs, workers=workers)
+    )
+    assert [p for p, _, _ in rows] == paths  # input order
+    assert [r["score_1"] for _, r, _ in rows][:2] == pytest.approx([1.0, 1 - 1 / 255])  # type: ignore[index]
+    assert checks == [(True, True)] * 3

@@ -139,6 +139,17 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
     assert fastest_within(rows, 1.0)[0]["backend"] == "ort_fp32"
 
 
+def test_fastest_within_says_whether_the_sample_proves_the_floor() -> None:
+    from zoo.deploy.quantize import wilson
+
+    def row(agreement: float, n: int) -> dict:
+        return _row("ov_int8", 3.0, agreement, agreement_ci95=wilson(agreement, n))
+
+    assert fastest_within([row(1.0, 400)], 0.99)[0]["shown"]  # lower bound 0.9905
+    assert not fastest_within([row(1.0, 300)], 0.99)[0]["shown"]  # lower bound 0.9874
+    assert not fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5)[0]["shown"]  # no interval
+
+
 # ---- references, options and refusals before any work --------------------------------------
 def test_an_xml_file_or_its_folder_is_an_openvino_reference(tmp_path: Path) -> None:
     (tmp_path / "model.xml").write_text("<net/>")
@@ -363,3 +374,4 @@ def test_bench_rows_for_openvino_with_agreement_and_the_fastest_within_a_floor(
     (best,) = report["fastest"]
     ok = [r for r in report["rows"] if r["status"] == "✅" and r["agreement"] >= 1.0]
     assert best["backend"] == min(ok, key=lambda r: r["p50_ms"])["backend"]
+    assert not best["shown"]  # no finite sample proves an agreement of 1.0

@@ -308,3 +308,23 @@ def test_openapi_document_covers_every_route() -> None:
     schemas = doc["components"]["schemas"]
     assert schemas["InputTensor"]["additionalProperties"] is False
     assert schemas["InputTensor"]["properties"]["shape"]["items"]["minimum"] == 0
+
+
+def test_server_metadata_and_routing_errors_are_json() -> None:
+    """``GET /v2`` is the protocol's server metadata; a wrong path or method gets JSON like
+    every other error (not Starlette's plain text), naming what to do instead."""
+    from starlette.testclient import TestClient
+
+    from zoo.deploy.serve.app import create_app
+    from zoo.deploy.serve.config import ServeConfig
+
+    client = TestClient(create_app(ServeConfig(model_path="unused.onnx", name="m1")))
+    meta = client.get("/v2")
+    assert meta.status_code == 200 and meta.json()["name"] == "zoo"
+    assert meta.json()["extensions"] == [] and meta.json()["version"]
+    missing = client.get("/v2/nope")
+    assert missing.status_code == 404
+    assert "/v2/nope" in missing.json()["error"] and "/openapi.json" in missing.json()["error"]
+    wrong = client.get("/v2/models/m1/infer")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"] == "GET is not allowed on /v2/models/m1/infer; use POST"

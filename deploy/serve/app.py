@@ -10,6 +10,7 @@ import html
 import logging
 import threading
 from collections.abc import AsyncIterator
+from importlib import metadata
 from importlib.resources import files
 from typing import Any
 
@@ -53,6 +54,27 @@ _OUTCOMES = {404: "unknown_model", 503: "not_ready"}
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("zoo")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+async def _routing_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no such path) and 405 (wrong method), as JSON like every other
+    error, naming what exists instead."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        allowed = exc.headers.get("Allow", "") if exc.headers else ""
+        message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+    elif exc.status_code == 404:
+        message = f"no such path {request.url.path!r}; the endpoints are listed at /openapi.json"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message, dict(exc.headers) if exc.headers else None)
 
 
 class ModelServer:
@@ -259,6 +281,10 @@ class ModelServer:
         return _error(status, message, headers)
 
     # ---------------------------------------------------------------- endpoints
+    async def server_meta(self, request: Request) -> Response:
+        """``GET /v2``: the v2 protocol's server metadata (no model needs to be loaded)."""
+        return JSONResponse({"name": "zoo", "version": _version(), "extensions": []})
+
     async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
 
@@ -430,6 +456,7 @@ def create_app(cfg: ServeConfig) -> Starlette:
     s = ModelServer(cfg)
     routes = [
         Route("/", s.demo_page),
+        Route("/v2", s.server_meta),
         Route("/v2/health/live", s.live),
         Route("/v2/health/ready", s.ready_ep),
         Route("/v2/models/{name}", s.model_meta),
@@ -441,6 +468,10 @@ def create_app(cfg: ServeConfig) -> Starlette:
         Route("/metrics", s.metrics_ep),
         Route("/openapi.json", s.openapi_ep),
     ]
-    app = Starlette(routes=routes, lifespan=s.lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=s.lifespan,
+        exception_handlers={404: _routing_error, 405: _routing_error},
+    )
     app.state.server = s
     return app

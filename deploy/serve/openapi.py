@@ -169,6 +169,21 @@ def openapi_document(model_name: str) -> dict[str, Any]:
                     },
                 }
             },
+            "/v2": {
+                "get": {
+                    "summary": "Server metadata (Open Inference Protocol v2)",
+                    "responses": {
+                        "200": _json(
+                            _obj(
+                                name={"type": "string"},
+                                version={"type": "string"},
+                                extensions={"type": "array", "items": {"type": "string"}},
+                            ),
+                            "server metadata",
+                        )
+                    },
+                }
+            },
             "/v2/health/live": {
                 "get": {
                     "summary": "Liveness",
