@@ -635,10 +635,22 @@ def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"{fmt(s['ort_best_samples_per_s'], 1)} images/s",
     )
     t.add("**whole process / ORT ceiling**", f"**{fmt(s['ratio_cli_vs_ceiling'], 3)}**")
+    if "ratio_big_list_vs_ceiling" in s:  # files from before 2026-12-02 lack these rows
+        big = max(r["memory"], key=int)
+        t.add(
+            f"the same over the {fmt(int(big))}-input list (start-up spread thinner)",
+            f"{fmt(s['cli_images_per_s_big_list'], 1)} images/s, "
+            f"{fmt(s['ratio_big_list_vs_ceiling'], 3)} × ceiling",
+        )
     t.add(
         "single-thread cost per image: decode + preprocess / inference",
         f"{pct(s['decode_share'])} / {pct(s['inference_share'])}",
     )
+    if "shared_cores_bound" in s:
+        t.add(
+            "bound with decoding on the same cores (every core busy), × ceiling",
+            fmt(s["shared_cores_bound"], 3),
+        )
     m = Table(name, "inputs (a list file)", "peak RSS (MiB)", "wall clock (s)")
     for n, v in r["memory"].items():
         m.add(fmt(int(n)), fmt(v["peak_rss_mib"], 1), fmt(v["wall_s"], 1))
