@@ -10,15 +10,14 @@ Writes the raw samples, with provenance, to docs/bench/cli_startup.json (bench/p
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench_path import ROOT  # noqa: F401
+from peak_rss import run_with_peak_rss
 from provenance import Recording, headline
 
 ZOO = str(Path(sys.executable).parent / "zoo")  # the console script the user runs
@@ -33,15 +32,13 @@ BASELINE, HELP = "typer+rich", "zoo --help"
 
 
 def run_once(cmd: list[str], cwd: str) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of one run of ``cmd``, from the child's own rusage."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
-    return seconds, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+    """(seconds, peak RSS in MiB) of one run of ``cmd``: its own, not this process's."""
+    code, seconds, rss = run_with_peak_rss(
+        cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {code}")
+    return seconds, rss
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_path import ROOT  # noqa: F401
+from peak_rss import run_with_peak_rss
 from provenance import Recording, headline
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -43,17 +44,14 @@ CACHE = Path(tempfile.gettempdir()) / "zoo-bench-predict"
 
 
 def run_measured(args: list[str]) -> tuple[float, float, dict[str, Any]]:
-    """(wall seconds, the child's own peak RSS in MiB, its --json summary) of one `zoo`."""
-    t0 = time.perf_counter()
+    """(wall seconds, the command's own peak RSS in MiB, its --json summary) of one `zoo`."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([ZOO, *args, "--json"], stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        if os.waitstatus_to_exitcode(status) != 0:
+        code, wall, rss = run_with_peak_rss([ZOO, *args, "--json"], stdout=out, stderr=err)
+        if code != 0:
             err.seek(0)
             raise SystemExit(f"zoo {' '.join(args)} failed: {err.read().decode()}")
         out.seek(0)
-        return wall, usage.ru_maxrss / 1024, json.loads(out.read())
+        return wall, rss, json.loads(out.read())
 
 
 def ceiling(model: Path, images: list[Path], seconds: float) -> dict[str, Any]:
@@ -221,7 +219,9 @@ def main() -> None:
         ],
     }  # fmt: skip
     print(json.dumps(result["summary"], indent=2))
-    print(f"resume after {resume['kills']} random kills: each input once = {resume['each_input_once']}")
+    print(
+        f"resume after {resume['kills']} random kills: each input once = {resume['each_input_once']}"
+    )
     rec.write(result, args.out)
 
 
