@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import statistics
@@ -38,6 +37,8 @@ from typing import Any
 from bench_path import ROOT  # noqa: F401
 from peak_rss import run_with_peak_rss
 from provenance import Recording, headline
+
+from zoo.system import available_cpus
 
 ZOO = str(Path(sys.executable).parent / "zoo")
 CACHE = Path(tempfile.gettempdir()) / "zoo-bench-predict"
@@ -78,6 +79,7 @@ def ceiling(model: Path, images: list[Path], seconds: float) -> dict[str, Any]:
             n += bs
         per_batch[str(bs)] = round(n / elapsed, 2)
     one = OnnxClassifier(model, threads=1)  # inference's single-thread cost, at batch 32
+    # (zoo predict's default batch; the 2-thread ceiling is taken at its own best batch)
     batch = np.ascontiguousarray(np.resize(x, (32, *x.shape[1:])))
     one.run(batch)
     n, t0 = 0, time.perf_counter()
@@ -92,24 +94,37 @@ def ceiling(model: Path, images: list[Path], seconds: float) -> dict[str, Any]:
 
 
 def resume_check(model: Path, photos: Path, work: Path, kills: int, wall: float) -> dict:
-    """SIGKILL the job at random times ``kills`` times, then finish it; count the rows."""
+    """SIGKILL the job ``kills`` times, each at a random moment after that attempt committed a
+    chunk of its own (a kill during start-up would interrupt nothing), then finish it; count
+    the rows, and the chunks each kill left."""
     out = work / "resume.parquet"
+    parts = out.with_name(out.name + ".parts")
     rng = random.Random(0)
     args = [ZOO, "predict", str(model), str(photos), "--out", str(out), "--chunk-size", "64"]
-    killed_at: list[float] = []
+    killed: list[dict[str, float | int]] = []
     finished = False
+
+    def chunks() -> int:
+        return len(list(parts.glob("part-*.parquet"))) if parts.exists() else 0
+
     for _ in range(kills):
-        # each attempt gets a fifth of the job or less: five kills land before the end
-        t = rng.uniform(0.05, 0.2) * wall
+        before = chunks()
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=t)
+        t0 = time.perf_counter()
+        while proc.poll() is None and chunks() <= before:  # wait for this attempt's first chunk
+            time.sleep(0.01)
+        if proc.poll() is not None:
             finished = True  # it ended before the kill: nothing left to interrupt
+            break
+        try:  # then a random moment within the next tenth of the job
+            proc.wait(timeout=rng.uniform(0.0, 0.1) * wall)
+            finished = True
             break
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            killed_at.append(round(t, 2))
+        killed.append({"after_s": round(time.perf_counter() - t0, 2), "chunks_before": before,
+                       "chunks_after": chunks()})  # fmt: skip
     if not finished:
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import pyarrow.parquet as pq
@@ -117,8 +132,9 @@ def resume_check(model: Path, photos: Path, work: Path, kills: int, wall: float)
     paths = pq.read_table(out, columns=["path"]).column("path").to_pylist()
     expected = sum(1 for p in photos.rglob("*.jpg"))
     return {
-        "kills": len(killed_at),
-        "killed_after_s": killed_at,
+        "kills": len(killed),
+        "killed": killed,
+        "each_kill_after_a_new_chunk": all(k["chunks_after"] > k["chunks_before"] for k in killed),
         "inputs": expected,
         "rows": len(paths),
         "unique_rows": len(set(paths)),
@@ -164,7 +180,7 @@ def main() -> None:
     decode_s = statistics.median(c["decode_preprocess_s_per_image"] for c in ceil)
     infer_s = 1 / statistics.median(c["single_thread_samples_per_s"] for c in ceil)
     # decoding and inference on the same cores: at best every core busy with one or the other
-    bound = (os.cpu_count() or 1) / (decode_s + infer_s) / best[best_bs]
+    bound = available_cpus() / (decode_s + infer_s) / best[best_bs]
     small, big = (int(v) for v in args.mem_sizes.split(","))
     memory = {}
     for n in (small, big):
@@ -188,7 +204,7 @@ def main() -> None:
         "setup": {
             "model": str(model.name),
             "images": len(images),
-            "cpus": os.cpu_count(),
+            "cpus": available_cpus(),
             "rounds": args.rounds,
         },
         "cli": cli,

@@ -72,13 +72,17 @@ def decoded(
     workers: int,
     ahead: int | None = None,
 ) -> Generator[Decoded, None, None]:
-    """Open and preprocess ``paths`` in ``workers`` threads, ``ahead`` inputs (default
-    ``4 * workers``, at least 8) in flight or waiting beyond the one just yielded.
+    """Open and preprocess ``paths`` in ``workers`` threads, at most ``ahead - 1`` inputs
+    (``ahead`` default: ``4 * workers``, at least 8) decoding or decoded beyond the one just
+    yielded.
 
     Yields:
         ``(path, array, None)`` or ``(path, None, reason)``, in the order of ``paths``.
     """
-    ahead = ahead or max(8, 4 * workers)
+    if ahead is None:
+        ahead = max(8, 4 * workers)
+    if ahead < 1:
+        raise InputError(f"ahead must be at least 1, got {ahead}.")
     pool = ThreadPoolExecutor(workers, thread_name_prefix="zoo-decode")
     pending: deque[Any] = deque()
     try:
@@ -109,11 +113,12 @@ def local_results(
 ) -> Generator[Result, None, None]:
     """The local engine: ``workers`` decoding threads, batches of ``batch_size`` per model
     call, results in input order. While the model scores a batch the threads decode the whole
-    next one (a batch and a few inputs are kept in flight: two batches of arrays in memory at
-    most), so decoding hides behind inference instead of waiting for it."""
+    next one, so decoding hides behind inference instead of waiting for it. Memory: the batch
+    being scored (its arrays and their stacked copy) and at most ``batch_size + 2 * workers - 1``
+    inputs decoding or decoded: about three batches of arrays (with ``tta``, of views)."""
     ahead = batch_size + 2 * workers
     with closing(decoded(paths, scorer.prepare, workers, ahead)) as stream:
-        while batch := list(islice(stream, batch_size)):  # a batch of arrays in memory
+        while batch := list(islice(stream, batch_size)):
             yield from score_decoded(scorer, batch, k, embeddings)
 
 

@@ -170,8 +170,9 @@ def _top1(out: Any) -> Any:
 def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, Any]]:
     """Per device and batch size, the fastest row (lowest p50) whose top-1 agreement with
     eager is at least ``floor``; rows that did not run or were not compared are never picked.
-    The pick is on the measured agreement (what the user asked for); ``shown`` says whether the
-    sample also proves it: the 95 % interval's lower bound is at or above the floor."""
+    The pick is on the measured agreement (what the user asked for); ``proven`` says whether
+    the sample also proves it: the 95 % interval's lower bound is at or above the floor (eager
+    is the reference itself, so always proven)."""
     best: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         if r.get("status") != "✅" or r.get("agreement") is None or r["agreement"] < floor:
@@ -187,11 +188,37 @@ def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, A
             "p50_ms": r["p50_ms"],
             "agreement": r["agreement"],
             "agreement_ci95": r.get("agreement_ci95"),
-            "shown": bool(r.get("agreement_ci95")) and r["agreement_ci95"][0] >= floor,
+            "proven": r["backend"] == "eager"
+            or (bool(r.get("agreement_ci95")) and r["agreement_ci95"][0] >= floor),
             "min_agreement": floor,
         }
         for (d, b), r in sorted(best.items())
     ]
+
+
+def floor_notes(fastest: list[dict[str, Any]], n_images: int) -> list[str]:
+    """What the agreement sample does not prove about :func:`fastest_within`'s picks: one
+    line per backend and device (agreement is measured once for all batch sizes)."""
+    notes: dict[tuple[str, str], str] = {}
+    for f in fastest:
+        key = (f["backend"], f["device"])
+        if f["proven"] or key in notes:
+            continue
+        floor, ci = f["min_agreement"], f.get("agreement_ci95")
+        if floor >= 1.0:
+            why = "no finite sample proves an agreement of 100%: choose a floor below 1"
+        elif not ci:
+            why = "its agreement has no interval here"
+        else:
+            why = (
+                f"the 95% interval starts at {ci[0]:.1%}: pass --data with more images like "
+                "yours to prove the floor"
+            )
+        notes[key] = (
+            f"note: {n_images} images do not show {f['backend']} on {f['device']} keeps "
+            f"≥ {floor:.1%} agreement: {why}"
+        )
+    return list(notes.values())
 
 
 def run_bench(

@@ -663,9 +663,16 @@ def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "",
         *m.lines(out),
         "",
-        f"Resume: the process SIGKILLed {rs['kills']} times at random moments, then run to the "
-        f"end: {fmt(rs['rows'])} rows for {fmt(rs['inputs'])} inputs, each exactly once: "
-        f"{fmt(rs['each_input_once'])}.",
+        f"Resume: the process SIGKILLed {rs['kills']} times at random moments"
+        + (
+            f" (each after that attempt had committed a chunk of its own: "
+            f"{fmt(rs['each_kill_after_a_new_chunk'])}; chunks committed at each kill: "
+            f"{', '.join(str(k['chunks_after']) for k in rs['killed'])})"
+            if "killed" in rs
+            else ""
+        )
+        + f", then run to the end: {fmt(rs['rows'])} rows for {fmt(rs['inputs'])} inputs, "
+        f"each exactly once: {fmt(rs['each_input_once'])}.",
         "",
     ]
 

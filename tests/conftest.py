@@ -18,7 +18,17 @@ os.environ.setdefault("ZOO_FINETUNE_REPORT", "0")
 if "ZOO_CACHE" not in os.environ:  # decoded images and check results: one folder per session
     import tempfile
 
-    os.environ["ZOO_CACHE"] = tempfile.mkdtemp(prefix="zoo-test-cache-")
+    os.environ["ZOO_CACHE"] = os.environ["ZOO_TEST_CACHE_ROOT"] = tempfile.mkdtemp(
+        prefix="zoo-test-cache-"
+    )
+# an xdist worker inherits the controller's folder: each worker gets one of its own inside it
+# (a folder the user set is theirs, shared as given)
+if "PYTEST_XDIST_WORKER" in os.environ and os.environ["ZOO_CACHE"] == os.environ.get(
+    "ZOO_TEST_CACHE_ROOT"
+):
+    os.environ["ZOO_CACHE"] = os.path.join(
+        os.environ["ZOO_CACHE"], os.environ["PYTEST_XDIST_WORKER"]
+    )
 
 import pytest
 import torch
@@ -32,6 +42,13 @@ ZOO = str(Path(sys.executable).parent / "zoo")
 LONGEST_FIRST = ("test_openvino_process.py", "test_distributed.py", "test_serve_fuzz.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's loadfile would otherwise hand out the files with the most tests first, which puts
+    # these (one or two long tests each) at the end; keep the collection order instead
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         name = item.path.name
@@ -40,11 +57,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: the order within and among the other files is kept
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist must not refuse it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per usable CPU, at most 4 (each worker holds torch,
-    onnxruntime and often a served model or a training run: about 2 GiB)."""
+    """``-n auto``: ``PYTEST_XDIST_AUTO_NUM_WORKERS`` when set, else one worker per usable CPU,
+    at most 4 (each worker holds torch, onnxruntime and often a served model or a training
+    run: about 2 GiB)."""
     from zoo.system import available_cpus
 
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     return max(1, min(available_cpus(), 4))
 
 

@@ -167,7 +167,8 @@ def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:
 
 def test_the_next_batch_decodes_while_the_model_scores_and_no_further(tmp_path: Path) -> None:
     """While the model scores batch k, the threads decode all of batch k+1 (so decoding hides
-    behind inference), yet never more than a batch and two inputs per thread beyond it."""
+    behind inference), yet never more than a batch and two inputs per thread, less one,
+    beyond it."""
     import threading
     import time
 
@@ -195,7 +196,7 @@ def test_the_next_batch_decodes_while_the_model_scores_and_no_further(tmp_path: 
         while done[0] < target and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.05)  # room to overrun the bound, if anything would
-        checks.append((done[0] >= target, done[0] <= scored[0] + bs + 2 * workers))
+        checks.append((done[0] >= target, done[0] <= scored[0] + bs + 2 * workers - 1))
         red = x[:, 0] / 255
         return np.stack([red, 1 - red], 1)
 
@@ -206,3 +207,29 @@ def test_the_next_batch_decodes_while_the_model_scores_and_no_further(tmp_path: 
     assert [p for p, _, _ in rows] == paths  # input order
     assert [r["score_1"] for _, r, _ in rows][:2] == pytest.approx([1.0, 1 - 1 / 255])  # type: ignore[index]
     assert checks == [(True, True)] * 3
+
+
+def test_the_local_engine_loads_ort_without_spinning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding threads share the cores with ONNX Runtime: its idle threads must sleep, not
+    busy-wait (measured: bench/predict_throughput.py)."""
+    from PIL import Image
+
+    import zoo.deploy.batch_predict as bp
+
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
+    asked: dict = {}
+
+    def load_scorer(model: str, **kw: object) -> Scorer:
+        asked.update(kw)
+        return Scorer(
+            prepare=lambda im: np.zeros(1, np.float32),
+            score=lambda x: np.tile([0.25, 0.75], (len(x), 1)),
+            labels=("a", "b"),
+            num_classes=2,
+        )
+
+    monkeypatch.setattr(bp, "load_scorer", load_scorer)
+    summary = bp.predict_to_file("m.onnx", [str(tmp_path / "a.png")], tmp_path / "o.jsonl")
+    assert summary.rows == 1 and asked["spin"] is False

@@ -140,14 +140,28 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
 
 
 def test_fastest_within_says_whether_the_sample_proves_the_floor() -> None:
+    from zoo.deploy.bench import floor_notes
     from zoo.deploy.quantize import wilson
 
-    def row(agreement: float, n: int) -> dict:
-        return _row("ov_int8", 3.0, agreement, agreement_ci95=wilson(agreement, n))
+    def row(agreement: float, n: int, backend: str = "ov_int8", **kw: object) -> dict:
+        return _row(backend, 3.0, agreement, agreement_ci95=wilson(agreement, n), **kw)
 
-    assert fastest_within([row(1.0, 400)], 0.99)[0]["shown"]  # lower bound 0.9905
-    assert not fastest_within([row(1.0, 300)], 0.99)[0]["shown"]  # lower bound 0.9874
-    assert not fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5)[0]["shown"]  # no interval
+    assert fastest_within([row(1.0, 400)], 0.99)[0]["proven"]  # lower bound 0.9905
+    assert not fastest_within([row(1.0, 300)], 0.99)[0]["proven"]  # lower bound 0.9874
+    assert not fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5)[0]["proven"]  # no interval
+    assert fastest_within([row(1.0, 2, "eager")], 0.99)[0]["proven"]  # the reference itself
+    # one note per backend and device, whatever the batch sizes; none for a proven pick
+    picks = fastest_within([row(1.0, 300), row(1.0, 300, batch=16)], 0.99)
+    (note,) = floor_notes(picks, 300)
+    assert note == (
+        "note: 300 images do not show ov_int8 on cpu keeps ≥ 99.0% agreement: the 95% "
+        "interval starts at 98.7%: pass --data with more images like yours to prove the floor"
+    )
+    assert floor_notes(fastest_within([row(1.0, 400)], 0.99), 400) == []
+    (never,) = floor_notes(fastest_within([row(1.0, 10_000)], 1.0), 10_000)
+    assert "no finite sample proves an agreement of 100%" in never
+    (bare,) = floor_notes(fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5), 2)
+    assert bare.endswith("its agreement has no interval here")
 
 
 # ---- references, options and refusals before any work --------------------------------------
@@ -374,4 +388,4 @@ def test_bench_rows_for_openvino_with_agreement_and_the_fastest_within_a_floor(
     (best,) = report["fastest"]
     ok = [r for r in report["rows"] if r["status"] == "✅" and r["agreement"] >= 1.0]
     assert best["backend"] == min(ok, key=lambda r: r["p50_ms"])["backend"]
-    assert not best["shown"]  # no finite sample proves an agreement of 1.0
+    assert not best["proven"]  # no finite sample proves an agreement of 1.0

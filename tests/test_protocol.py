@@ -313,6 +313,8 @@ def test_openapi_document_covers_every_route() -> None:
 def test_server_metadata_and_routing_errors_are_json() -> None:
     """``GET /v2`` is the protocol's server metadata; a wrong path or method gets JSON like
     every other error (not Starlette's plain text), naming what to do instead."""
+    import importlib.metadata
+
     from starlette.testclient import TestClient
 
     from zoo.deploy.serve.app import create_app
@@ -321,10 +323,23 @@ def test_server_metadata_and_routing_errors_are_json() -> None:
     client = TestClient(create_app(ServeConfig(model_path="unused.onnx", name="m1")))
     meta = client.get("/v2")
     assert meta.status_code == 200 and meta.json()["name"] == "zoo"
-    assert meta.json()["extensions"] == [] and meta.json()["version"]
+    assert meta.json()["extensions"] == []
+    assert meta.json()["version"] == importlib.metadata.version("zoo")
     missing = client.get("/v2/nope")
     assert missing.status_code == 404
     assert "/v2/nope" in missing.json()["error"] and "/openapi.json" in missing.json()["error"]
     wrong = client.get("/v2/models/m1/infer")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"] == "GET is not allowed on /v2/models/m1/infer; use POST"
+
+
+def test_a_bug_outside_the_guarded_endpoints_still_answers_json() -> None:
+    from starlette.testclient import TestClient
+
+    from zoo.deploy.serve.app import create_app
+    from zoo.deploy.serve.config import ServeConfig
+
+    app = create_app(ServeConfig(model_path="unused.onnx", name="m1"))
+    app.state.server.ready = True  # ready, yet no model: the metadata endpoint's assert fails
+    r = TestClient(app, raise_server_exceptions=False).get("/v2/models/m1")
+    assert r.status_code == 500 and r.json()["error"].startswith("internal error: AssertionError")

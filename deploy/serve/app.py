@@ -65,16 +65,20 @@ def _version() -> str:
 
 async def _routing_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 (no such path) and 405 (wrong method), as JSON like every other
-    error, naming what exists instead."""
-    assert isinstance(exc, HTTPException)
+    error, naming what exists instead, in one log line."""
+    assert isinstance(exc, HTTPException) and exc.status_code in (404, 405)
     if exc.status_code == 405:
         allowed = exc.headers.get("Allow", "") if exc.headers else ""
         message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
-    elif exc.status_code == 404:
-        message = f"no such path {request.url.path!r}; the endpoints are listed at /openapi.json"
     else:
-        message = str(exc.detail)
+        message = f"no such path {request.url.path!r}; the endpoints are listed at /openapi.json"
+    log.info("%s %s -> %s: %r", request.method, request.url.path, exc.status_code, message)
     return _error(exc.status_code, message, dict(exc.headers) if exc.headers else None)
+
+
+async def _unguarded_error(request: Request, exc: Exception) -> Response:
+    """A bug outside the guarded endpoints: still a JSON body (Starlette logs the traceback)."""
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 class ModelServer:
@@ -471,7 +475,7 @@ def create_app(cfg: ServeConfig) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=s.lifespan,
-        exception_handlers={404: _routing_error, 405: _routing_error},
+        exception_handlers={404: _routing_error, 405: _routing_error, 500: _unguarded_error},
     )
     app.state.server = s
     return app
