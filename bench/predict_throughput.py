@@ -68,27 +68,24 @@ def ceiling(model: Path, images: list[Path], seconds: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     x = np.stack([scorer.prepare(open_image(p)) for p in images])
     decode_s = (time.perf_counter() - t0) / len(images)
-    clf = OnnxClassifier(model)
-    per_batch = {}
-    for bs in (1, 8, 32, 64):
+
+    def rate(clf: OnnxClassifier, bs: int) -> float:  # samples/s at batch bs, after a warm-up
         batch = np.ascontiguousarray(np.resize(x, (bs, *x.shape[1:])))
-        clf.run(batch)  # warm-up
+        clf.run(batch)
         n, t0 = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - t0) < seconds:
             clf.run(batch)
             n += bs
-        per_batch[str(bs)] = round(n / elapsed, 2)
-    one = OnnxClassifier(model, threads=1)  # inference's single-thread cost, at batch 32
-    # (zoo predict's default batch; the 2-thread ceiling is taken at its own best batch)
-    batch = np.ascontiguousarray(np.resize(x, (32, *x.shape[1:])))
-    one.run(batch)
-    n, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        one.run(batch)
-        n += 32
+        return round(n / elapsed, 2)
+
+    clf = OnnxClassifier(model)
+    per_batch = {str(bs): rate(clf, bs) for bs in (1, 8, 32, 64)}
+    # inference's single-thread cost at batch 32 (zoo predict's default batch; the 2-thread
+    # ceiling is taken at its own best batch)
+    single = rate(OnnxClassifier(model, threads=1), 32)
     return {
         "samples_per_s": per_batch,
-        "single_thread_samples_per_s": round(n / elapsed, 2),
+        "single_thread_samples_per_s": single,
         "decode_preprocess_s_per_image": round(decode_s, 5),
     }
 

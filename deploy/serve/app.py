@@ -10,7 +10,6 @@ import html
 import logging
 import threading
 from collections.abc import AsyncIterator
-from importlib import metadata
 from importlib.resources import files
 from typing import Any
 
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from zoo.artifact import zoo_version
 from zoo.deploy.preprocess import check_aspect, scores
 from zoo.deploy.runtime import Classifier, load_classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
@@ -54,13 +54,6 @@ _OUTCOMES = {404: "unknown_model", 503: "not_ready"}
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-def _version() -> str:
-    try:
-        return metadata.version("zoo")
-    except metadata.PackageNotFoundError:  # a source tree that was never installed
-        return "0+unknown"
 
 
 async def _routing_error(request: Request, exc: Exception) -> Response:
@@ -287,7 +280,7 @@ class ModelServer:
     # ---------------------------------------------------------------- endpoints
     async def server_meta(self, request: Request) -> Response:
         """``GET /v2``: the v2 protocol's server metadata (no model needs to be loaded)."""
-        return JSONResponse({"name": "zoo", "version": _version(), "extensions": []})
+        return JSONResponse({"name": "zoo", "version": zoo_version(), "extensions": []})
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
