@@ -31,7 +31,7 @@ app = typer.Typer(
 
 
 # The order of `zoo --help`: the user's path first; any other module follows alphabetically.
-_ORDER = ["models", "train", "deploy", "serve", "hub"]
+_ORDER = ["models", "train", "export", "predict", "quantize", "bench", "serve", "hub"]
 
 
 def _register_all() -> None:

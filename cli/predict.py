@@ -1,0 +1,186 @@
+"""``zoo predict``: images in, labels out (to the terminal or a streamed file)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from zoo.cli.common import (
+    JsonOpt,
+    ModelOrOnnxArg,
+    choice,
+    err,
+    out,
+    print_json,
+)
+from zoo.deploy.choices import (
+    PredictEngine,
+    Tta,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+InputsArg = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="INPUTS...",
+        help="image files, folders (recursive), globs ('photos/**/*.jpg', quoted) or text "
+        "files listing image paths (one per line, relative to the list's folder)",
+    ),
+]
+
+
+def predict_cmd(
+    model: ModelOrOnnxArg,
+    inputs: InputsArg,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = 5,
+    device: str = "cpu",
+    out_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="write one row per image to a .csv, .jsonl or .parquet file, streamed in "
+            "chunks; after a kill the same command resumes; unreadable files are listed in "
+            "FILE.errors.jsonl",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="--out: images per model call (about three batches of decoded images are "
+            "held in memory: the one scored, and the next decoding)",
+        ),
+    ] = 32,
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk-size", min=1, help="--out: inputs per committed chunk (what a kill can cost)"
+        ),
+    ] = 1024,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=1, help="--out: decoding threads; default: the CPUs available"
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="--out: stop at the first file that cannot be read")
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="--out: replace the file and discard an interrupted job"),
+    ] = False,
+    embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--embeddings",
+            help="--out: add `embedding`, the penultimate-layer features (.parquet/.jsonl)",
+        ),
+    ] = False,
+    engine: Annotated[
+        PredictEngine,
+        choice(
+            PredictEngine,
+            "--engine",
+            help="--out: score here, or on Ray Data (pip install 'zoo[ray]'; --workers: actors)",
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="--engine ray: the cluster to join (default: a local Ray)"),
+    ] = None,
+    tta: Annotated[
+        Tta,
+        choice(
+            Tta,
+            "--tta",
+            help="test-time augmentation: average the scores of the eval crop and its mirror "
+            "(flip), of five crops, or of those and their mirrors",
+        ),
+    ] = "none",
+    as_json: JsonOpt = False,
+) -> None:
+    """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
+
+    Without --out the labels are printed (a few images, all in memory); with --out any number
+    of images are scored into a file, resumably.
+    """
+    if address and engine != "ray":
+        raise typer.BadParameter("--address applies to --engine ray only.")
+    if out_file is not None:
+        _predict_to_file(
+            model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
+            chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
+            embeddings=embeddings, engine=engine, address=address, tta=tta, as_json=as_json,
+        )  # fmt: skip
+        return
+    if strict or overwrite or embeddings or engine != "local" or address:
+        raise typer.BadParameter(
+            "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
+        )
+    from zoo.deploy.predict import predict
+    from zoo.deploy.predict_inputs import check_inputs, iter_inputs
+
+    check_inputs(inputs)
+    results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
+    if as_json:
+        print_json(results)
+        return
+    for r in results:
+        out.print(f"{r['image']}:")
+        for p in r["top"]:
+            out.print(f"  {p['score']:.4f}  {p['label']}")
+
+
+def _predict_to_file(
+    model: str, inputs: list[str], out_file: Path, *, as_json: bool, **options: Any
+) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from zoo.deploy.batch_predict import predict_to_file
+    from zoo.deploy.predict_inputs import count_inputs
+
+    bar = Progress(
+        "predict", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        "{task.fields[rate]}", console=err, transient=True,
+    )  # fmt: skip
+    task = None
+    t0 = time.perf_counter()
+
+    def advance(handled: int, skipped: int) -> None:
+        nonlocal task, t0
+        if task is None:  # after the resumed part is skipped: the rate counts this run only
+            total = count_inputs(inputs)
+            t0 = time.perf_counter()
+            task = bar.add_task("predict", total=total, completed=skipped, rate="")
+        rate = handled / max(time.perf_counter() - t0, 1e-9)
+        bar.update(task, completed=skipped + handled, rate=f"{rate:,.1f} img/s")
+
+    with bar if err.is_terminal else nullcontext():
+        s = predict_to_file(
+            model, inputs, out_file, on_progress=advance if err.is_terminal else None, **options
+        )
+    if as_json:
+        print_json(s.to_dict())
+        return
+    errors = (
+        f"{s.errors:,} unreadable (listed in {s.errors_file})"
+        if s.errors_file
+        else "none unreadable"
+    )
+    err.print(
+        f"predicted {s.done:,} inputs → {s.out}: {s.rows:,} rows, {s.skipped:,} skipped as "
+        f"already done, {errors}; {s.seconds:.1f} s, {s.images_per_s:,.1f} images/s"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict_cmd)

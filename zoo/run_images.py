@@ -1,0 +1,102 @@
+"""A fine-tuned model's own images: the validation split of the run that trained it.
+
+The one place that answers "which real images belong to this model's distribution?" for the
+commands that judge a model after training (``zoo export``'s parity gate, ``zoo quantize``'s
+accuracy and agreement). A model fine-tuned on digits is judged on its run's digits, never on
+the bundled ImageNet photos alone.
+
+A run is found from any of its artifacts: the run folder, its ``model/`` folder, a file in that
+folder (``model.onnx``) or in the folder's ``variants/``. Reads JSON only; never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoo.errors import DataError
+
+SPLIT_FILE = "split.json"
+DEFAULT_SAMPLE = 64  # export's gate: enough to catch a wrong graph, cheap on 2 cores
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class RunImages:
+    """A seeded sample of a run's validation images.
+
+    Attributes:
+        run: the run folder they come from.
+        paths: the image files, in a seeded order.
+        labels: each image's class name (``;``-joined names for a multi-label run).
+        total: how many validation images the run has (``len(paths)`` when not sampled).
+        seed: the sampling seed.
+    """
+
+    run: Path
+    paths: tuple[Path, ...]
+    labels: tuple[str, ...]
+    total: int
+    seed: int = DEFAULT_SEED
+
+    def describe(self) -> str:
+        """For reports: which images, e.g. ``64 of run digits's 359 validation images (seed 0)``."""
+        of = f"{len(self.paths)} of" if len(self.paths) < self.total else "all"
+        return f"{of} run {self.run.name}'s {self.total} validation images" + (
+            f" (seed {self.seed})" if len(self.paths) < self.total else ""
+        )
+
+
+def find_run(path: str | os.PathLike[str]) -> Path | None:
+    """The run folder that ``path`` (a run, its model folder, or a file inside those) belongs
+    to, or None. A run is a folder holding ``split.json`` and ``model/``."""
+    p = Path(path).resolve()
+    for candidate in (p, *p.parents)[:4]:  # run / model / variants / file at most
+        if (candidate / SPLIT_FILE).is_file() and (candidate / "model").is_dir():
+            return candidate
+    return None
+
+
+def run_validation_images(
+    run: str | os.PathLike[str], *, limit: int | None = DEFAULT_SAMPLE, seed: int = DEFAULT_SEED
+) -> RunImages:
+    """A seeded sample of ``limit`` images (all when None) of ``run``'s validation split.
+
+    Raises:
+        DataError: no ``split.json``, no validation images, or none of them still on disk
+            (the message names the folder the split points to).
+    """
+    run = Path(run)
+    try:
+        split = json.loads((run / SPLIT_FILE).read_text())
+        root = Path(split["root"])
+        rows = [(str(rel), str(label)) for rel, label in split["splits"].get("val", [])]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{run / SPLIT_FILE} cannot be read ({exc}): pass --data DIR.") from exc
+    present = [(root / rel, label) for rel, label in rows if (root / rel).is_file()]
+    if not present:
+        raise DataError(
+            f"run {run} has {len(rows)} validation images in {SPLIT_FILE}, but none exist under "
+            f"{root} any more: pass --data DIR with images like the run's."
+        )
+    random.Random(seed).shuffle(present)
+    chosen = present if limit is None else present[:limit]
+    return RunImages(
+        run=run,
+        paths=tuple(p for p, _ in chosen),
+        labels=tuple(label for _, label in chosen),
+        total=len(present),
+        seed=seed,
+    )
+
+
+def images_for(
+    model: str | os.PathLike[str], *, limit: int | None = DEFAULT_SAMPLE, seed: int = DEFAULT_SEED
+) -> RunImages | None:
+    """The validation sample of the run ``model`` belongs to; None when it belongs to none
+    (a registry entry, a bundle, a pulled model)."""
+    run = find_run(model)
+    return None if run is None else run_validation_images(run, limit=limit, seed=seed)
