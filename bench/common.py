@@ -73,6 +73,25 @@ def photo_crops(out: Path, sources: tuple[str, ...], per_source: int, seed: int)
     return counts
 
 
+def t_interval(values: list[float], level: float = 0.95) -> dict[str, Any]:
+    """Student's t interval of the mean of ``values`` (paired differences, one per seed): what
+    the seeds allow the true mean to be. Fewer than two values give no interval."""
+    from scipy import stats
+
+    n = len(values)
+    mean = float(np.mean(values))
+    if n < 2:
+        return {"n": n, "mean": round(mean, 4), "low": None, "high": None, "level": level}
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / np.sqrt(n))
+    return {
+        "n": n,
+        "mean": round(mean, 4),
+        "low": round(mean - half, 4),
+        "high": round(mean + half, 4),
+        "level": level,
+    }
+
+
 def v2_binary(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """A KServe v2 binary-tensor request for ``x`` (the model input named ``input``): body and
     headers, asking for the ``logits`` output in binary too."""

@@ -3,11 +3,17 @@ the PIL path, on real photographs (`zoo example photos`: 2,100 JPEGs, 300–640 
 workers, same model preprocessing (mobilenet_v2, 224 px: random resized crop, flip, colour
 jitter, normalise), batches of 32, at the trainer's default worker count on this machine and
 at one worker per CPU. Passes alternate (PIL, cache, PIL, cache, …) on this noisy machine;
-the ratio is of the medians; the headline is at the trainer's default. The cache is built first, into a fresh folder, and
-its build time is reported separately. Goal: ≥ 3×.
+the ratio is of the medians. The cache is built first, into a fresh folder, and its build
+time is reported separately. Goal: ≥ 3×. Read it with its worker count: with no model to run,
+the cached path also uses the idle main process (jitter and normalisation of whole batches),
+which a training run keeps busy; so the loader alone flatters the cache at few workers.
 
-Then the trainer's data-wait share: `zoo finetune mobilenet_v2 --strategy gradual` at 224 px
-on the same folder, one epoch with the cache (default) and one without.
+Then what the user waits for: `zoo finetune mobilenet_v2 --strategy gradual` at 224 px, one
+epoch, on a smaller folder of the same photographs, at the trainer's own worker count (it
+picks it; recorded from the run), with the cache (default) and without, each first on a new
+folder (`ZOO_CACHE` empty: the data check and, with the cache, the decode pass run inside
+the command) and then again warm. The headline is the whole warm epoch (the trainer's own
+`epoch_s`) with the cache against without; the cold whole-process time is shown beside it.
 
     python bench/loader_cache.py            # writes docs/bench/loader_cache.json
 """
@@ -61,6 +67,9 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1024, help="images per timed pass")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--trainer", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--trainer-per-class", type=int, default=100, help="photographs per class for the runs"
+    )
     p.add_argument("--out", default=None, help="default: docs/bench/loader_cache.json")
     args = p.parse_args()
     rec = Recording("loader_cache")
@@ -106,21 +115,39 @@ def main() -> None:
                 "ratio": round(med["cache"] / med["pil"], 2),
             }
         ratio = by_workers[str(counts[0])]["ratio"]
-        trainer = {}
+        trainer: dict[str, dict[str, Any]] = {}
+        epoch_ratio = None
         if args.trainer:
+            small = write_photo_folder(Path(tmp) / "small", per_class=args.trainer_per_class)
             opts = ["--strategy", "gradual", "--epochs", "1", "--no-progress"]
-            for mode in ("on", "off"):
-                proc = zoo_finetune(
-                    "mobilenet_v2", folder, Path(tmp) / "runs" / mode, *opts, "--image-cache", mode
-                )
-                row = proc.extra["rows"][-1]
-                trainer[mode] = {
-                    "data_wait": round(row["data_wait"], 3),
-                    "img_per_s": round(row["img_per_s"], 1),
-                    "whole_run_s": round(proc.seconds, 1),
-                    "val_acc": round(row["val/acc"], 4),
-                }
-                print("trainer", mode, trainer[mode], flush=True)
+            # cold, then warm, per mode; the modes' order alternates between the two passes
+            for phase, modes in (("cold", ("on", "off")), ("warm", ("off", "on"))):
+                for mode in modes:
+                    env = {"ZOO_CACHE": str(Path(tmp) / f"zoo-cache-{mode}")}  # empty when cold
+                    proc = zoo_finetune(
+                        "mobilenet_v2",
+                        small,
+                        Path(tmp) / "runs" / f"{mode}-{phase}",
+                        *opts,
+                        "--image-cache",
+                        mode,
+                        env=env,
+                    )
+                    row = proc.extra["rows"][-1]
+                    trainer[f"{mode}_{phase}"] = {
+                        "mode": mode,
+                        "phase": phase,
+                        "workers": auto,  # no --num-workers: the trainer's auto_workers
+                        "data_wait": round(row["data_wait"], 3),
+                        "img_per_s": round(row["img_per_s"], 1),
+                        "epoch_s": round(proc.extra["report"]["timing"]["epochs"][-1], 1),
+                        "whole_run_s": round(proc.seconds, 1),
+                        "val_acc": round(row["val/acc"], 4),
+                    }
+                    print("trainer", mode, phase, trainer[f"{mode}_{phase}"], flush=True)
+            on, off = trainer["on_warm"], trainer["off_warm"]
+            if on["epoch_s"] and off["epoch_s"]:
+                epoch_ratio = round(off["epoch_s"] / on["epoch_s"], 2)
     results = {
         "data": "zoo example photos (2,100 JPEGs, 300–640 px, 7 classes), train split",
         "batch": 32,
@@ -132,12 +159,33 @@ def main() -> None:
         "cache_build_s": round(build_s, 1),
         "cache_build_images": len(samples),
         "trainer": trainer,
+        "trainer_images": args.trainer_per_class * 7,
         "trainer_command": "zoo finetune mobilenet_v2 --data PHOTOS --strategy gradual "
-        "--epochs 1 --image-cache on|off",
+        "--epochs 1 --image-cache on|off (cold: a new ZOO_CACHE; warm: the same again)",
+        "epoch_speedup_warm": epoch_ratio,
         "headlines": [
             headline(
-                "loader img/s, image cache vs PIL path", "ratio_cache_vs_pil", ratio, ">=", 3.0
-            )
+                f"loader alone img/s, image cache vs PIL path, {counts[0]} worker(s), main "
+                "process idle",
+                "ratio_cache_vs_pil",
+                ratio,
+                ">=",
+                3.0,
+            ),
+            *(
+                [
+                    headline(
+                        "whole training epoch (warm), no cache / image cache, the trainer's "
+                        "workers (the cache must not slow an epoch)",
+                        "epoch_speedup_warm",
+                        epoch_ratio,
+                        ">=",
+                        1.0,
+                    )
+                ]
+                if epoch_ratio is not None
+                else []
+            ),
         ],
     }
     rec.write(results, args.out)

@@ -6,10 +6,13 @@ Each run of a script writes one JSON file under ``docs/bench/`` (``--out`` overr
      "results": {...}}
 
 ``provenance`` holds what is needed to judge and reproduce a figure: the git commit and whether
-the tree was dirty (or, on a machine without ``.git``, ``ZOO_BENCH_COMMIT``), a digest of the
-source files, the versions of Python/torch/onnxruntime/…, the machine (CPU model, logical CPUs,
-affinity, cgroup quota, RAM, GPUs), the load average before and after, the start date and the
-duration. ``results`` is the script's own: every figure the docs show is a value in it
+the measured paths were dirty (a modified or untracked file under them; on a machine without
+``.git``, ``ZOO_BENCH_COMMIT``), the paths the script measures (``MEASURED``) and the digest of
+their sources (``scripts/make_benchmarks_doc.py`` compares both with the tree to mark a figure
+stale), the versions of Python/torch/onnxruntime/…, the machine (CPU model and its ISA flags,
+logical CPUs, affinity, cgroup quota, RAM, GPUs, a hash that tells machines apart), the load
+average and the share of the CPUs other work kept busy before the start, a ``busy`` flag, the
+start date and the duration. ``results`` is the script's own: every figure the docs show is a value in it
 (``scripts/make_benchmarks_doc.py`` only formats; ``tests/test_benchmarks_doc.py`` checks).
 
     rec = Recording("trainer_overhead")
@@ -24,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -37,6 +41,33 @@ SCHEMA = 1
 RESULTS_DIR = ROOT / "docs" / "bench"
 # the code a benchmark measures: its digest says whether two runs measured the same code
 SOURCE_DIRS = ("zoo", "train", "deploy", "cli", "bench")
+# what each benchmark measures: the commits that touch these paths make its figures stale
+# (zoo/ is the core every command imports; the script itself and its shared helpers count)
+_SHARED = ("zoo", "bench/common.py", "bench/bench_path.py")
+_TRAIN = (*_SHARED, "train", "cli")
+_DEPLOY = (*_SHARED, "deploy", "cli")
+MEASURED: dict[str, tuple[str, ...]] = {
+    "trainer_overhead": (*_TRAIN, "bench/trainer_overhead.py", "bench/hand_train.py"),
+    "feature_cache": (*_TRAIN, "bench/feature_cache.py"),
+    "imbalance": (*_TRAIN, "bench/imbalance.py"),
+    "loader_cache": (*_TRAIN, "bench/loader_cache.py"),
+    "cache_accuracy": (*_TRAIN, "bench/cache_accuracy.py"),
+    "gpu_bench": (*_TRAIN, "deploy", "bench/gpu_bench.py", "bench/hand_train.py"),
+    "cli_startup": (*_SHARED, "cli", "bench/cli_startup.py", "bench/peak_rss.py"),
+    "deploy_bench": (*_DEPLOY, "bench/deploy_bench.py"),
+    "openvino_bench": (*_DEPLOY, "bench/openvino_bench.py"),
+    "quantize_defaults": (*_DEPLOY, "bench/quantize_defaults.py"),
+    "serve_load": (*_DEPLOY, "bench/serve_load.py"),
+    "serve_peers": (*_DEPLOY, "bench/serve_peers.py", "bench/peers"),
+    "predict_throughput": (*_DEPLOY, "bench/predict_throughput.py", "bench/peak_rss.py"),
+}
+# the CPU flags a figure can depend on (onnxruntime's int8 kernels, OpenVINO's bf16, torch's
+# oneDNN): the x86 vector extensions and their int8/bf16/fp16 instructions, and Arm's
+ISA_FLAG = re.compile(
+    r"^(avx2|avx512\w*|avx_vnni\w*|amx\w*|\w*bf16|\w*fp16\w*|f16c|fma|asimd\w*|sve\w*|i8mm)$"
+)
+# a run counts as busy when other work kept more than this share of the CPUs busy at its start
+BUSY_SHARE = 0.5
 
 
 def _git(*args: str) -> str | None:
@@ -49,12 +80,19 @@ def _git(*args: str) -> str | None:
     return r.stdout
 
 
-def git_state() -> dict[str, Any]:
-    """Commit and dirtiness from git; without a checkout (a copied tree on a lent machine),
-    from ``ZOO_BENCH_COMMIT`` / ``ZOO_BENCH_DIRTY`` set by whoever started the run."""
+def measured_paths(name: str) -> tuple[str, ...]:
+    """The paths benchmark ``name`` measures (every source folder for one not in ``MEASURED``)."""
+    return MEASURED.get(name, SOURCE_DIRS)
+
+
+def git_state(paths: tuple[str, ...] = SOURCE_DIRS) -> dict[str, Any]:
+    """Commit and dirtiness from git (dirty: a file under ``paths`` modified, staged or
+    untracked, since an untracked module is measured too); without a checkout (a copied tree
+    on a lent machine), from ``ZOO_BENCH_COMMIT`` / ``ZOO_BENCH_DIRTY`` set by whoever
+    started the run."""
     commit = (_git("rev-parse", "HEAD") or "").strip()
     if commit:
-        status = _git("status", "--porcelain", "--untracked-files=no") or ""
+        status = _git("status", "--porcelain", "--untracked-files=all", "--", *paths) or ""
         changed = [line[3:] for line in status.splitlines() if line.strip()]
         return {"commit": commit, "dirty": bool(changed), "changed": changed, "from": "git"}
     env = os.environ.get("ZOO_BENCH_COMMIT")
@@ -67,14 +105,41 @@ def git_state() -> dict[str, Any]:
     }
 
 
-def source_digest() -> str:
-    """sha256 over the path and bytes of every .py/.sh file in the measured folders."""
+def is_source(rel: str) -> bool:
+    return rel.endswith((".py", ".sh")) and "__pycache__" not in rel.split("/")
+
+
+def digest(files: dict[str, bytes], paths: tuple[str, ...]) -> str:
+    """sha256 over the relative path and bytes of each source file, path by path in the order
+    of ``paths``, files in path order: the same value from a working tree (``source_digest``)
+    and from a commit's objects (``bench/staleness.py``)."""
     h = hashlib.sha256()
-    for d in SOURCE_DIRS:
-        for p in sorted((ROOT / d).rglob("*")):
-            if p.suffix in (".py", ".sh") and "__pycache__" not in p.parts:
-                h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    seen: set[str] = set()
+    for d in paths:
+        under = [
+            r for r in files if (r == d or r.startswith(d.rstrip("/") + "/")) and r not in seen
+        ]
+        for rel in sorted(under, key=lambda r: r.split("/")):
+            seen.add(rel)
+            h.update(rel.encode() + b"\0" + files[rel] + b"\0")
     return h.hexdigest()
+
+
+def tree_sources(paths: tuple[str, ...], root: Path = ROOT) -> dict[str, bytes]:
+    """The .py/.sh files under ``paths`` in the working tree (tracked or not), by relative path."""
+    out = {}
+    for d in paths:
+        base = root / d
+        for p in [base] if base.is_file() else base.rglob("*"):
+            rel = p.relative_to(root).as_posix()
+            if p.is_file() and is_source(rel):
+                out[rel] = p.read_bytes()
+    return out
+
+
+def source_digest(paths: tuple[str, ...] = SOURCE_DIRS) -> str:
+    """sha256 over the path and bytes of every .py/.sh file under ``paths``."""
+    return digest(tree_sources(paths), paths)
 
 
 def _cpu_model() -> str:
@@ -104,6 +169,52 @@ def _cgroup_cpu_quota() -> str | None:
         return None
 
 
+def cpu_flags() -> list[str]:
+    """The ISA-relevant subset of the CPU's flags (``ISA_FLAG``), from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return sorted(f for f in line.split(":", 1)[1].split() if ISA_FLAG.match(f))
+    except OSError:
+        pass
+    return []
+
+
+def machine_hash() -> str:
+    """Tells machines apart and stays the same on one: /etc/machine-id alone is copied with a
+    container image and the hostname alone is often the same ("vm"), so both are hashed with
+    the hardware a figure depends on (CPU model, logical CPUs, RAM, GPUs)."""
+    try:
+        machine_id = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine_id = ""
+    from zoo.system import environment_report
+
+    gpus = ",".join(environment_report()["gpus"] or [])
+    key = f"{machine_id}|{platform.node()}|{_cpu_model()}|{os.cpu_count()}|{_ram_gib()}|{gpus}"
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def cpu_busy_share(seconds: float = 1.0) -> float | None:
+    """The share of all CPUs busy over ``seconds`` (from /proc/stat), sampled while this
+    process sleeps: the work of others, where the 1-minute load average still counts the
+    previous benchmark of ``bench/run_all.sh``."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return round(1 - (idle1 - idle0) / total, 3) if total > 0 else None
+
+
 def _load() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -121,13 +232,14 @@ def machine() -> dict[str, Any]:
         affinity = []
     return {
         "cpu_model": _cpu_model(),
+        "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "affinity": affinity,
         "cpus_available": env["cpus_available"],
         "cgroup_cpu_max": _cgroup_cpu_quota(),
         "ram_gib": _ram_gib(),
         "platform": env["platform"],
-        "hostname_hash": hashlib.sha256(platform.node().encode()).hexdigest()[:12],
+        "hostname_hash": machine_hash(),
         "gpus": env["gpus"],
         "nvidia_smi": env["nvidia_smi"],
         "torch_threads": env["torch_threads"],
@@ -178,11 +290,19 @@ class Recording:
     def __init__(self, name: str, argv: list[str] | None = None) -> None:
         self.name = name
         self.argv = list(sys.argv if argv is None else argv)
+        self.paths = measured_paths(name)
+        self.load_before = _load()
+        self.cpu_busy_before = cpu_busy_share()
+        # busy: others kept over BUSY_SHARE of the CPUs busy, or bench/run_all.sh was told
+        # --allow-busy on a loaded machine (ZOO_BENCH_BUSY=1)
+        self.busy = os.environ.get("ZOO_BENCH_BUSY", "0") not in ("0", "") or bool(
+            self.cpu_busy_before is not None and self.cpu_busy_before > BUSY_SHARE
+        )
         self.started = dt.datetime.now(dt.timezone.utc)
         self.t0 = time.perf_counter()
-        self.load_before = _load()
-        self.git = git_state()
+        self.git = git_state(self.paths)
         self.source_sha256 = source_digest()
+        self.measured_sha256 = source_digest(self.paths)
 
     def document(self, results: dict[str, Any]) -> dict[str, Any]:
         script = Path(self.argv[0]).resolve() if self.argv else None
@@ -200,10 +320,13 @@ class Recording:
                 "duration_s": round(time.perf_counter() - self.t0, 1),
                 "git": self.git,
                 "source_sha256": self.source_sha256,
+                "measured": {"paths": list(self.paths), "sha256": self.measured_sha256},
                 "versions": versions(),
                 "machine": machine(),
                 "load_avg_before": self.load_before,
                 "load_avg_after": _load(),
+                "cpu_busy_before": self.cpu_busy_before,
+                "busy": self.busy,
             },
             "stale": None,
             "results": results,
@@ -260,7 +383,13 @@ def main() -> None:
     if args.mark_stale:
         mark_stale(args.mark_stale, args.reason)
         return
-    print(json.dumps({"git": git_state(), "source_sha256": source_digest()}, indent=2))
+    measured = {name: source_digest(paths) for name, paths in MEASURED.items()}
+    print(
+        json.dumps(
+            {"git": git_state(), "source_sha256": source_digest(), "measured_sha256": measured},
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 """`zoo serve` against the server a user would otherwise write: a plain LitServe app
-(`bench/peers/litserve_app.py`) on the same ONNX file (the real MobileNetV2 ImageNet export),
-the same cores and the same closed-loop client. Both run with their defaults (`max_batch` 16).
+(`bench/peers/litserve_app.py`, one `LitAPI` per server as LitServe's README shows, one server
+for images and one for tensors) on the same ONNX file (the real MobileNetV2 ImageNet export),
+the same cores and the same closed-loop client (aiohttp, which asks for gzip as requests and
+httpx do: LitServe's default gzip of large replies applies, zoo's replies are not compressed).
+Both run with their defaults (`max_batch` 16).
 
 Requests: image uploads (multipart field `file`, the bundled 451×300 JPEG of a cat) and
 tensors (zoo: KServe v2 binary; LitServe: base64 FP32 in JSON, its equivalent). For each kind
 and concurrency the two servers take turns in windows (the idle one is paused with SIGSTOP so
 it takes no CPU) until each server's last two windows agree within 10% (at most 6 rounds).
+Each server's figure is the median of its windows (not the last one), with ``converged``
+saying whether its last two agreed; the ratio is of the medians.
 
 Also measured: the in-process ceiling with images (decode + preprocess + ORT with no HTTP, the
 best of several ways to split the cores and batch sizes), and zoo's image RPS against it in
@@ -182,7 +187,20 @@ def compare(
         srv.resume()
     out: dict[str, object] = {"concurrency": conc}
     for k, r in runs.items():
-        out[k] = {**r[-1], "windows": len(r), "rps_windows": [w["rps"] for w in r]}
+
+        def med(key: str, r: list[dict[str, object]] = r) -> float:
+            return round(float(np.median([float(w[key]) for w in r])), 1)  # type: ignore[arg-type]
+
+        out[k] = {
+            "rps": med("rps"),
+            "p50_ms": med("p50_ms"),
+            "p99_ms": med("p99_ms"),
+            "rps_of": "median",
+            "converged": _agree(r),
+            "windows": len(r),
+            "rps_windows": [w["rps"] for w in r],
+            "last_window": r[-1],
+        }
     first, second = (out[k] for k in servers)  # the ratio is the first server's over the second's
     out["rps_ratio"] = round(first["rps"] / max(second["rps"], 1e-9), 2)  # type: ignore[index]
     return out
@@ -342,20 +360,16 @@ def main() -> None:
         sweep = best_setting(model, jpeg, available_cpus())
         setting = sweep.pop("setting")
         result["ceiling_sweep"] = sweep
-        zp, lp, tp = _free_port(), _free_port(), _free_port()
+        zp, lp, lt, tp = _free_port(), _free_port(), _free_port(), _free_port()
         zoo_bin = str(Path(sys.executable).parent / "zoo")
         zoo_cmd = [zoo_bin, "serve", str(model), "--name", NAME]
         zoo = Server([*zoo_cmd, "--port", str(zp)], "/v2/health/ready", zp)
-        peer = Server(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "peers" / "litserve_app.py"),
-                str(model),
-                str(lp),
-            ],
-            "/health",
-            lp,
-        )
+        app = [sys.executable, str(ROOT / "bench" / "peers" / "litserve_app.py"), str(model)]
+        peer = Server([*app, str(lp), "images"], "/health", lp)
+        peer.pause()  # while the tensor peer starts and zoo idles: one at a time on the cores
+        peer_t = Server([*app, str(lt), "tensors"], "/health", lt)
+        peer_t.pause()
+        peer.resume()
         one = Server([*zoo_cmd, "--port", str(tp), "--threads", "1"], "/v2/health/ready", tp)
         try:
             time.sleep(3)  # start-up work done: what each costs while nobody asks
@@ -372,7 +386,7 @@ def main() -> None:
                 "images": {"zoo": (zoo, predict, *img), "litserve": (peer, "/predict", *img)},
                 "tensors": {
                     "zoo": (zoo, f"/v2/models/{NAME}/infer", *v2_binary(x)),
-                    "litserve": (peer, "/infer", *b64_json(x)),
+                    "litserve": (peer_t, "/predict", *b64_json(x)),
                 },
                 "zoo_threads": {  # the default thread count against ORT on one core
                     "zoo": (zoo, predict, *img),
@@ -384,7 +398,9 @@ def main() -> None:
                 concurrency = args.concurrency.split(",")
                 for c in concurrency if kind != "zoo_threads" else ("8", "32"):
                     others = [
-                        s for s in (zoo, peer, one) if s not in {v[0] for v in servers.values()}
+                        s
+                        for s in (zoo, peer, peer_t, one)
+                        if s not in {v[0] for v in servers.values()}
                     ]
                     for s in others:
                         s.pause()
@@ -392,12 +408,28 @@ def main() -> None:
                     print(kind, json.dumps(row), flush=True)
                     result[kind].append(row)  # type: ignore[attr-defined]
             result["ceiling"] = against_ceiling(
-                model, jpeg, setting, zoo, [peer, one], (predict, *img), args
+                model, jpeg, setting, zoo, [peer, peer_t, one], (predict, *img), args
             )
+            # the ceiling is the best the in-process path did: its turns here or the sweep's
+            # figure for the same setting (a server above a one-off low turn is no record)
+            ce = result["ceiling"]
+            best = max(float(np.median(ce["images_per_s"])), sweep["images_per_s"][setting.name])  # type: ignore[index]
+            ce["sweep_images_per_s"] = sweep["images_per_s"][setting.name]  # type: ignore[index]
+            ce["best_images_per_s"] = round(best, 1)  # type: ignore[index]
+            ce["ratio_vs_best"] = round(float(np.median(ce["zoo_rps_c32"])) / best, 2)  # type: ignore[index]
         finally:
-            for s in (zoo, peer, one):
+            for s in (zoo, peer, peer_t, one):
                 s.stop()
     result["litserve_version"] = importlib.metadata.version("litserve")
+    result["peers_given"] = {
+        "zoo": "zoo serve MODEL with its defaults (max batch 16, ORT threads = usable CPUs, "
+        "idle ORT threads sleep); images: multipart upload; tensors: KServe v2 binary",
+        "litserve": "bench/peers/litserve_app.py: one LitAPI per server (images, tensors), "
+        "max_batch_size=16, ORT session with its default threads, PIL preprocessing, "
+        "LitServe's defaults kept (gzip of replies over 1,000 bytes; the client accepts gzip); "
+        "tensors: base64 FP32 in JSON",
+        "client": "aiohttp closed loop on the same machine, the same for both",
+    }
     headlines = []
     for kind, goal in (("images", 1.2), ("tensors", 1.0)):
         for row in result[kind]:  # type: ignore[attr-defined]
@@ -427,9 +459,9 @@ def main() -> None:
             )
     headlines.append(
         headline(
-            "serving images: zoo RPS (c=32) vs in-process decode+ORT ceiling",
-            "ceiling.ratio",
-            result["ceiling"]["ratio"],  # type: ignore[index]
+            "serving images: zoo RPS (c=32) vs in-process decode+ORT ceiling (its best: turns or sweep)",
+            "ceiling.ratio_vs_best",
+            result["ceiling"]["ratio_vs_best"],  # type: ignore[index]
             ">=",
             0.8,
         )

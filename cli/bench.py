@@ -9,6 +9,7 @@ import typer
 from zoo.cli.common import (
     JsonOpt,
     ModelArg,
+    VariantOpt,
     WeightsOpt,
     choice,
     err,
@@ -52,11 +53,25 @@ def bench_cmd(
         ),
     ] = None,
     weights: WeightsOpt = None,
+    variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Latency table across backends and devices (warm-up, p50/p90/p99, cold start), with each
-    backend's top-1 agreement with eager on real images."""
+    backend's top-1 agreement with eager on real images.
+
+    --variant times a run's derived file as its backend (int8-static → ort_int8, fp16 →
+    ort_fp16, openvino-int8 → ov_int8) instead of making that file afresh."""
     from zoo.deploy.bench import floor_notes, run_bench
+
+    prebuilt = {}
+    if variant is not None:
+        from zoo.ref import ModelRef
+        from zoo.variants import find_variant
+
+        v = find_variant(ModelRef.parse(model).model_folder, variant)
+        prebuilt[v.backend] = v.path
+        if v.backend not in backends.split(","):
+            backends += f",{v.backend}"
 
     report = run_bench(
         model,
@@ -69,6 +84,7 @@ def bench_cmd(
         weights=weights,
         data=data,
         min_agreement=min_agreement,
+        prebuilt=prebuilt,
     )
     if as_json:
         print_json(report)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
 
-from zoo.errors import MODEL_FORMS, ChoiceError
+from zoo.errors import MODEL_FORMS, ChoiceError, Interrupted
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON object.")]
 OutOpt = Annotated[str | None, typer.Option("-o", "--output", help="Where to write the result.")]
@@ -24,6 +25,25 @@ ModelOrOnnxArg = Annotated[
     ),
 ]
 """Like :data:`ModelArg`, for the commands that also take an exported ``.onnx`` file."""
+VariantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--variant",
+        help="use a derived file of the run or model folder (its variants/, listed by "
+        "`zoo list`), by name or unique prefix: int8 → model/variants/int8-static.onnx",
+    ),
+]
+
+
+def with_variant(model: str, variant: str | None) -> str:
+    """``model`` itself, or the file of its variant ``variant`` (:meth:`ModelRef.variant`)."""
+    if variant is None:
+        return model
+    from zoo.ref import ModelRef
+
+    return str(ModelRef.parse(model).variant(variant))
+
+
 WeightsOpt = Annotated[
     str | None,
     typer.Option(
@@ -90,3 +110,17 @@ err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() els
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+@contextmanager
+def interrupt_exits(hint: str = "interrupted") -> Iterator[None]:
+    """Ctrl-C in a long command: its message (an :class:`~zoo.errors.Interrupted` says what
+    was kept and how to go on; else ``hint``) on stderr, and exit code 130 (128 + SIGINT)."""
+    try:
+        yield
+    except Interrupted as exc:
+        err.print(exc.message, markup=False)
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        err.print(hint, markup=False)
+        raise typer.Exit(130) from None

@@ -78,7 +78,12 @@ def export_cmd(
     ] = "auto",
     jit: Annotated[JitMode, choice(JitMode, "--jit", help="torchscript: how to build")] = "trace",
     data: Annotated[
-        str | None, typer.Option("--data", help="real images for the prediction check")
+        str | None,
+        typer.Option(
+            "--data",
+            help="real images for the prediction check (default: the bundled photos, and for "
+            "a run a seeded 64 of its validation images)",
+        ),
     ] = None,
     allow_mismatch: Annotated[
         bool, typer.Option(help="write the file even when parity fails")
@@ -242,6 +247,8 @@ def export_cmd(
                 f"parity predictions: top-1 agreement {q['agreement']:.1%} on {q['n_images']} "
                 f"real images (needs {p['tolerances']['min_agreement']:.1%})"
             )
+        if p.get("images"):  # which real images judged it: the bundled photos, --data, the run's
+            out.print("parity images: " + "; ".join(i["description"] for i in p["images"]))
         for dyn in p.get("dynamic", []):
             out.print(
                 f"parity dynamic: batch {dyn['batch']}, {dyn['size']}px → max abs {dyn['max_abs']:.2e} "

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from zoo.cli.common import JsonOpt, out, print_json
+from zoo.cli.common import JsonOpt, err, interrupt_exits, out, print_json
 from zoo.cli.train import finetune_cmd, train_config
 
 # finetune's options that change a step; the ones about a whole run (epochs, schedule,
@@ -37,7 +37,7 @@ def _lr_find(
 ) -> None:
     """Learning-rate range test: sweeps on copies, averaged; prints `suggested lr: …`."""
     from zoo.errors import InputError
-    from zoo.train.lr_find import find_lr, plot_lr_find
+    from zoo.train.lr_find import NEXT_STEP, find_lr, plot_lr_find
 
     if training.get("arch") is None or training.get("data") is None:
         raise typer.BadParameter("give ARCH and --data")
@@ -45,8 +45,18 @@ def _lr_find(
         raise typer.BadParameter(f"--start {start:g} must be above 0 and below --end {end:g}")
     if plot.suffix.lower() != ".png":
         raise InputError(f"--plot {plot}: give a .png file")
-    result = find_lr(train_config(training), start=start, end=end, steps=steps, sweeps=sweeps)
+    with interrupt_exits(
+        "interrupted: zoo lr-find writes nothing before its sweeps end (they train copies); "
+        "run it again (fewer --steps or --sweeps take less time)"
+    ):
+        result = find_lr(train_config(training), start=start, end=end, steps=steps, sweeps=sweeps)
     plot_lr_find(result, plot)
+    if not result.turned:  # loud, on stderr; --json carries `turned` and `problem` too
+        err.print(
+            f"WARNING: the suggestion {result.suggested:.3g} is not reliable: {result.problem}. "
+            f"{NEXT_STEP[0].upper()}{NEXT_STEP[1:]}.",
+            markup=False,
+        )
     if as_json:
         print_json({**result.to_dict(), "plot": str(plot)})
         return
@@ -55,7 +65,10 @@ def _lr_find(
         f"{result.lrs[0]:.1e} → {result.lrs[-1]:.1e} (plot: {plot})"
     )
     out.print(f"rule: {result.rule}")
-    out.print(f"suggested lr: {result.suggested:.3g}")
+    out.print(
+        f"suggested lr: {result.suggested:.3g}"
+        + ("" if result.turned else " (not reliable: the curve did not turn; see the warning)")
+    )
 
 
 def _signature() -> inspect.Signature:

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 
 def _row(info: ModelInfo) -> dict[str, Any]:
+    from zoo.weights import availability
+
+    here = availability(info.weights)  # no network, no torch: the caches, hash-checked
     return {
         "name": info.name,
         "arch": info.arch,
@@ -23,9 +26,25 @@ def _row(info: ModelInfo) -> dict[str, Any]:
         "num_classes": info.num_classes,
         "weights": info.weights.kind,
         "pinned": info.weights.pinned,
+        "weights_available": here.available,  # loadable offline (cached and sound, or none)
+        "weights_state": here.state,  # cached | missing | corrupt | not needed
         "license": info.license,
         "parent": info.parent,
     }
+
+
+def _variants(info: ModelInfo) -> list[dict[str, Any]]:
+    """A local model folder's ``model.onnx`` and derived variants (:mod:`zoo.variants`)."""
+    from pathlib import Path
+
+    from zoo.variants import exports
+
+    if info.weights.path is None:
+        return []
+    return [v.to_dict() for v in exports(Path(info.weights.path).parent)]
+
+
+_HERE = {"cached": "cached", "missing": "not cached", "corrupt": "fails its hash"}
 
 
 def list_cmd(
@@ -43,9 +62,10 @@ def list_cmd(
     from rich.table import Column, Table
 
     from zoo.catalog import list_models, model_info
-    from zoo.local_models import discover
+    from zoo.local_models import discover, unreadable_runs
 
     rows = [_row(model_info(n)) for n in list_models(pattern)]
+    problems: list[tuple[str, str]] = []  # runs listed with what is wrong, never dropped
     if local:
         for name, info in discover(runs):
             if (
@@ -53,7 +73,19 @@ def list_cmd(
                 or fnmatch.fnmatch(name, pattern)
                 or fnmatch.fnmatch(info.arch, pattern)
             ):
-                rows.append({**_row(info), "name": name, "lineage": list(info.lineage)})
+                rows.append(
+                    {
+                        **_row(info),
+                        "name": name,
+                        "lineage": list(info.lineage),
+                        "variants": _variants(info),
+                    }
+                )
+        problems = [
+            (n, why)
+            for n, why in unreadable_runs(runs)
+            if pattern is None or fnmatch.fnmatch(n, pattern)
+        ]
     if base is not None:
         from zoo.catalog import canonical_name
 
@@ -64,12 +96,12 @@ def list_cmd(
             if r["name"] == root or root in r.get("lineage", []) or r["parent"] == root
         ]
     if as_json:
-        print_json(rows)
+        print_json(rows + [{"name": n, "problem": why} for n, why in problems])
         return
-    if not rows:
+    if not rows and not problems:
         err.print(f"No model matches {pattern!r}.")
         raise typer.Exit(1)
-    table = Table("params", "GFLOPs", "input", "classes", "weights")
+    table = Table("params", "GFLOPs", "input", "classes", "weights (here?)", "variants")
     table.columns.insert(0, Column("name", no_wrap=True))
     for r in rows:
         table.add_row(
@@ -78,9 +110,18 @@ def list_cmd(
             f"{r['gflops']:.3g}",
             "×".join(map(str, r["input_size"])),
             str(r["num_classes"]),
-            r["weights"] + ("" if r["pinned"] or r["weights"] == "none" else " (unpinned)"),
+            r["weights"]
+            + ("" if r["pinned"] or r["weights"] == "none" else " (unpinned)")
+            + ("" if r["weights_state"] == "not needed" else f", {_HERE[r['weights_state']]}"),
+            ", ".join(
+                v["name"] + (" (stale)" if v["stale"] else "") for v in r.get("variants", [])
+            ),
         )
+    for i, (name, _) in enumerate(problems, 1):
+        table.add_row(name, f"unreadable [{i}]", *[""] * (len(table.columns) - 2))
     out.print(table)
+    for i, (name, why) in enumerate(problems, 1):
+        out.print(f"[{i}] {name}: {why}", markup=False)
 
 
 def info_cmd(
@@ -89,10 +130,14 @@ def info_cmd(
 ) -> None:
     """Show everything known about one model."""
     from zoo.factory import resolve
+    from zoo.weights import availability
 
     info = resolve(name)[0].info
     d = info.to_dict()
     d["lineage"] = [*info.lineage] if info.lineage else [info.name]
+    here = availability(info.weights)
+    d["weights_available"], d["weights_state"] = here.available, here.state
+    d["weights_here"] = here.describe()
     if as_json:
         print_json(d)
         return
@@ -100,6 +145,8 @@ def info_cmd(
     for k, v in d.items():
         if k == "weights":
             v = v["description"]
+        if k in ("weights_available", "weights_state"):  # weights_here says both in words
+            continue
         if k == "lineage":
             v = " → ".join(v)
         out.print(f"[bold]{k}[/bold]: {v}")

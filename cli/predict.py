@@ -12,10 +12,13 @@ import typer
 from zoo.cli.common import (
     JsonOpt,
     ModelOrOnnxArg,
+    VariantOpt,
     choice,
     err,
+    interrupt_exits,
     out,
     print_json,
+    with_variant,
 )
 from zoo.deploy.choices import (
     PredictEngine,
@@ -106,6 +109,7 @@ def predict_cmd(
             "(flip), of five crops, or of those and their mirrors",
         ),
     ] = "none",
+    variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
@@ -115,6 +119,7 @@ def predict_cmd(
     """
     if address and engine != "ray":
         raise typer.BadParameter("--address applies to --engine ray only.")
+    model = with_variant(model, variant)
     if out_file is not None:
         _predict_to_file(
             model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
@@ -164,7 +169,11 @@ def _predict_to_file(
         rate = handled / max(time.perf_counter() - t0, 1e-9)
         bar.update(task, completed=skipped + handled, rate=f"{rate:,.1f} img/s")
 
-    with bar if err.is_terminal else nullcontext():
+    stopped = (  # Ctrl-C: the committed chunks stay, and the same command resumes
+        f"interrupted: {out_file} keeps every chunk written so far; run the same command again "
+        "to finish (what is written is skipped)"
+    )
+    with interrupt_exits(stopped), bar if err.is_terminal else nullcontext():
         s = predict_to_file(
             model, inputs, out_file, on_progress=advance if err.is_terminal else None, **options
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -20,9 +20,6 @@ from zoo.deploy.choices import (
     QuantMode,
 )
 
-if TYPE_CHECKING:
-    pass
-
 
 def quantize_cmd(
     model: Annotated[Path, typer.Argument(help="an exported fp32 .onnx file")],
@@ -33,8 +30,13 @@ def quantize_cmd(
         str | None, typer.Option(help="static: folder of real calibration images")
     ] = None,
     method: Annotated[
-        CalibMethod, choice(CalibMethod, "--method", help="static, --engine ort: activation ranges")
-    ] = "minmax",
+        CalibMethod | None,
+        choice(
+            CalibMethod,
+            "--method",
+            help="static, --engine ort: activation ranges (default: minmax, the measured best)",
+        ),
+    ] = None,
     engine: Annotated[
         QuantEngine,
         choice(
@@ -45,14 +47,30 @@ def quantize_cmd(
         ),
     ] = "ort",
     per_channel: Annotated[
-        bool, typer.Option(help="per-channel weight scales (better for conv nets)")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--per-channel/--no-per-channel",
+            help="per-channel weight scales (default on; better for conv nets)",
+        ),
+    ] = None,
     data: Annotated[
-        str | None, typer.Option("--data", help="real images (class folders give accuracy)")
+        str | None,
+        typer.Option(
+            "--data",
+            help="real images (class folders give accuracy); default: the run's validation images",
+        ),
     ] = None,
     max_accuracy_drop: Annotated[
         float | None, typer.Option(help="fail above this drop, e.g. 0.01")
     ] = None,
+    allow_drop: Annotated[
+        bool,
+        typer.Option(
+            "--allow-drop",
+            help="write the int8 file and exit 0 even below the floor (1 point of accuracy, or "
+            "agreement's interval under 98%)",
+        ),
+    ] = False,
     target_agreement: Annotated[
         float | None,
         typer.Option(
@@ -60,15 +78,19 @@ def quantize_cmd(
             min=0.0,
             max=1.0,
             help="static, --engine ort: try every calibration, then keep the most sensitive "
-            "nodes float until top-1 agreement with fp32 on --data (held out: no --calib "
-            "image in it) reaches this, e.g. 0.98",
+            "nodes float until top-1 agreement with fp32 on the evaluation images (held out: "
+            "no calibration image in them) reaches this, e.g. 0.98",
         ),
     ] = None,
     threads: int | None = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="default: a run's model/variants/int8-MODE.onnx"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32."""
+    """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32 on the
+    model's own images."""
     from zoo.deploy.quantize import quantize
 
     if mode == "dynamic" and calib is not None:
@@ -82,10 +104,9 @@ def quantize_cmd(
             "e.g. 0.98",
             param_hint="--target-agreement",
         )
-    dest = output or model.with_name(model.stem + f".int8-{mode}.onnx")
     report = quantize(
         model,
-        dest,
+        output,
         mode=mode,
         calib=calib,
         method=method,
@@ -95,53 +116,25 @@ def quantize_cmd(
         threads=threads,
         engine=engine,
         target_agreement=target_agreement,
+        allow_drop=allow_drop,
+        on_plan=lambda line: err.print(line),
     )
-    for line in report["advice_before"]:
+    for line in report.advice_before:
         err.print(f"advice: {line}")
     if as_json:
-        print_json(report)
+        print_json(report.to_dict())
     else:
-        out.print(f"wrote {report['path']}")
-        out.print(
-            f"size {report['size_mb']['fp32']} → {report['size_mb']['int8']} MB (×{report['size_ratio']})"
+        for line in report.lines():
+            out.print(line)
+    if report.advice_after:
+        err.print(f"advice: {report.advice_after}")
+    if report.failed:
+        err.print(
+            f"error: int8 is below the floor on {report.images.description}: "
+            f"{report.floor.reason}. Nothing was written; try --engine nncf or "
+            "--target-agreement 0.98, or pass --allow-drop to keep it anyway."
         )
-        lat = report["latency_ms"]
-        out.print(
-            f"latency p50 {lat['fp32_p50']:.2f} → {lat['int8_p50']:.2f} ms (×{report['latency_ratio']}, "
-            f"batch {lat['batch']}, {lat['threads']} threads)"
-        )
-        low, high = report["agreement_ci95"]
-        out.print(
-            f"top-1 agreement with fp32: {report['top1_agreement']:.1%} on {report['n_images']} "
-            f"images (95% interval {low:.1%}–{high:.1%})"
-        )
-        if "accuracy" in report:
-            out.print(
-                f"accuracy {report['accuracy']['fp32']:.4f} → {report['accuracy']['int8']:.4f}"
-            )
-        cov = report["coverage"]
-        out.print(f"coverage: {cov['quantized']}/{cov['heavy_ops']} Conv/Gemm/MatMul nodes in int8")
-        if "search" in report:
-            s, cal = report["search"], report["search"]["calibration"]
-            ops = ", ".join(f"{n} {op}" for op, n in s["float_ops"].items()) or "none"
-            out.print(
-                f"float: {s['k']} of {s['sensitivity']['candidates']} quantizable nodes kept "
-                f"float ({ops}) for target agreement {s['target']:.1%}"
-            )
-            out.print(
-                f"calibration: {cal['method']} ranges, per-channel weights "
-                f"{'on' if cal['per_channel'] else 'off'}"
-                f"{', symmetric activations' if cal['symmetric_activations'] else ''} (the best "
-                f"of {len(cal['tried'])} settings tried on {cal['n_images']} calibration images)"
-            )
-            held = s["held_out"]
-            low, high = held["ci95"]
-            out.print(
-                f"held-out agreement: {held['agreement']:.1%} on {held['n_images']} --data images "
-                f"(95% interval {low:.1%}–{high:.1%}; the float count was chosen on them)"
-            )
-    if report.get("advice_after"):
-        err.print(f"advice: {report['advice_after']}")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

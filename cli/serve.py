@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from zoo.cli.common import ModelOrOnnxArg, choice
+from zoo.cli.common import ModelOrOnnxArg, VariantOpt, choice, with_variant
 from zoo.deploy.choices import Runtime
 
 
@@ -45,6 +45,7 @@ def serve_cmd(
     max_image_pixels: Annotated[
         int, typer.Option(min=1, help="413 above this many decoded pixels")
     ] = 40_000_000,
+    variant: VariantOpt = None,
 ) -> None:
     """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching.
 
@@ -52,7 +53,7 @@ def serve_cmd(
     from zoo.deploy.serve.run import serve
 
     serve(
-        model,
+        with_variant(model, variant),
         {
             "host": host,
             "port": port,

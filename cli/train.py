@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from zoo.cli.common import JsonOpt, choice, choice_argument, err, out, print_json
+from zoo.cli.common import (
+    JsonOpt,
+    choice,
+    choice_argument,
+    err,
+    interrupt_exits,
+    out,
+    print_json,
+)
 from zoo.deploy.choices import Tta
 from zoo.samples import Example
 from zoo.train.config import (
@@ -296,12 +304,17 @@ def finetune_cmd(
     cfg = train_config(params)
     from zoo.train.trainer import fit
 
-    run = fit(cfg, explicit=explicit)
+    with interrupt_exits():
+        run = fit(cfg, explicit=explicit)
     from zoo.train.console import is_main_process
 
     if run is not None and is_main_process():  # None: --dry-run writes no run folder
         if report:
-            _run_report(run, cfg.device, cfg.batch_size)
+            with interrupt_exits(
+                f"interrupted while writing report.html: {run} is complete; write the report "
+                f"with: zoo eval {run} --report"
+            ):
+                _run_report(run, cfg.device, cfg.batch_size)
         out.print(str(run))
 
 

@@ -65,10 +65,13 @@ class _Builder:
         self.data: str | None = None  # the agreement images (run_bench's ``data``)
         self._onnx: dict[str, Path] = {}
         self._ir: dict[str, Path] = {}
+        self.prebuilt: dict[str, Path] = {}  # backend -> a file the user made (zoo --variant)
 
     def ir_file(self, precision: str) -> Path:
         """The OpenVINO IR of ``precision``, exported once through zoo's own gate (its
         verdict is the agreement column; a row is timed even where the gate would refuse)."""
+        if precision not in self._ir and f"ov_{precision}" in self.prebuilt:
+            self._ir[precision] = self.prebuilt[f"ov_{precision}"]
         if precision not in self._ir:
             from zoo.deploy.openvino_export import export_openvino
 
@@ -88,6 +91,8 @@ class _Builder:
         return self._ir[precision]
 
     def onnx_file(self, kind: str) -> Path:
+        if kind not in self._onnx and f"ort_{kind}" in self.prebuilt:
+            self._onnx[kind] = self.prebuilt[f"ort_{kind}"]
         if kind not in self._onnx:
             from zoo.deploy.export import export_onnx
 
@@ -233,6 +238,7 @@ def run_bench(
     weights: str | None = None,
     data: str | None = None,
     min_agreement: float | None = None,
+    prebuilt: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Time one model through each backend, device and batch size, with one protocol.
 
@@ -251,6 +257,8 @@ def run_bench(
             measured (default: the bundled samples).
         min_agreement: also name, per device and batch size, the fastest backend whose
             agreement reaches this floor (``fastest``).
+        prebuilt: backend → a file already made of this model (``zoo bench RUN --variant``),
+            timed instead of one exported or quantized afresh.
 
     Returns:
         ``{"model", "fingerprint", "rows", "torch_threads", "ort_threads", "agreement_images",
@@ -283,6 +291,7 @@ def run_bench(
     with tempfile.TemporaryDirectory() as tmp:
         builder = _Builder(ref, Path(tmp), threads, calib, weights)
         builder.data = data
+        builder.prebuilt = dict(prebuilt or {})
         c, h, w = builder.info.input_size
         real = _real_batch(builder.info, data)
         for dev_name in devices:

@@ -16,6 +16,7 @@ import numpy as np
 from zoo.deploy.onnx_meta import read_preprocessing
 from zoo.deploy.preprocess import preprocess, scores
 from zoo.images import open_image
+from zoo.variants import warn_if_stale
 
 
 def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
@@ -74,6 +75,7 @@ class Classifier:
 
     def _init_common(self) -> None:
         self.pre = read_preprocessing(self.meta, self.path)
+        warn_if_stale(self.path, self.meta)  # a model folder's export holding older weights
         dim = self.input_shape[0]
         self.static_batch = dim if isinstance(dim, int) and dim > 0 else None
         self.classes: list[str] = list(self.meta.get("class_names") or [])

@@ -33,7 +33,7 @@ from zoo.deploy.parity import (
     ParityReport,
     check_embedded_parity,
     check_parity,
-    real_images,
+    gate_images,
 )
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
@@ -57,7 +57,7 @@ class ExportResult:
     dynamic_size: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)
     lint: list[str] = field(default_factory=list)
-    parity: dict[str, Any] = field(default_factory=dict)
+    parity: ParityReport | None = None  # the gate's report (None until it ran)
     size_mb: float = 0.0
     slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
     precision: str = "fp32"  # onnx: weights and compute (I/O fp32); openvino: inference
@@ -65,7 +65,8 @@ class ExportResult:
     fp16_io: bool = False  # onnx, fp16: float16 inputs and outputs too
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """JSON-ready (``--json``); ``parity`` as :meth:`ParityReport.to_dict`."""
+        return {**self.__dict__, "parity": self.parity.to_dict() if self.parity else {}}
 
 
 @contextmanager
@@ -206,7 +207,10 @@ def export_onnx(
             (:func:`zoo.deploy.parity.check_embedded_parity`).
         fp16_io: with ``precision="fp16"``, float16 inputs and outputs too (the gate and
             :class:`zoo.deploy.runtime.OnnxClassifier` cast at the boundary).
-        opset, exporter, data, allow_mismatch, model, weights: see ``zoo export --help``.
+        data: real images for the gate (``--data DIR``); None: the bundled photos and, for a
+            run or its model folder, a seeded sample of the run's own validation images
+            (:func:`zoo.deploy.parity.gate_images`; the report's ``images`` names them).
+        opset, exporter, allow_mismatch, model, weights: see ``zoo export --help``.
 
     Returns:
         What was written and the evidence: lint findings, parity report, attempts.
@@ -215,6 +219,7 @@ def export_onnx(
         InputError: contradictory or out-of-range options.
         ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
         Everything :func:`zoo.create_model` raises while loading the model.
+        DataError: the run's validation images are gone (pass ``data``).
         ExportError: every exporter failed, or the graph failed lint.
         ParityError: the graph does not match PyTorch (unless ``allow_mismatch``).
     """
@@ -256,7 +261,7 @@ def export_onnx(
     src_model, info, weights_sha = load_for_export(ref, weights)
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
-    images = real_images(data)
+    images = gate_images(ref, data)
     result = ExportResult(
         path=str(out),
         format="onnx",
@@ -334,7 +339,7 @@ def export_onnx(
         exp, lint, parity = chosen
         if "error" in result.attempts[-1]:  # a later failed attempt overwrote the file
             write(exporter=exp)
-        result.exporter, result.lint, result.parity = exp, lint, parity.to_dict()
+        result.exporter, result.lint, result.parity = exp, lint, parity
         result.slim = next(a.get("slim") for a in result.attempts if a["exporter"] == exp)
         if lint:
             raise ExportError(f"Graph lint failed for {name}: " + "; ".join(lint))
@@ -395,13 +400,23 @@ def export_metadata(
         "torch_version": torch.__version__,
         "onnx_version": onnx.__version__,
         "source_weights_sha256": weights_sha,
-        "parity": {
-            "passed": result.parity.get("passed"),
-            "max_abs": result.parity.get("tensors", {}).get("max_abs"),
-            "cosine": result.parity.get("tensors", {}).get("cosine"),
-            "top1_agreement": result.parity.get("predictions", {}).get("agreement"),
-            "dynamic_checked": [[d["batch"], d["size"]] for d in result.parity.get("dynamic", [])],
-        },
+        "parity": parity_summary(result.parity),
+    }
+
+
+def parity_summary(report: ParityReport | None) -> dict[str, Any]:
+    """What an exported file says of its gate: the verdict, the headline numbers, the shapes
+    and the real images it was judged on."""
+    if report is None:
+        return {"passed": None}
+    t, p = report.tensors, report.predictions
+    return {
+        "passed": report.passed,
+        "max_abs": t.max_abs if t else None,
+        "cosine": t.cosine if t else None,
+        "top1_agreement": p.agreement if p else None,
+        "dynamic_checked": [[d.batch, d.size] for d in report.dynamic],
+        "images": report.describe_images(),
     }
 
 
@@ -449,7 +464,7 @@ def export_torch(
             torch.export.save(ep, str(tmp))
             loaded = torch.export.load(str(tmp)).module()
         d = compare(model(x).numpy(), loaded(x).numpy())
-        result.parity = {"tensors": d.__dict__, "passed": d.passed}
+        result.parity = ParityReport(tensors=d)  # eager vs exported on seeded noise
         if not d.passed:
             raise ParityError(
                 f"{fmt} export of {name} differs from eager: max abs {d.max_abs:.3g}."
@@ -458,4 +473,11 @@ def export_torch(
     return result
 
 
-__all__ = ["DEFAULT_OPSET", "FORMATS", "ExportResult", "export_onnx", "export_torch"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "FORMATS",
+    "ExportResult",
+    "export_onnx",
+    "export_torch",
+    "parity_summary",
+]

@@ -23,7 +23,7 @@ import numpy as np
 
 from zoo import durable
 from zoo.deploy.choices import OPENVINO_PRECISIONS
-from zoo.deploy.export import ExportResult, export_onnx, load_for_export
+from zoo.deploy.export import ExportResult, export_onnx, load_for_export, parity_summary
 from zoo.deploy.openvino_runtime import (
     HINTS,
     META_KEY,
@@ -31,7 +31,7 @@ from zoo.deploy.openvino_runtime import (
     openvino,
     require_precision,
 )
-from zoo.deploy.parity import TOLERANCES, check_parity, real_images
+from zoo.deploy.parity import TOLERANCES, check_parity, gate_images, real_images
 from zoo.errors import ChoiceError, InputError, ParityError
 from zoo.ref import ModelRef
 
@@ -141,9 +141,9 @@ def export_openvino(
     ref = ModelRef.parse(name)
     fresh, info, _ = load_for_export(ref, weights)
     model = (model if model is not None else fresh).eval()
-    images = real_images(data)
+    images = gate_images(ref, data)
     batches = (
-        _calibration(calib, images, info.preprocessing(), calib_size)
+        _calibration(calib, list(images.paths), info.preprocessing(), calib_size)
         if precision == "int8"
         else None
     )
@@ -181,7 +181,7 @@ def export_openvino(
         opset=step.opset,
         exporter=f"{step.exporter} → openvino.convert_model",
         attempts=[{"onnx": step.to_dict()}],
-        parity=parity.to_dict(),
+        parity=parity,
         precision=precision,
     )
     if not parity.passed and not allow_mismatch:
@@ -201,14 +201,7 @@ def export_openvino(
             if batches is not None
             else None,
         },
-        "parity": {
-            **meta["parity"],
-            "passed": parity.passed,
-            "max_abs": parity.tensors.get("max_abs"),
-            "cosine": parity.tensors.get("cosine"),
-            "top1_agreement": parity.predictions.get("agreement"),
-            "dynamic_checked": [[d["batch"], d["size"]] for d in parity.dynamic],
-        },
+        "parity": {**meta["parity"], **parity_summary(parity)},
     }
     ir.set_rt_info(json.dumps(ir_meta), META_KEY)
     tmp = durable.temp_path(out, folder=True)

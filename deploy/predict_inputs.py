@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import unicodedata
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from zoo.errors import InputError
-from zoo.images import is_image_file, natural_key
+from zoo.images import IMAGE_EXTENSIONS, is_image_file, natural_key
 
 _MAGIC = frozenset("*?[")
+_SNIFF = 8192  # bytes read to tell a list of paths from a binary file
+# what a list of paths may hold besides printable text (never NUL, ESC or other controls)
+_TEXT_CONTROLS = frozenset("\t\n\r\f\v")
+ACCEPTED = (
+    f"image files ({', '.join(sorted(IMAGE_EXTENSIONS))}), folders, globs ('photos/**/*.jpg', "
+    "quoted) or UTF-8 text files listing image paths, one per line"
+)
 
 
 def _is_glob(text: str) -> bool:
@@ -94,12 +102,72 @@ def expand_glob(pattern: str) -> Iterator[str]:
     yield from _glob(base, parts)
 
 
+def _controls(text: str) -> list[str]:
+    """Control characters (Unicode ``Cc``: NUL, ESC, DEL...) other than whitespace."""
+    return [c for c in text if unicodedata.category(c) == "Cc" and c not in _TEXT_CONTROLS]
+
+
+def _image_format(path: str) -> str | None:
+    """The image format PIL recognises in the file's header (``PNG``), or None."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.format
+    except (OSError, UnidentifiedImageError, ValueError):
+        return None
+
+
+def _not_a_list(path: str, why: str) -> InputError:
+    fmt = _image_format(path)
+    if fmt is not None:  # an image under another name: say how to have it read as one
+        return InputError(
+            f"Input {path!r} is a {fmt} image without an image extension, so it was taken for "
+            f"a list of paths: rename it to {os.path.splitext(path)[0] + '.' + fmt.lower()!r}. "
+            f"zoo predict takes {ACCEPTED}."
+        )
+    return InputError(
+        f"Input {path!r} is neither an image nor a list of image paths ({why}). "
+        f"zoo predict takes {ACCEPTED}."
+    )
+
+
+def check_list_file(path: str) -> None:
+    """Refuse a file that is not a text list of paths, from its first bytes.
+
+    Raises:
+        InputError: the file holds binary data (NUL or other control bytes, or bytes that are
+            not UTF-8): the message names the file and the inputs ``zoo predict`` takes, and
+            quotes no raw bytes.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF)
+    except OSError as exc:
+        raise InputError(f"Cannot read the input {path!r} ({exc.strerror}).") from exc
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not a character cut by the read's end
+            raise _not_a_list(path, f"byte {exc.start} is not UTF-8 text") from exc
+        text = head[: exc.start].decode("utf-8")
+    bad = _controls(text)
+    if bad:
+        raise _not_a_list(path, f"it holds control bytes such as {bad[0]!r}, so it is binary")
+
+
 def _list_file(path: str) -> Iterator[str]:
+    check_list_file(path)
     root = os.path.dirname(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is no path
+            for number, line in enumerate(f, 1):
                 line = line.strip()
+                if _controls(line):  # quoted escaped (repr), never printed raw
+                    raise InputError(
+                        f"Line {number} of the list of paths {path!r} holds control bytes: "
+                        f"{line[:200]!r}. Give one image path per line."
+                    )
                 if line and not line.startswith("#"):
                     yield line if os.path.isabs(line) else os.path.join(root, line)
     except (OSError, UnicodeDecodeError) as exc:
@@ -134,21 +202,21 @@ def iter_inputs(specs: Sequence[str]) -> Iterator[str]:
 
 
 def _missing(spec: str) -> InputError:
-    return InputError(
-        f"Input {spec!r} does not exist: give image files, a folder, a glob "
-        "('photos/**/*.jpg', quoted) or a text file listing image paths."
-    )
+    return InputError(f"Input {spec!r} does not exist: give {ACCEPTED}.")
 
 
 def check_inputs(specs: Sequence[str]) -> None:
     """Refuse, before any work, inputs that do not exist or name no image at all.
 
     Raises:
-        InputError: a path that does not exist and is not a glob, or nothing to score.
+        InputError: a path that does not exist and is not a glob, a file that is neither an
+            image nor a text list of paths, or nothing to score.
     """
     for spec in specs:
         if not (os.path.exists(spec) or _is_glob(spec)):
             raise _missing(spec)
+        if os.path.isfile(spec) and not is_image_file(Path(spec)):
+            check_list_file(spec)  # every list, not only the first one the job reaches
     if next(iter_inputs(specs), None) is None:
         raise InputError(
             f"The inputs {', '.join(map(repr, specs))} name no image (no file with an image "
@@ -166,4 +234,12 @@ def describe_inputs(specs: Sequence[str]) -> list[str]:
     return [os.path.abspath(s) for s in specs]
 
 
-__all__ = ["check_inputs", "count_inputs", "describe_inputs", "expand_glob", "iter_inputs"]
+__all__ = [
+    "ACCEPTED",
+    "check_inputs",
+    "check_list_file",
+    "count_inputs",
+    "describe_inputs",
+    "expand_glob",
+    "iter_inputs",
+]

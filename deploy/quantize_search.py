@@ -71,18 +71,33 @@ CALIBRATOR_OPTIONS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Calibration:
     """One static quantization setting: how activation ranges are calibrated (``method``),
-    per-channel weight scales, and symmetric activation ranges (zero point at mid-range)."""
+    per-channel weight scales, symmetric activation ranges (zero point at mid-range), signed
+    int8 activations (onnxruntime's S8S8 QDQ; unsigned uint8 otherwise) and ``reduce_range``
+    (7-bit weights, so that uint8 × int8 sums cannot saturate on CPUs without VNNI)."""
 
     method: CalibMethod
     per_channel: bool
     symmetric: bool = False
+    int8_activations: bool = False
+    reduce_range: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "per_channel": self.per_channel,
             "symmetric_activations": self.symmetric,
+            "activations": "int8" if self.int8_activations else "uint8",
+            "reduce_range": self.reduce_range,
         }
+
+    def describe(self) -> str:
+        """For the summary, e.g. ``entropy ranges, S8S8 symmetric, per-channel weights``."""
+        acts = "S8S8" if self.int8_activations else "U8S8"
+        return (
+            f"{self.method} ranges, {acts}{' symmetric' if self.symmetric else ''}, "
+            f"per-channel weights {'on' if self.per_channel else 'off'}"
+            f"{', reduce_range (7-bit weights)' if self.reduce_range else ''}"
+        )
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,66 @@ class SearchResult:
 
 
 # --- pure parts: plain lists and arrays -------------------------------------------------------
+
+
+SECONDS_QUANTIZE_ALONE = 0.3
+"""``quantize_static`` with one node to quantize (MobileNetV2, 2 cores: the module's note)."""
+SECONDS_QUANTIZE_PER_NODE = 0.013
+"""``quantize_static`` of a whole graph, per candidate node (~1.3 s for MobileNetV2's 99)."""
+CALIBRATION_COST = 3.0
+"""A calibration pass costs about this many fp32 inferences an image (the augmented graph
+outputs every tensor; the histogram methods bin them)."""
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """The search's estimated duration, stage by stage, from its counts: calibrations, trial
+    quantizations, nodes and images, each priced by the fp32 model's measured seconds an image
+    and the quantizer's cost (:data:`SECONDS_QUANTIZE_ALONE`, :data:`SECONDS_QUANTIZE_PER_NODE`)."""
+
+    nodes: int
+    n_calibration: int
+    n_held_out: int
+    seconds: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} ~{v:.0f} s" for k, v in self.seconds.items())
+        return (
+            f"--target-agreement: about {self.total / 60:.1f} min ({parts}) for "
+            f"{len(_methods())} calibrations of {self.n_calibration} images, {self.nodes} nodes "
+            f"scored alone on {min(SENSITIVITY_IMAGES, self.n_calibration)} images, and "
+            f"~{_bisect_steps(self.nodes)} trials on {self.n_held_out} held-out images "
+            "(an estimate, before it starts)"
+        )
+
+
+def _bisect_steps(nodes: int) -> int:
+    return math.ceil(math.log2(max(nodes, 1))) + 2
+
+
+def estimate_seconds(
+    nodes: int, n_calibration: int, n_held_out: int, seconds_per_image: float
+) -> SearchBudget:
+    """What :func:`search` will take on ``nodes`` candidates: 3 calibration passes, 7 trial
+    settings, each node alone, then about log2(nodes) + 2 bisection steps."""
+    full = SECONDS_QUANTIZE_PER_NODE * nodes
+    t = seconds_per_image
+    return SearchBudget(
+        nodes=nodes,
+        n_calibration=n_calibration,
+        n_held_out=n_held_out,
+        seconds={
+            "calibrate": len(_methods()) * n_calibration * t * CALIBRATION_COST,
+            "choose_calibration": (2 * len(_methods()) + 1) * (full + n_calibration * t),
+            "sensitivity": nodes
+            * (SECONDS_QUANTIZE_ALONE + min(SENSITIVITY_IMAGES, n_calibration) * t),
+            "search_k": _bisect_steps(nodes) * (full + n_held_out * t),
+        },
+    )
 
 
 def logit_error(y32: np.ndarray, y8: np.ndarray) -> float:
@@ -358,8 +433,9 @@ def quantize_qdq(
     exclude: Sequence[str] = (),
     only: Sequence[str] = (),
 ) -> None:
-    """``quantize_static`` (QDQ, uint8 activations, int8 weights) with the cached ranges:
-    ``exclude`` nodes stay float; ``only``, if given, are the only nodes quantized."""
+    """``quantize_static`` (QDQ, int8 weights, activations as ``calibration`` says) with the
+    cached ranges: ``exclude`` nodes stay float; ``only``, if given, are the only nodes
+    quantized."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     quantize_static(
@@ -368,7 +444,8 @@ def quantize_qdq(
         None,
         quant_format=QuantFormat.QDQ,
         per_channel=calibration.per_channel,
-        activation_type=QuantType.QUInt8,
+        reduce_range=calibration.reduce_range,
+        activation_type=QuantType.QInt8 if calibration.int8_activations else QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=_ort_methods()[calibration.method],
         nodes_to_exclude=list(exclude),

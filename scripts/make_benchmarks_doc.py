@@ -3,11 +3,19 @@
 The generator owns every table and every figure: the prose around them lives in
 docs/bench/benchmarks.template.md, which holds ``{{summary}}`` (the goals table, from each
 file's ``results.headlines``) and one ``{{bench NAME}}`` per benchmark script (the provenance
-line, a stale warning if the file is flagged, and the script's tables). Renderers only format
-values found in the JSON; they compute nothing.
+line, the staleness mark, and the script's tables). Renderers only format values found in the
+JSON; they compute nothing. Staleness is computed, never set by hand (``bench/staleness.py``):
+each file names the commit and the paths it measured, and every commit since that touched
+those paths (uncommitted changes count as one) marks its figures "stale: N commits touched
+the measured code since", in the summary row and above the section. The same marks go into
+docs/quality.md's mutation-score table (from docs/quality.json), between its
+``<!-- staleness:begin -->`` and ``<!-- staleness:end -->`` lines.
 
     python scripts/make_benchmarks_doc.py           # rewrite docs/bench/../benchmarks.md
     python scripts/make_benchmarks_doc.py --check   # exit 1 if the committed doc differs
+
+The marks depend on git history: in a copy of the tree without ``.git`` they read "stale?"
+and the check cannot pass (tests/test_benchmarks_doc.py skips it there).
 
 ``check_doc`` (used by tests/test_benchmarks_doc.py) also proves that every number in a table
 row traces to the row's own JSON file, that the template holds no table rows with numbers nor
@@ -27,7 +35,22 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import provenance  # noqa: E402  (bench/: the measured paths and the source digest)
+from staleness import Staleness, has_history, staleness  # noqa: E402
+
 BENCH_DIR = ROOT / "docs" / "bench"
+QUALITY = ROOT / "docs" / "quality.md"
+QUALITY_DATA = ROOT / "docs" / "quality.json"
+QUALITY_MARKS = ("<!-- staleness:begin -->", "<!-- staleness:end -->")
+# the CPU flags a figure's ISA-dependent kind relies on (a headline names its kind in "what",
+# or lists its flags in "isa"): shown beside the figure, with what is missing
+ISA_KINDS = {
+    "int8": ("avx2", "avx512_vnni", "avx_vnni", "amx_int8"),
+    "bf16": ("avx512_bf16", "amx_bf16"),
+    "fp16": ("f16c", "avx512_fp16", "amx_fp16"),
+}
 TEMPLATE = BENCH_DIR / "benchmarks.template.md"
 OUTPUT = ROOT / "docs" / "benchmarks.md"
 REQUIRED = ("schema", "bench", "command", "provenance", "stale", "results")
@@ -46,6 +69,8 @@ class Doc:
 
     text: str
     rows: list[tuple[str, str]] = field(default_factory=list)
+    # numbers the generator computed for a source (a staleness count), not values of its file
+    computed: dict[str, set[str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -120,22 +145,79 @@ def provenance_line(name: str, doc: dict[str, Any]) -> str:
     load = ""
     if p.get("load_avg_before"):
         load = f"; load average {p['load_avg_before'][0]} before, {p['load_avg_after'][0]} after"
+    if p.get("busy"):
+        load += " (**busy**: recorded on a loaded machine)"
+    flags = m.get("cpu_flags")
+    isa = (
+        f"CPU flags: {', '.join(flags) or 'none of interest'}"
+        if flags is not None
+        else ("CPU flags not recorded")
+    )
+    host = f"; machine `{m['hostname_hash']}`" if m.get("hostname_hash") else ""
     return (
         f"Measured {p['date'][:10]} at commit `{commit}` ({tree}) on {cpu}{ram}{gpu}; "
-        f"{vers}{load}. Command: `{doc['command']}`. Raw results: "
+        f"{isa}{host}; {vers}{load}. Command: `{doc['command']}`. Raw results: "
         f"[`docs/bench/{name}.json`](bench/{name}.json)."
     )
 
 
-def stale_line(doc: dict[str, Any]) -> list[str]:
+def stale_line(doc: dict[str, Any], mark: Staleness) -> list[str]:
+    """A visible block above a section whose figures are stale (computed, or flagged by hand)."""
+    lines = []
+    if mark.stale:
+        paths = ", ".join(f"`{x}`" for x in measured_paths(doc))
+        dirs = ", ".join(f"`{d}/`" for d in provenance.SOURCE_DIRS)
+        label = (
+            f" Its recorded source digest ({dirs}) is not that commit's: it measured other code"
+            " (a dirty tree, or a copy labelled with another commit)."
+            if mark.label_true is False
+            else ""
+        )
+        lines.append(
+            f"> **{mark.count_text().capitalize()}** `{(mark.commit or 'unknown')[:7]}` "
+            f"({mark.date}; measured paths: {paths}).{label} These figures are kept for "
+            "reference until `bench/run_all.sh` re-measures them."
+        )
     s = doc.get("stale")
-    if not s:
-        return []
-    return [
-        f"> **Stale.** Measured on commit `{(s.get('measured_on') or 'unknown')[:7]}`: "
-        f"{s['reason']}. These figures are kept for reference until re-measured.",
-        "",
-    ]
+    if s:
+        lines.append(f"> Flagged by hand: {s['reason']}.")
+    return [*lines, ""] if lines else []
+
+
+def measured_paths(doc: dict[str, Any]) -> tuple[str, ...]:
+    recorded = doc["provenance"].get("measured")
+    return tuple(recorded["paths"]) if recorded else provenance.measured_paths(doc["bench"])
+
+
+def mark_of(doc: dict[str, Any], root: Path = ROOT) -> Staleness:
+    """The computed staleness of one result file against the tree at ``root``."""
+    p = doc["provenance"]
+    recorded = p.get("measured")
+    return staleness(
+        root,
+        commit=p["git"].get("commit"),
+        date=p["date"][:10],
+        paths=measured_paths(doc),
+        measured_sha256=recorded["sha256"] if recorded else None,
+        label=(provenance.SOURCE_DIRS, p["source_sha256"]),
+    )
+
+
+def isa_note(h: dict[str, Any], d: dict[str, Any]) -> str:
+    """For a figure that depends on the CPU's instructions (int8, bf16, fp16 kernels): which
+    of the relevant flags the machine had."""
+    what = h["what"].lower()
+    kinds = h.get("isa") or [k for k in ISA_KINDS if k in what]
+    if "openvino" in what and not kinds:
+        kinds = ["int8"]
+    if not kinds:
+        return ""
+    flags = d["provenance"]["machine"].get("cpu_flags")
+    if flags is None:
+        return "; ISA-dependent, CPU flags not recorded"
+    wanted = [f for k in kinds for f in ISA_KINDS.get(k, (k,))]
+    have = [f for f in wanted if f in flags]
+    return f"; ISA: {', '.join(have) or 'none'} (of {', '.join(wanted)})"
 
 
 # ---------------------------------------------------------------------------- renderers
@@ -192,7 +274,12 @@ def trainer_overhead(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         fmt(lo["zoo_median_s"], 3),
         fmt(lo["ratio"], 3),
     )
-    g.add("warm-up run, 1 epoch, not fitted (s)", fmt(w["hand"]), fmt(w["zoo"]), "")
+    first = (
+        "first run over a new folder (zoo's data check empty), 1 epoch, not fitted (s)"
+        if "first_run" in r
+        else "warm-up run, 1 epoch, not fitted (s)"
+    )
+    g.add(first, fmt(w["hand"]), fmt(w["zoo"]), "")
     return [*lines, *g.lines(out), ""]
 
 
@@ -210,8 +297,16 @@ def feature_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     if "backbone_pass_s" in r:
         t.add("one backbone pass over every image, alone", fmt(r["backbone_pass_s"], 1), "", "")
         t.add("**cached run / one pass**", f"**{fmt(r['cached_vs_one_pass'])}×**", "", "")
+    if "speedup_per_round" in r:
+        t.add("speed-up per round", ", ".join(f"{fmt(v)}×" for v in r["speedup_per_round"]), "", "")
+    rounds = (
+        f"medians of {r['rounds']} rounds, the order alternating"
+        if "rounds" in r
+        else "one run each, not alternated (before the method fix)"
+    )
     return [
-        f"`{r['command']}`, {r['epochs']} epochs at {r['image_size']} px.",
+        f"`{r['command']}`, {r['epochs']} epochs at {r['image_size']} px; {rounds}. The one "
+        "backbone pass runs in this process, the model already built.",
         "",
         *t.lines(out),
         "",
@@ -243,6 +338,23 @@ def imbalance(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             fmt(m["acc"], 4),
             fmt(m["minority_recall"], 4),
             fmt(m["majority_recall"], 4),
+        )
+    ci = r.get("gain_interval") or {}
+    if ci.get("low") is not None:
+        t.add(
+            f"gain of `{r['best_single_option']}` over none, paired by seed (balanced accuracy)",
+            f"{fmt(ci['mean'], 4)} ({fmt(ci['low'], 4)} to {fmt(ci['high'], 4)})",
+            r["verdict"],
+            "",
+            "",
+        )
+    else:
+        t.add(
+            f"gain of `{r['best_single_option']}` over none",
+            fmt(r["balanced_acc_gain_best_option_vs_none"], 4),
+            "cannot detect an effect of this size (one seed)",
+            "",
+            "",
         )
     counts = ", ".join(f"{c.removeprefix('digit_')}: {n}" for c, n in setup["train_counts"].items())
     seeds = ", ".join(str(s) for s in setup["seeds"])
@@ -340,6 +452,29 @@ def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         )
     photos = ", ".join(mb["eval_photos"]) + " | " + ", ".join(mb["calibration_photos"])
     return [*lines, *a.lines(out), "", f"Photographs (evaluation | calibration): {photos}.", ""]
+
+
+def quantize_defaults(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(name, "setting", "calib", "accuracy", "drop", "agreement", "interval", "× fp32")
+    for row in r["rows"]:
+        low, high = row["agreement_ci95"]
+        t.add(
+            f"`{row['config']}`",
+            row["n_calibration"],
+            pct(row["accuracy"]),
+            pct(row["accuracy_drop"]),
+            pct(row["top1_agreement"]),
+            f"{pct(low)}–{pct(high)}",
+            fmt(row["latency_ratio"], 3),
+        )
+    flags = ", ".join(f for f, on in r["cpu_flags"].items() if on)
+    return [
+        *t.lines(out),
+        "",
+        f"fp32 accuracy {pct(r['fp32']['accuracy'])} on {r['n_val']} validation images; "
+        f"CPU flags: {flags}. Busy machine: latency ratios are noisy.",
+    ]
 
 
 def openvino_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
@@ -441,16 +576,28 @@ def serve_load(name: str, d: dict[str, Any], out: Doc) -> list[str]:
 def serve_peers(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     servers = {"zoo": "zoo serve", "litserve": f"LitServe {r['litserve_version']}"}
-    t = Table(name, "requests", "c", "server", "RPS (windows)", "p50", "p99", "zoo / LitServe")
+    t = Table(
+        name,
+        "requests",
+        "c",
+        "server",
+        "RPS (of windows)",
+        "converged",
+        "p50",
+        "p99",
+        "zoo / LitServe",
+    )
     for kind in ("images", "tensors"):
         for row in r[kind]:
             for key, shown in servers.items():
                 w = row[key]
+                of = "median" if w.get("rps_of") == "median" else "last"  # files before the fix
                 t.add(
                     kind,
                     row["concurrency"],
                     shown,
-                    f"{fmt(w['rps'], 1)} ({', '.join(fmt(v, 1) for v in w['rps_windows'])})",
+                    f"{fmt(w['rps'], 1)} ({of} of {', '.join(fmt(v, 1) for v in w['rps_windows'])})",
+                    fmt(w.get("converged")) if "converged" in w else "not recorded",
                     f"{fmt(w['p50_ms'], 1)} ms",
                     f"{fmt(w['p99_ms'], 1)} ms",
                     f"**{fmt(row['rps_ratio'])}×**" if key == "zoo" else "",
@@ -469,7 +616,20 @@ def serve_peers(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     for i, (a, b) in enumerate(zip(c["images_per_s"], c["zoo_rps_c32"], strict=True)):
         ce.add(i + 1, fmt(a, 1), fmt(b, 1))
     ce.add("median ratio", "", f"**{fmt(c['ratio'])}**")
+    if "ratio_vs_best" in c:
+        ce.add(
+            "the sweep's figure for this setting",
+            fmt(c["sweep_images_per_s"], 1),
+            "",
+        )
+        ce.add(
+            "median RPS vs the best ceiling (turns or sweep)",
+            fmt(c["best_images_per_s"], 1),
+            f"**{fmt(c['ratio_vs_best'])}**",
+        )
+    given = [f"- {k}: {v}." for k, v in r.get("peers_given", {}).items()]
     return [
+        *(["What each side was given:", "", *given, ""] if given else []),
         *t.lines(out),
         "",
         f"Both answered the cat photograph with the same top-1 label "
@@ -575,14 +735,38 @@ def loader_cache(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "",
     ]
     if r.get("trainer"):
-        tr = Table(name, "`--image-cache`", "data-wait share", "img/s", "whole run (s)", "val acc")
-        for mode, row in r["trainer"].items():
+        tr = Table(
+            name,
+            "`--image-cache`",
+            "run",
+            "workers",
+            "data-wait share",
+            "img/s",
+            "epoch (s)",
+            "whole process (s)",
+            "val acc",
+        )
+        for key, row in r["trainer"].items():
             tr.add(
-                mode,
+                row.get("mode", key),
+                row.get("phase", "not recorded"),  # files before the cold/warm runs
+                fmt(row.get("workers")),
                 pct(row["data_wait"]),
                 fmt(row["img_per_s"], 1),
+                fmt(row.get("epoch_s"), 1),
                 fmt(row["whole_run_s"], 1),
                 fmt(row["val_acc"], 4),
+            )
+        if r.get("epoch_speedup_warm") is not None:
+            tr.add(
+                "**warm epoch, off / on**",
+                "",
+                "",
+                "",
+                "",
+                f"**{fmt(r['epoch_speedup_warm'])}×**",
+                "",
+                "",
             )
         lines += [f"`{r['trainer_command']}`:", "", *tr.lines(out), ""]
     return lines
@@ -596,14 +780,19 @@ def cache_accuracy(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "`--image-cache on` (per seed)",
         "`off` (per seed)",
         "gap of the means (points)",
+        "t interval of the gap (points)",
+        "verdict",
         "largest seed spread (points)",
     )
     for task, x in r["tasks"].items():
+        ci = x.get("gap_interval_points") or {}
         t.add(
             f"{task}: `{x['model']} {x['options']}`",
             ", ".join(fmt(v, 4) for v in x["val_acc"]["on"]),
             ", ".join(fmt(v, 4) for v in x["val_acc"]["off"]),
             fmt(x["gap_points"]),
+            f"{fmt(ci['low'])} to {fmt(ci['high'])}" if ci.get("low") is not None else "none",
+            x.get("verdict", "cannot detect an effect of this size (too few seeds)"),
             fmt(x["seed_spread_points"]),
         )
     return [f"Seeds {', '.join(str(s) for s in r['seeds'])}.", "", *t.lines(out), ""]
@@ -690,25 +879,35 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "cli_startup": cli_startup,
     "predict_throughput": predict_throughput,
     "openvino_bench": openvino_bench,
+    "quantize_defaults": quantize_defaults,
 }
 
 
 def busy(d: dict[str, Any]) -> bool:
-    """Measured while the machine had more runnable work than CPUs (1-minute load average)."""
+    """Recorded as busy (others kept the CPUs busy at its start, or ``--allow-busy``); for
+    files from before that flag: more runnable work than CPUs (1-minute load average)."""
     p = d["provenance"]
+    if "busy" in p:
+        return bool(p["busy"])
     load, cpus = p.get("load_avg_before"), p["machine"].get("logical_cpus")
     return bool(load and cpus and load[0] > cpus)
 
 
-def summary(results: dict[str, dict[str, Any]], out: Doc) -> list[str]:
-    """One row per goal (each file's ``results.headlines``), marked when the file is stale."""
+def summary(results: dict[str, dict[str, Any]], marks: dict[str, Staleness], out: Doc) -> list[str]:
+    """One row per goal (each file's ``results.headlines``): the commit and date it was
+    measured at, the CPU flags an ISA-dependent figure relied on, and the staleness mark."""
     ops = {"<=": "≤", ">=": "≥", "<": "<"}
-    t = Table("", "goal", "target", "measured", "met?", "raw")
+    t = Table("", "goal", "target", "measured", "met?", "measured at", "raw")
     for name, d in results.items():
+        mark = marks[name]
+        if mark.commits_since:
+            out.computed.setdefault(name, set()).add(str(mark.commits_since))
         for h in d["results"].get("headlines", []):
             verdict = "—" if h["met"] is None else ("yes" if h["met"] else "**no**")
+            if mark.stale:
+                verdict += f" (**{mark.mark()}**)"
             if d.get("stale"):
-                verdict += f" (stale: commit `{d['stale']['measured_on'][:7]}`)"
+                verdict += " (flagged stale by hand)"
             elif busy(d):
                 p = d["provenance"]
                 verdict += (
@@ -718,7 +917,8 @@ def summary(results: dict[str, dict[str, Any]], out: Doc) -> list[str]:
             value = dig(d, h["key"])
             shown = fmt(value, 0) if isinstance(value, int) else short(value)
             goal = f"{ops[h['goal']['op']]} {h['goal']['target']:g}"
-            t.add(h["what"], goal, shown, verdict, f"[{name}](bench/{name}.json)", source=name)
+            at = f"`{(mark.commit or 'unknown')[:7]}`, {mark.date}{isa_note(h, d)}"
+            t.add(h["what"], goal, shown, verdict, at, f"[{name}](bench/{name}.json)", source=name)
     return t.lines(out)
 
 
@@ -739,13 +939,24 @@ def load_results(folder: Path = BENCH_DIR) -> dict[str, dict[str, Any]]:
     return results
 
 
-def generate(template: str, results: dict[str, dict[str, Any]]) -> Doc:
+def marks_of(results: dict[str, dict[str, Any]], root: Path = ROOT) -> dict[str, Staleness]:
+    return {name: mark_of(d, root) for name, d in results.items()}
+
+
+def generate(
+    template: str,
+    results: dict[str, dict[str, Any]],
+    marks: dict[str, Staleness] | None = None,
+) -> Doc:
+    """The doc from the template and the result files; ``marks`` (computed from git when not
+    given) say which figures are stale."""
+    marks = marks_of(results) if marks is None else marks
     out = Doc("")
     shown: set[str] = set()
 
     def expand(m: re.Match[str]) -> str:
         if m.group(1) == "summary":
-            return "\n".join(summary(results, out))
+            return "\n".join(summary(results, marks, out))
         bench = m.group(2)
         names = [n for n, d in results.items() if d["bench"] == bench]
         if not names:
@@ -756,7 +967,12 @@ def generate(template: str, results: dict[str, dict[str, Any]]) -> Doc:
         for n in names:
             shown.add(n)
             d = results[n]
-            parts += [provenance_line(n, d), "", *stale_line(d), *RENDERERS[bench](n, d, out)]
+            parts += [
+                provenance_line(n, d),
+                "",
+                *stale_line(d, marks[n]),
+                *RENDERERS[bench](n, d, out),
+            ]
         return "\n".join(parts).rstrip("\n")
 
     text = PLACEHOLDER.sub(expand, template)
@@ -803,8 +1019,14 @@ def traces(token: str, percent: bool, nums: list[float], tokens: set[str]) -> bo
     return False
 
 
-def check_doc(committed: str, template: str, results: dict[str, dict[str, Any]]) -> list[str]:
+def check_doc(
+    committed: str,
+    template: str,
+    results: dict[str, dict[str, Any]],
+    marks: dict[str, Staleness] | None = None,
+) -> list[str]:
     """Every way the published doc can drift from its raw results, as readable problems."""
+    marks = marks_of(results) if marks is None else marks
     problems = []
     for line in template.splitlines():
         if line.lstrip().startswith("|") and NUMBER.search(strip_code(line)):
@@ -816,12 +1038,14 @@ def check_doc(committed: str, template: str, results: dict[str, dict[str, Any]])
                 f"template prose has a measured-looking figure (put it in a JSON): {line!r}"
             )
     try:
-        doc = generate(template, results)
+        doc = generate(template, results, marks)
     except ValueError as exc:
         return [*problems, str(exc)]
     if committed != doc.text:
         problems.append(
-            "docs/benchmarks.md differs from the generator's output: run python scripts/make_benchmarks_doc.py"
+            "docs/benchmarks.md differs from the generator's output (a figure's staleness "
+            "changes with every commit that touches its measured code): run "
+            "python scripts/make_benchmarks_doc.py"
         )
     sources = dict(doc.rows)
     for line in committed.splitlines():
@@ -834,6 +1058,7 @@ def check_doc(committed: str, template: str, results: dict[str, dict[str, Any]])
             problems.append(f"table row with numbers that the generator did not write: {line!r}")
             continue
         nums, tokens = json_numbers(results[sources[line]])
+        tokens |= doc.computed.get(sources[line], set())
         for m in numbers:
             if not traces(m.group(1), m.group(2) == "%", nums, tokens):
                 problems.append(
@@ -848,6 +1073,54 @@ def strip_code(line: str) -> str:
     return re.sub(r"\]\([^)]*\)", "]", line)
 
 
+# ---------------------------------------------------------------------------- quality.md
+def quality_table(data: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """docs/quality.md's staleness section: each mutation score with the commit it was
+    measured at and the commits since that touched the mutated files or their tests, then
+    the modules never mutation-tested."""
+    t = Table("", "module", "mutated", "mutants", "score", "measured at", "since")
+    for m in data["modules"]:
+        mark = staleness(
+            root, commit=m["commit"], date=m["date"], paths=(*m["mutated"], *m["tests"])
+        )
+        t.add(
+            m["module"],
+            ", ".join(f"`{x}`" for x in m["mutated"]),
+            m["mutants"],
+            f"{m['score_pct']:.1f} %",
+            f"`{m['commit']}`, {m['date']}",
+            f"**{mark.mark()}**" if mark.stale else mark.mark(),
+        )
+    never = Table("", "never mutation-tested", "files")
+    for x in data["never_run"]:
+        never.add(x["what"], ", ".join(f"`{p}`" for p in x["paths"]))
+    out = Doc("")
+    return [
+        QUALITY_MARKS[0],
+        "<!-- generated by scripts/make_benchmarks_doc.py from docs/quality.json -->",
+        "",
+        f"Staleness of the scores ({data['tool']}): a commit that touched a mutated file or "
+        "its selected tests since the measured one (uncommitted changes count as one) makes "
+        "the score stale until `scripts/mutation.sh` runs again.",
+        "",
+        *t.lines(out),
+        "",
+        *never.lines(out),
+        "",
+        QUALITY_MARKS[1],
+    ]
+
+
+def with_quality_section(text: str, data: dict[str, Any], root: Path = ROOT) -> str:
+    """``text`` (docs/quality.md) with its staleness section regenerated."""
+    begin, end = QUALITY_MARKS
+    if begin not in text or end not in text:
+        raise ValueError(f"{QUALITY} lacks the lines {begin} and {end}")
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    return head + "\n".join(quality_table(data, root)) + tail
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -856,13 +1129,23 @@ def main() -> int:
     args = p.parse_args()
     results = load_results()
     template = TEMPLATE.read_text()
+    quality = QUALITY.read_text()
+    new_quality = with_quality_section(quality, json.loads(QUALITY_DATA.read_text()))
+    if not has_history(ROOT):
+        print("warning: no git history here: every figure reads 'stale?'", file=sys.stderr)
     if args.check:
         problems = check_doc(OUTPUT.read_text(), template, results)
+        if quality != new_quality:
+            problems.append("docs/quality.md's staleness section is out of date")
         for pr in problems:
             print(pr, file=sys.stderr)
         return 1 if problems else 0
     OUTPUT.write_text(generate(template, results).text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)} from {len(results)} result file(s)")
+    QUALITY.write_text(new_quality)
+    print(
+        f"wrote {OUTPUT.relative_to(ROOT)} from {len(results)} result file(s) and "
+        f"{QUALITY.relative_to(ROOT)}'s staleness section"
+    )
     return 0
 
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Mutation testing (mutmut 3) of the modules that carry a guarantee. Not part of CI: it takes
-# minutes per module. Scores and the survivors' reasons are recorded in docs/quality.md.
+# minutes per module. Scores and the survivors' reasons are recorded in docs/quality.md; each
+# module's score, commit and date also go into docs/quality.json (the summary line below
+# prints them), from which scripts/make_benchmarks_doc.py writes quality.md's staleness table
+# (commits that touched the mutated files or their tests since).
 #
 #   scripts/mutation.sh                 # every module below
 #   scripts/mutation.sh parity lint     # some of them
@@ -32,6 +35,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -c 'import mutmut' 2>/dev/null || { echo "mutmut is not installed: pip install 'mutmut>=3.8'" >&2; exit 1; }
 OUT=${MUTATION_DIR:-${TMPDIR:-/tmp}/zoo-mutation}
+# the commit measured (the staging copies have no .git); "+dirty" when a staged file differs
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=all -- zoo train deploy cli tests 2>/dev/null)" ]; then
+  COMMIT="$COMMIT+dirty"
+fi
+export ZOO_MUTATION_COMMIT=$COMMIT
 CHILDREN=${MAX_CHILDREN:-2}
 
 # module | files to mutate (installed paths) | tests | function globs (mutant names; empty: all)
@@ -73,7 +82,7 @@ mutmut_config() {  # $1 = files, $2 = tests
 
 summary() {  # $1 = module, $2 = files, $3 = globs; prints one JSON line and the survivors
   "$PY" - "$@" <<'PYEOF'
-import fnmatch, json, sys
+import datetime, fnmatch, json, os, sys
 from pathlib import Path
 module, files, globs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 status = {1: "killed", 3: "killed", 0: "survived", 33: "no tests", 5: "no tests",
@@ -95,7 +104,9 @@ killed = counts.get("killed", 0)
 # a mutant whose tests hang is detected too (the suite would not pass): mutmut's own score
 detected = killed + counts.get("timeout", 0)
 print(json.dumps({"module": module, "killed": killed, "total": total,
-                  "score": round(100 * detected / total, 1) if total else None, **counts}))
+                  "score": round(100 * detected / total, 1) if total else None,
+                  "commit": os.environ.get("ZOO_MUTATION_COMMIT"),
+                  "date": datetime.date.today().isoformat(), **counts}))
 print("\n".join(left))
 PYEOF
 }

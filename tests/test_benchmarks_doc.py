@@ -8,6 +8,7 @@ file on purpose and check that each break is caught."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,11 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "scripts")]
 
 import make_benchmarks_doc as gen  # noqa: E402
 import provenance  # noqa: E402
+import staleness  # noqa: E402
+
+needs_history = pytest.mark.skipif(
+    not staleness.has_history(ROOT), reason="no git history in this copy: staleness reads 'stale?'"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +39,19 @@ def template() -> str:
     return gen.TEMPLATE.read_text()
 
 
-def test_committed_doc_is_generated_from_the_raw_files(results: dict, template: str) -> None:
+@pytest.fixture(scope="module")
+def marks(results: dict) -> dict:
+    """The staleness of each file, computed once from git (about a second)."""
+    return gen.marks_of(results)
+
+
+@needs_history
+def test_committed_doc_is_generated_from_the_raw_files(
+    results: dict, template: str, marks: dict
+) -> None:
     committed = gen.OUTPUT.read_text()
-    assert gen.check_doc(committed, template, results) == []
-    assert committed == gen.generate(template, results).text
+    assert gen.check_doc(committed, template, results, marks) == []
+    assert committed == gen.generate(template, results, marks).text
 
 
 def test_every_raw_file_names_its_commit_versions_and_machine(results: dict) -> None:
@@ -52,25 +67,29 @@ def test_every_raw_file_names_its_commit_versions_and_machine(results: dict) -> 
             assert gen.dig(doc, h["key"]) == h["value"], f"{name}: headline {h['key']} drifted"
 
 
-def test_a_hand_edited_figure_is_caught(results: dict, template: str) -> None:
-    doc = gen.generate(template, results).text
-    row = next(line for line in doc.splitlines() if line.startswith("| ") and "**" in line)
+def test_a_hand_edited_figure_is_caught(results: dict, template: str, marks: dict) -> None:
+    doc = gen.generate(template, results, marks).text
+    row = next(
+        line
+        for line in doc.splitlines()
+        if line.startswith("| ") and "**" in line and "\\" not in line  # (repr doubles it)
+    )
     number = next(m for m in gen.NUMBER.finditer(gen.strip_code(row)))
     edited = row.replace(number.group(1), number.group(1) + "1", 1)
-    problems = gen.check_doc(doc.replace(row, edited), template, results)
+    problems = gen.check_doc(doc.replace(row, edited), template, results, marks)
     assert any("differs from the generator" in p for p in problems)
     assert any("did not write" in p and edited in p for p in problems)
 
 
-def test_numbers_in_the_template_are_refused(results: dict, template: str) -> None:
-    doc = gen.generate(template, results).text
+def test_numbers_in_the_template_are_refused(results: dict, template: str, marks: dict) -> None:
+    doc = gen.generate(template, results, marks).text
     for addition, expect in (
         ("| trainer | 1.01 |", "template has a table row with a number"),
         ("The trainer is 1.01× the hand-written loop.", "measured-looking figure"),
         ("It took 12 s.", "measured-looking figure"),
         ("Agreement was 98%.", "measured-looking figure"),
     ):
-        problems = gen.check_doc(doc, template + "\n" + addition + "\n", results)
+        problems = gen.check_doc(doc, template + "\n" + addition + "\n", results, marks)
         assert any(expect in p for p in problems), addition
     # prose numbers that are not figures stay allowed: issue numbers, model names, commands
     harmless = "See issue 10 and ResNet-18 on 2 cores: `zoo finetune -b 64 --epochs 12`."
@@ -78,7 +97,7 @@ def test_numbers_in_the_template_are_refused(results: dict, template: str) -> No
 
 
 def test_a_renderer_inventing_a_number_is_caught(
-    results: dict, template: str, monkeypatch: pytest.MonkeyPatch
+    results: dict, template: str, marks: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = gen.RENDERERS["gpu_bench"]
 
@@ -88,8 +107,10 @@ def test_a_renderer_inventing_a_number_is_caught(
         return [*real(name, d, out), *t.lines(out)]
 
     monkeypatch.setitem(gen.RENDERERS, "gpu_bench", lying)
-    doc = gen.generate(template, results).text  # the doc agrees with the (lying) generator ...
-    problems = gen.check_doc(doc, template, results)
+    doc = gen.generate(
+        template, results, marks
+    ).text  # the doc agrees with the (lying) generator ...
+    problems = gen.check_doc(doc, template, results, marks)
     assert problems and all("'123.456'" in p for p in problems)  # ... but not with the file
 
 
@@ -105,20 +126,24 @@ def test_traces_rounding_and_percentages() -> None:
 
 
 def test_unshown_or_incomplete_result_files_are_refused(
-    results: dict, template: str, tmp_path: Path
+    results: dict, template: str, marks: dict, tmp_path: Path
 ) -> None:
     extra = dict(results, other_gpu=results["gpu_bench_h200"])
-    assert gen.generate(template, extra).text  # same bench name: shown in the same section
+    both = dict(marks, other_gpu=marks["gpu_bench_h200"])
+    assert gen.generate(template, extra, both).text  # same bench name: shown in one section
     no_section = template.replace("{{bench gpu_bench}}", "")
     with pytest.raises(ValueError, match="not shown by the template: gpu_bench_h200"):
-        gen.generate(no_section, results)
+        gen.generate(no_section, results, marks)
     (tmp_path / "x.json").write_text(json.dumps({"bench": "gpu_bench", "results": {}}))
     with pytest.raises(ValueError, match="missing schema, command, provenance, stale"):
         gen.load_results(tmp_path)
 
 
 # ---------------------------------------------------------------------------- provenance
-def test_recording_writes_provenance_from_git(tmp_path: Path) -> None:
+def test_recording_writes_provenance_from_git(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ZOO_BENCH_BUSY", raising=False)
     rec = provenance.Recording("unit", argv=[str(ROOT / "bench" / "x.py"), "--flag"])
     value = provenance.headline("x vs y", "ratio", 1.02, "<=", 1.05)
     path = rec.write({"ratio": 1.02, "headlines": [value]}, tmp_path / "unit.json")
@@ -127,9 +152,12 @@ def test_recording_writes_provenance_from_git(tmp_path: Path) -> None:
     assert doc["command"] == "python bench/x.py --flag"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     commit = head.stdout.strip() or None  # None: not a git checkout (and no ZOO_BENCH_COMMIT)
+    measured = doc["provenance"]["measured"]
+    assert tuple(measured["paths"]) == provenance.SOURCE_DIRS  # "unit" is not in MEASURED
+    assert measured["sha256"] == provenance.source_digest()
     if commit:
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=all", "--", *measured["paths"]],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -138,6 +166,11 @@ def test_recording_writes_provenance_from_git(tmp_path: Path) -> None:
     assert doc["provenance"]["git"]["commit"] == (commit or provenance.git_state()["commit"])
     m = doc["provenance"]["machine"]
     assert m["logical_cpus"] >= 1 and m["affinity"] and m["cpu_model"]
+    flags = Path("/proc/cpuinfo").read_text().split()
+    assert m["cpu_flags"] == sorted({f for f in flags if provenance.ISA_FLAG.match(f)})
+    assert len(m["hostname_hash"]) == 12 and m["hostname_hash"] == provenance.machine_hash()
+    busy = doc["provenance"]["cpu_busy_before"]
+    assert 0 <= busy <= 1 and doc["provenance"]["busy"] == (busy > provenance.BUSY_SHARE)
     assert doc["provenance"]["versions"]["onnxruntime"]
     assert len(doc["provenance"]["source_sha256"]) == 64
     assert doc["results"]["headlines"][0]["met"] is True
@@ -225,3 +258,192 @@ def test_tf32_is_set_explicitly() -> None:
     assert off == {"mode": "off", "cuda_matmul": "ieee", "cudnn_conv": "ieee"}
     assert on == {"mode": "on", "cuda_matmul": "tf32", "cudnn_conv": "tf32"}
     assert default["cudnn_conv"] == "tf32"  # torch's default: why the GPU script must set it
+
+
+def test_allow_busy_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provenance, "cpu_busy_share", lambda seconds=1.0: 0.1)
+    monkeypatch.setenv("ZOO_BENCH_BUSY", "1")  # bench/run_all.sh --allow-busy on a loaded machine
+    assert provenance.Recording("unit").busy is True
+    monkeypatch.setenv("ZOO_BENCH_BUSY", "0")
+    assert provenance.Recording("unit").busy is False
+    monkeypatch.setattr(provenance, "cpu_busy_share", lambda seconds=1.0: 0.9)
+    assert provenance.Recording("unit").busy is True
+
+
+# ---------------------------------------------------------------------------- staleness
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A small git repository: ``measured`` is the commit a figure measured; then one commit
+    touches the measured folder ``deploy/``, one touches only ``docs/``."""
+    root = tmp_path_factory.mktemp("repo")
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "HOME": str(root),
+    }
+
+    def git(*args: str) -> str:
+        r = subprocess.run(
+            ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
+        )
+        return r.stdout.strip()
+
+    def commit(path: str, text: str) -> str:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", path)
+        return git("rev-parse", "HEAD")
+
+    git("init", "-q")
+    commit("deploy/runtime.py", "x = 1\n")
+    measured = commit("zoo/core.py", "y = 1\n")
+    files = provenance.tree_sources(("deploy", "zoo"), root)
+    digest = provenance.digest(files, ("deploy", "zoo"))
+    commit("deploy/runtime.py", "x = 2\n")
+    commit("docs/notes.md", "not measured\n")
+    return {"root": root, "measured": measured, "digest": digest}
+
+
+def test_staleness_counts_the_commits_that_touched_the_measured_paths(history: dict) -> None:
+    root, measured = history["root"], history["measured"]
+
+    def mark(paths: tuple[str, ...], **kw: object) -> staleness.Staleness:
+        return staleness.staleness(root, commit=measured, date="2026-11-30", paths=paths, **kw)
+
+    assert mark(("deploy", "zoo")).commits_since == 1  # the docs/ commit does not count
+    assert mark(("deploy", "zoo")).mark() == "stale: 1 commit touched the measured code since"
+    assert mark(("zoo",)).mark() == "current"
+    # an untracked module under a measured path counts as one more (the commit to be made)
+    (root / "zoo" / "extra.py").write_text("z = 1\n")
+    try:
+        assert mark(("zoo",)).mark() == "stale: 1 commit touched the measured code since"
+        assert mark(("deploy", "zoo")).commits_since == 2
+    finally:
+        (root / "zoo" / "extra.py").unlink()
+    unknown = staleness.staleness(root, commit="f" * 40, date="2026-11-30", paths=("zoo",))
+    assert unknown.commits_since is None and unknown.mark().startswith("stale? commit fffffff")
+    # a file's commit label is checked against that commit's sources
+    label = mark(("zoo",), label=(("deploy", "zoo"), history["digest"]))
+    assert label.label_true is True
+    wrong = staleness.staleness(
+        root,
+        commit=staleness._git(root, "rev-parse", "HEAD").decode().strip(),
+        date="2026-11-30",
+        paths=("zoo",),
+        label=(("deploy", "zoo"), history["digest"]),
+    )
+    assert wrong.label_true is False and "not that commit's" in wrong.mark()
+
+
+def test_a_matching_digest_makes_a_figure_current(history: dict) -> None:
+    root, measured = history["root"], history["measured"]
+    now = provenance.digest(provenance.tree_sources(("deploy",), root), ("deploy",))
+    kw = {"commit": measured, "date": "2026-11-30", "paths": ("deploy",)}
+    assert staleness.staleness(root, **kw).commits_since == 1
+    assert staleness.staleness(root, measured_sha256=now, **kw).mark() == "current"
+
+
+def test_the_doc_marks_a_stale_figure_in_its_summary_row(
+    results: dict, template: str, history: dict
+) -> None:
+    """A result file whose commit is older than a commit touching its measured paths: the
+    summary row and the section say so, with the commit, the date and the count."""
+    doc = json.loads(json.dumps(results["trainer_overhead"]))
+    doc["provenance"]["git"]["commit"] = history["measured"]
+    doc["provenance"]["measured"] = {"paths": ["deploy", "zoo"], "sha256": "0" * 64}
+    marks = {n: gen.mark_of(d, history["root"]) for n, d in results.items()}
+    marks["trainer_overhead"] = gen.mark_of(doc, history["root"])
+    text = gen.generate(template, dict(results, trainer_overhead=doc), marks).text
+    row = next(line for line in text.splitlines() if "[trainer_overhead](" in line)
+    assert "(**stale: 1 commit touched the measured code since" in row
+    assert "not that commit's" in row  # its source_sha256 is the real tree's, not this repo's
+    assert f"`{history['measured'][:7]}`, {doc['provenance']['date'][:10]}" in row
+    assert "> **Stale: 1 commit touched the measured code since" in text
+    # the count is the generator's, not a value of the file, and still traces
+    problems = gen.check_doc(text, template, dict(results, trainer_overhead=doc), marks)
+    assert problems == []
+
+
+def test_isa_dependent_figures_name_the_flags() -> None:
+    d = {"provenance": {"machine": {"cpu_flags": ["avx2", "avx512_vnni", "avx512f"]}}}
+    h = {"what": "static int8 vs ORT fp32 latency"}
+    assert (
+        gen.isa_note(h, d) == "; ISA: avx2, avx512_vnni (of avx2, avx512_vnni, avx_vnni, amx_int8)"
+    )
+    assert gen.isa_note({"what": "loader img/s"}, d) == ""
+    assert "not recorded" in gen.isa_note(h, {"provenance": {"machine": {}}})
+
+
+def test_quality_section_marks_stale_scores(history: dict) -> None:
+    data = {
+        "tool": "mutmut",
+        "modules": [
+            {
+                "module": "runtime",
+                "mutated": ["deploy/runtime.py"],
+                "tests": [],
+                "commit": history["measured"][:7],
+                "date": "2026-11-30",
+                "mutants": 10,
+                "score_pct": 90.0,
+            },
+            {
+                "module": "core",
+                "mutated": ["zoo/core.py"],
+                "tests": [],
+                "commit": history["measured"][:7],
+                "date": "2026-11-30",
+                "mutants": 5,
+                "score_pct": 100.0,
+            },
+        ],
+        "never_run": [{"what": "the notes", "paths": ["docs/notes.md"]}],
+    }
+    begin, end = gen.QUALITY_MARKS
+    text = gen.with_quality_section(f"# Q\n{begin}\nold\n{end}\nrest\n", data, history["root"])
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "**stale: " in rows["| runtime"] and "current" in rows["| core"]
+    assert text.startswith("# Q\n") and text.endswith("rest\n") and "old" not in text
+    with pytest.raises(ValueError, match="staleness:begin"):
+        gen.with_quality_section("# no marks\n", data, history["root"])
+
+
+@needs_history
+def test_quality_md_staleness_section_is_current() -> None:
+    data = json.loads(gen.QUALITY_DATA.read_text())
+    assert gen.QUALITY.read_text() == gen.with_quality_section(gen.QUALITY.read_text(), data)
+
+
+# ---------------------------------------------------------------------------- README
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lstrip("#").strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_readme_figures_point_at_the_generated_doc() -> None:
+    """The README states no benchmark figure of its own: it links to sections of the generated
+    doc (each link must land on a heading there), and speed comparisons carry no number."""
+    readme = (ROOT / "README.md").read_text()
+    doc = gen.OUTPUT.read_text()
+    anchors = {_anchor(line) for line in doc.splitlines() if line.startswith("#")}
+    links = re.findall(r"docs/benchmarks\.md#([\w\-]+)", readme)
+    assert links, "the README links to no section of docs/benchmarks.md"
+    assert set(links) <= anchors, set(links) - anchors
+    for line in readme.splitlines():
+        if re.search(r"LitServe|as fast|faster than|slower than", line):
+            assert not gen.FIGURE.search(gen.strip_code(line)), line
+            assert "twice" not in line, line
+
+
+def test_t_interval_of_paired_seed_differences() -> None:
+    from common import t_interval
+
+    ci = t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, t(0.975, 2) = 4.303
+    assert ci["mean"] == 2.0 and ci["n"] == 3
+    assert ci["low"] == pytest.approx(2 - 4.3027 / 3**0.5, abs=1e-3)
+    assert ci["high"] == pytest.approx(2 + 4.3027 / 3**0.5, abs=1e-3)
+    assert t_interval([0.3])["low"] is None  # one seed: no interval, never a verdict

@@ -128,8 +128,12 @@ def test_the_gate_refuses_a_prefix_that_preprocesses_wrongly(tmp_path: Path) -> 
         if expect:
             right = report
     assert right is not None
-    assert right.predictions == {"n_images": 2, "agreement": 1.0, "passed": True}
-    assert [d["case"] for d in right.dynamic] == [
+    assert right.predictions is not None and right.predictions.to_dict() == {
+        "n_images": 2,
+        "agreement": 1.0,
+        "passed": True,
+    }
+    assert [d.case for d in right.dynamic] == [
         "one image thrice",
         "small",
         "odd portrait",

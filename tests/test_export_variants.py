@@ -113,7 +113,7 @@ def test_fp16_io_takes_and_gives_float16_behind_the_same_gate(tmp_path: Path) ->
     rep = export_onnx(
         "simple_cnn", half, precision="fp16", fp16_io=True, exporter="legacy", model=net
     )
-    assert rep.parity["passed"] and rep.fp16_io
+    assert rep.parity is not None and rep.parity.passed and rep.fp16_io
     graph = onnx.load(str(half)).graph
     f16 = onnx.TensorProto.FLOAT16
     assert graph.input[0].type.tensor_type.elem_type == f16

@@ -15,7 +15,15 @@ from torch import nn
 
 from zoo.deploy import parity
 from zoo.deploy.choices import PRECISIONS
-from zoo.deploy.parity import ParityReport, TensorDiff, check_parity, compare, real_images
+from zoo.deploy.parity import (
+    DynamicCheck,
+    ParityReport,
+    PredictionCheck,
+    TensorDiff,
+    check_parity,
+    compare,
+    real_images,
+)
 from zoo.metadata import ModelInfo
 from zoo.samples import sample_image_paths
 
@@ -27,7 +35,7 @@ def test_tolerances_are_the_documented_ones() -> None:
         0.99999,
         1.0,
     )
-    assert ParityReport().tolerances == {
+    assert ParityReport().to_dict()["tolerances"] == {
         "atol": 1e-4,
         "rtol": 1e-3,
         "min_cosine": 0.99999,
@@ -169,12 +177,13 @@ def test_custom_tolerances_are_honoured() -> None:
 
 
 def _report(tensors: bool = True, predictions: bool | None = True, dynamic=()) -> ParityReport:
-    r = ParityReport()
-    r.tensors = {"passed": tensors, "max_abs": 0.25, "max_rel": 1.5, "cosine": 0.9}
-    if predictions is not None:
-        r.predictions = {"passed": predictions, "agreement": 0.5, "n_images": 4}
-    r.dynamic = [{"batch": b, "size": s, "max_abs": 0.125, "passed": ok} for b, s, ok in dynamic]
-    return r
+    return ParityReport(
+        tensors=TensorDiff([2, 4], 0.25, 1.5, 0.9, tensors),
+        predictions=None if predictions is None else PredictionCheck(4, 0.5, predictions),
+        dynamic=tuple(
+            DynamicCheck(b, s, TensorDiff([b, 4], 0.125, 0.5, 0.99, ok)) for b, s, ok in dynamic
+        ),
+    )
 
 
 def test_report_passes_only_when_every_level_passes() -> None:
@@ -289,20 +298,22 @@ def _check(model: nn.Module, run, **kw) -> ParityReport:
 def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
     r = _check(tiny, _eager(tiny), export_batch=3, dynamic_batch=True, dynamic_size=True)
     assert r.passed and r.failures() == []
-    assert r.tensors["shape"] == [3, 4] and r.tensors["max_abs"] < 1e-5
-    assert r.predictions["n_images"] == 2 and r.predictions["agreement"] == 1.0
+    assert r.tensors is not None and r.predictions is not None
+    assert r.tensors.shape == [3, 4] and r.tensors.max_abs < 1e-5
+    assert r.predictions.n_images == 2 and r.predictions.agreement == 1.0
     with torch.no_grad():  # the two photos get different classes: agreement means something
         y = tiny(torch.from_numpy(np.stack([_pre(p) for p in sample_image_paths()])))
     assert y.argmax(1).tolist() == [1, 2]
-    assert 0 <= r.predictions["preprocessing_max_abs"] < 0.05
-    assert [(d["batch"], d["size"]) for d in r.dynamic] == [
+    assert 0 <= r.predictions.preprocessing_max_abs < 0.05  # type: ignore[operator]
+    assert [i.kind for i in r.images] == ["given"] and r.images[0].count == 2
+    assert [(d.batch, d.size) for d in r.dynamic] == [
         (1, 48),
         (2, 48),
         (5, 48),
         (3, 16),
         (3, 80),
     ]
-    assert all(d["passed"] and d["shape"][0] == d["batch"] for d in r.dynamic)
+    assert all(d.passed and d.diff.shape[0] == d.batch for d in r.dynamic)
 
 
 @pytest.mark.parametrize(
@@ -315,7 +326,7 @@ def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
 )
 def test_dynamic_shapes_checked(tiny: nn.Module, kw: dict, checked: list) -> None:
     r = _check(tiny, _eager(tiny), **kw)
-    assert [(d["batch"], d["size"]) for d in r.dynamic] == checked and r.passed
+    assert [(d.batch, d.size) for d in r.dynamic] == checked and r.passed
 
 
 def test_tensor_level_sees_the_noise_row(tiny: nn.Module) -> None:
@@ -336,23 +347,26 @@ def test_tensor_level_sees_the_noise_row(tiny: nn.Module) -> None:
 
 def test_runtime_off_by_more_than_atol_fails(tiny: nn.Module) -> None:
     r = _check(tiny, lambda x: _eager(tiny)(x) + 2e-3)
-    assert not r.passed and not r.tensors["passed"]
-    assert r.predictions["passed"]  # a constant shift keeps every top-1
+    assert r.tensors is not None and r.predictions is not None
+    assert not r.passed and not r.tensors.passed
+    assert r.predictions.passed  # a constant shift keeps every top-1
     assert r.failures()[0].startswith("tensors differ: max abs 0.002")
 
 
 def test_wrong_predictions_fail_the_agreement_level(tiny: nn.Module) -> None:
     r = _check(tiny, lambda x: -_eager(tiny)(x))
-    assert r.predictions["agreement"] < 1.0 and r.predictions["passed"] is False
+    assert r.predictions is not None
+    assert r.predictions.agreement < 1.0 and r.predictions.passed is False
     assert any(f.startswith("top-1 agreement") for f in r.failures())
 
 
 def test_agreement_must_be_total() -> None:
-    assert parity.prediction_check(np.array([0, 1, 2, 3]), np.array([0, 1, 2, 3]))["passed"]
+    assert parity.prediction_check(np.array([0, 1, 2, 3]), np.array([0, 1, 2, 3])).passed
     half = parity.prediction_check(np.array([0, 1]), np.array([0, 2]))
-    assert half == {"n_images": 2, "agreement": 0.5, "passed": False}
+    assert half == PredictionCheck(n_images=2, agreement=0.5, passed=False)
+    assert half.to_dict() == {"n_images": 2, "agreement": 0.5, "passed": False}
     most = parity.prediction_check(np.arange(100), np.r_[np.arange(99), 0])
-    assert most["agreement"] == 0.99 and most["passed"] is False
+    assert most.agreement == 0.99 and most.passed is False
 
 
 def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.Module) -> None:
@@ -366,14 +380,18 @@ def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.
         return _eager(tiny)(x)
 
     r = _check(tiny, static, dynamic_batch=True, dynamic_size=True)
-    assert r.tensors["passed"] and r.predictions["passed"] and not r.passed
-    failed = [d for d in r.dynamic if not d["passed"]]
-    assert [(d["batch"], d["size"]) for d in failed] == [(1, 48), (5, 48), (3, 16), (3, 80)]
-    assert all(d["max_abs"] == float("inf") for d in failed)
-    err = failed[0]["error"]
-    assert err.startswith("[ONNXRuntimeError] Got invalid dimensions for input: (1, 3, 48, 48)")
+    assert r.tensors is not None and r.predictions is not None
+    assert r.tensors.passed and r.predictions.passed and not r.passed
+    failed = [d for d in r.dynamic if not d.passed]
+    assert [(d.batch, d.size) for d in failed] == [(1, 48), (5, 48), (3, 16), (3, 80)]
+    assert all(d.diff.max_abs == float("inf") for d in failed)
+    err = failed[0].error
+    assert err is not None and err.startswith(
+        "[ONNXRuntimeError] Got invalid dimensions for input: (1, 3, 48, 48)"
+    )
     assert len(err) == 300 and "second line" not in err
-    assert r.dynamic[1]["passed"] and "error" not in r.dynamic[1]
+    assert r.dynamic[1].passed and "error" not in r.dynamic[1].to_dict()
+    assert r.to_dict()["dynamic"][0]["error"] == err
 
 
 def test_a_runtime_wrong_at_one_resolution_is_caught(tiny: nn.Module) -> None:
@@ -382,7 +400,7 @@ def test_a_runtime_wrong_at_one_resolution_is_caught(tiny: nn.Module) -> None:
         return y + 1.0 if x.shape[2] > 48 else y
 
     r = _check(tiny, wrong_when_large, dynamic_size=True)
-    assert [d["passed"] for d in r.dynamic] == [True, False]
+    assert [d.passed for d in r.dynamic] == [True, False]
     assert r.failures() == ["dynamic check failed at batch 2, size 80: max abs 1"]
 
 
@@ -404,8 +422,9 @@ def test_check_parity_applies_the_given_tolerances_at_every_level(tiny: nn.Modul
     kw = {"export_batch": 3, "dynamic_batch": True}
     assert not _check(tiny, shifted, **kw).passed
     r = _check(tiny, shifted, tolerances=loose, **kw)
-    assert r.passed and r.tensors["passed"] and all(d["passed"] for d in r.dynamic)
-    assert r.tolerances == asdict(loose) and r.to_dict()["tolerances"]["atol"] == 5e-3
+    assert r.passed and r.tensors is not None and r.tensors.passed
+    assert all(d.passed for d in r.dynamic)
+    assert r.tolerances == loose and r.to_dict()["tolerances"] == asdict(loose)
 
 
 def test_check_parity_applies_the_given_agreement_floor(tiny: nn.Module) -> None:
@@ -420,6 +439,8 @@ def test_check_parity_applies_the_given_agreement_floor(tiny: nn.Module) -> None
 
     wide = {"atol": 1e3, "min_cosine": -1.0}
     strict = _check(tiny, one_wrong, tolerances=parity.Tolerances(**wide))
-    assert strict.predictions["agreement"] == 0.5 and not strict.predictions["passed"]
+    assert strict.predictions == PredictionCheck(
+        2, 0.5, False, strict.predictions.preprocessing_max_abs
+    )  # type: ignore[union-attr]
     half = parity.Tolerances(**wide, min_agreement=0.5)
-    assert _check(tiny, one_wrong, tolerances=half).predictions["passed"]
+    assert _check(tiny, one_wrong, tolerances=half).predictions.passed  # type: ignore[union-attr]

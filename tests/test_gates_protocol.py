@@ -224,3 +224,70 @@ def test_json_values_each_datatype_holds_exactly_pass() -> None:
     assert _values("BOOL", [True, False]).tolist() == [True, False]
     assert _values("BOOL", [0.0, 1]).tolist() == [False, True]  # fuzzing found a 500 here
     assert _values("INT32", []).dtype == np.int32
+
+
+# ``zoo predict``'s input protocol: what a file given as INPUTS may be (deploy/predict_inputs.py)
+
+
+@pytest.fixture(scope="module")
+def not_lists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Files that are neither images (by extension) nor text lists of paths, and a good list."""
+    from zoo.samples import sample_image_paths
+
+    folder = tmp_path_factory.mktemp("inputs")
+    coffee = sample_image_paths()[1]
+    files = {
+        "notes.bin": bytes(range(256)) * 4,  # not UTF-8
+        "nul.txt": b"abc\x00\x01def\nghi\x1b[31mred\n",  # UTF-8, but NUL and ESC bytes
+        "photo.dat": coffee.read_bytes(),  # a JPEG under another name
+        "ok.txt": b"\xef\xbb\xbf# a byte-order mark, a comment\n" + str(coffee).encode() + b"\n",
+        "late.txt": str(coffee).encode() + b"\n" * 10000 + b"x\x1b[2Jy\n",  # past the sniff
+    }
+    for name, data in files.items():
+        (folder / name).write_bytes(data)  # type: ignore[arg-type]
+    return {"folder": folder, "coffee": coffee}
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("notes.bin", ["'notes.bin'", "neither an image nor a list", "not UTF-8", ".jpg"]),
+        ("nul.txt", ["'nul.txt'", "neither an image nor a list", "'\\x00'", "folders"]),
+        ("photo.dat", ["'photo.dat'", "JPEG image without an image extension", "'photo.jpeg'"]),
+    ],
+)
+def test_predict_refuses_a_file_that_is_no_image_and_no_list(
+    not_lists: dict[str, object], name: str, words: list[str]
+) -> None:
+    import subprocess
+
+    from tests.conftest import ZOO
+
+    r = subprocess.run(
+        [ZOO, "predict", "mobilenet_v2", name],
+        cwd=not_lists["folder"],  # type: ignore[arg-type]
+        capture_output=True,
+        timeout=300,
+    )
+    assert r.returncode == 1, r.stderr
+    message = r.stderr.decode()
+    for word in words:
+        assert word in message, (word, message)
+    # never a raw control byte on the terminal, whatever the file held
+    assert not [c for c in message if ord(c) < 32 and c not in "\t\n\r"], message
+
+
+def test_a_list_with_a_bom_reads_and_late_control_bytes_are_refused_escaped(
+    not_lists: dict[str, object],
+) -> None:
+    from zoo.deploy.predict_inputs import check_inputs, iter_inputs
+
+    folder = not_lists["folder"]
+    ok, late = str(folder / "ok.txt"), str(folder / "late.txt")  # type: ignore[operator]
+    check_inputs([ok, late])  # both start as text
+    assert list(iter_inputs([ok])) == [str(not_lists["coffee"])]
+    with pytest.raises(InputError) as info:
+        list(iter_inputs([late]))
+    assert "Line 10001" in str(info.value) and "'x\\x1b[2Jy'" in str(info.value)
+    with pytest.raises(InputError, match=r"nul\.txt' is neither"):
+        check_inputs([ok, str(folder / "nul.txt")])  # type: ignore[operator]

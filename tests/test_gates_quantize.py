@@ -74,7 +74,7 @@ def test_graphs_are_read_without_their_external_weights(tmp_path: Path) -> None:
     )
     (tmp_path / "ext.bin").unlink()
     assert q.op_counts(path) == Counter({"Conv": 1})
-    assert q.coverage(Counter({"Conv": 1}), path, "static")["heavy_ops"] == 1
+    assert q.coverage(Counter({"Conv": 1}), path, "static").heavy_ops == 1
 
 
 def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
@@ -87,7 +87,11 @@ def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
             helper.make_node("MatMulInteger", ["c2", "w3"], ["y"]),
         ],
     )
-    assert q.coverage(fp32, dyn, "dynamic") == {"heavy_ops": 3, "quantized": 2, "fp32_left": 1}
+    assert q.coverage(fp32, dyn, "dynamic").to_dict() == {
+        "heavy_ops": 3,
+        "quantized": 2,
+        "fp32_left": 1,
+    }
 
 
 def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> None:
@@ -111,8 +115,9 @@ def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> N
             helper.make_node("Gemm", ["c2d", "w5"], ["y"]),  # int8
         ],
     )
-    assert q.coverage(fp32, qdq, "static") == {"heavy_ops": 6, "quantized": 3, "fp32_left": 3}
-    assert q.coverage(fp32, qdq, "dynamic")["quantized"] == 0
+    assert q.coverage(fp32, qdq, "static") == q.Coverage(heavy_ops=6, quantized=3)
+    assert q.coverage(fp32, qdq, "static").fp32_left == 3
+    assert q.coverage(fp32, qdq, "dynamic").quantized == 0
 
 
 def test_calibration_reader_yields_each_batch_once_by_input_name() -> None:
@@ -161,29 +166,27 @@ def test_accuracy_report_with_labels() -> None:
 
 
 def test_gate_uses_the_accuracy_drop_when_labels_exist() -> None:
-    report = {"top1_agreement": 0.5, "accuracy_drop": 0.01}
-    assert q.accuracy_gate(report, 0.01) == {
+    assert q.accuracy_gate(0.5, 0.01, 0.01) == {
         "max_accuracy_drop": 0.01,
         "measured": 0.01,
         "passed": True,
     }
     with pytest.raises(QuantizationError) as exc:
-        q.accuracy_gate(report, 0.009)
+        q.accuracy_gate(0.5, 0.01, 0.009)
     assert str(exc.value) == (
         "Accuracy drop 1.00% exceeds --max-accuracy-drop 0.90% (top-1 agreement with fp32 "
-        "50.0%). Nothing was written; try --mode static --method entropy or --per-channel."
+        "50.0%). Nothing was written; try --engine nncf, or --target-agreement 0.98."
     )
-    assert q.accuracy_gate({"top1_agreement": 0.5, "accuracy_drop": 0.0}, 0.0)["passed"]
+    assert q.accuracy_gate(0.5, 0.0, 0.0)["passed"]
 
 
 def test_gate_without_labels_counts_changed_predictions() -> None:
-    report = {"top1_agreement": 0.75}
-    assert q.accuracy_gate(report, 0.25)["measured"] == 0.25
+    assert q.accuracy_gate(0.75, None, 0.25)["measured"] == 0.25
     with pytest.raises(QuantizationError, match=r"^Accuracy drop 25\.00% exceeds"):
-        q.accuracy_gate(report, 0.2)
+        q.accuracy_gate(0.75, None, 0.2)
     with pytest.raises(QuantizationError):  # a negative limit refuses even a perfect model
-        q.accuracy_gate({"top1_agreement": 1.0}, -1.0)
-    assert q.accuracy_gate({"top1_agreement": 1.0}, 0.0)["measured"] == 0.0
+        q.accuracy_gate(1.0, None, -1.0)
+    assert q.accuracy_gate(1.0, None, 0.0)["measured"] == 0.0
 
 
 def test_advice_before_and_after() -> None:

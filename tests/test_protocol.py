@@ -93,6 +93,10 @@ MALFORMED = [
     (json.dumps({"inputs": []}).encode(), InputError, ["$.inputs", "length"]),
     (json.dumps({"inputs": {}}).encode(), InputError, ["$.inputs"]),
     (json.dumps({"id": 5, "inputs": [_tensor()]}).encode(), InputError, ["$.id"]),
+    # the fields KServe's and Triton's servers take are typed, not waved through
+    (_req(model_name=3), InputError, ["$.model_name", "str"]),
+    (_req(model_version=["1"]), InputError, ["$.model_version", "str"]),
+    (_req(model="m"), InputError, ["unknown field", "model"]),
     (b"[]", InputError, ["object"]),
     (b"", InputError, ["empty"]),
     (b"{not json", InputError, ["JSON"]),
@@ -141,6 +145,26 @@ def test_malformed_request_names_the_field(body: bytes, error: type, words: list
     assert type(info.value) is error
     for word in words:
         assert word.lower() in str(info.value).lower(), (word, str(info.value))
+
+
+def test_the_fields_kserve_and_triton_servers_accept() -> None:
+    """KServe's SDK sends ``model_name`` in the body (``InferRequest.to_rest``), and the Open
+    Inference Protocol gives requests, inputs and outputs ``id``/``parameters``: all taken; the
+    URL names the model, as on KServe."""
+    body = json.dumps(
+        {
+            "id": "r-1",
+            "model_name": "some-other-name",
+            "model_version": "7",
+            "parameters": {"binary_data_output": False, "priority": 1, "sequence_id": "s"},
+            "inputs": [_tensor(parameters={"content_type": "np", "binary_data": False})],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True, "x": "y"}}],
+        }
+    ).encode()
+    req = parse_request(body, None)
+    assert req.id == "r-1" and req.inputs[0][0] == "input"
+    np.testing.assert_array_equal(req.inputs[0][1], np.array([[1.0, 2.0]], np.float32))
+    assert req.outputs == [OutputSpec("logits", binary=True)]
 
 
 @pytest.mark.parametrize("depth", [MAX_RANK + 1, 10_000, 1_000_000])

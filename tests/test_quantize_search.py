@@ -141,7 +141,7 @@ def test_target_in_range_passes() -> None:
         ({"mode": "dynamic"}, r"use --mode static --engine ort \(got --mode dynamic"),
         ({"engine": "nncf"}, r"use --mode static --engine ort \(got --mode static --engine nncf"),
         ({"method": "entropy"}, r"tries every --method .* drop --method entropy"),
-        ({"per_channel": False}, r"drop --no-per-channel"),
+        ({"per_channel": False}, r"drop --per-channel/--no-per-channel"),
         ({"eval_data": None}, r"needs --data DIR: held-out real images"),
         ({"target_agreement": 1.5}, r"must be in \(0, 1\], a share of top-1 answers: got 1\.5"),
     ],
@@ -179,35 +179,41 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     from zoo.deploy import quantize as q
 
     seen: dict[str, object] = {}
+    ops = {f"n{i}": op for i, op in enumerate(["Add"] * 3 + ["Clip"] * 4 + ["Conv"] * 92)}
+    result = qs.SearchResult(
+        target=0.98,
+        calibration=qs.Calibration("percentile", False),
+        tried=[qs.Tried(qs.Calibration("minmax", True), 0.1, 0.9)] * 7,
+        n_calibration=80,
+        order=[f"n{i}" for i in [*range(3), *range(3, 7), *range(7, 20)]]
+        + [f"n{i}" for i in range(20, 99)],
+        scores={},
+        ops=ops,
+        k=20,
+        steps=[(0, 0.6), (20, 0.9833)],
+        n_held_out=120,
+    )
+    images = q.EvalImages((tmp_path / "a.png",) * 120, None, "data", "120 images of val")
 
-    def fake(model: Path, out: Path, **kw: object) -> dict[str, object]:
+    def fake(model: Path, out: Path, **kw: object) -> q.QuantizeReport:
         seen.update(kw)
-        return {
-            "advice_before": [],
-            "path": str(out),
-            "size_mb": {"fp32": 13.6, "int8": 4.0},
-            "size_ratio": 0.29,
-            "latency_ms": {"fp32_p50": 8.0, "int8_p50": 7.2, "batch": 1, "threads": 2},
-            "latency_ratio": 0.9,
-            "top1_agreement": 0.9833,
-            "agreement_ci95": wilson(0.9833, 120),
-            "n_images": 120,
-            "coverage": {"heavy_ops": 53, "quantized": 40, "fp32_left": 13},
-            "search": {
-                "target": 0.98,
-                "k": 20,
-                "float_ops": {"Add": 3, "Clip": 4, "Conv": 13},
-                "sensitivity": {"candidates": 99},
-                "calibration": {
-                    "method": "percentile",
-                    "per_channel": False,
-                    "symmetric_activations": False,
-                    "n_images": 80,
-                    "tried": [{}] * 7,
-                },
-                "held_out": {"agreement": 0.9833, "n_images": 120, "ci95": [0.9412, 0.9954]},
-            },
-        }
+        return q.QuantizeReport(
+            path=tmp_path / "q.onnx",
+            written=True,
+            mode="static",
+            engine="ort",
+            calibration=result.calibration,
+            size_mb=(13.6, 4.0),
+            latency=q.Latency(8.0, 7.2, 1, 2),
+            top1_agreement=0.9833,
+            agreement_ci95=wilson(0.9833, 120),
+            accuracy=None,
+            images=images,
+            calib_description="80 images of calib",
+            coverage=q.Coverage(53, 40),
+            floor=q.check_floor(None, wilson(0.9833, 120), images),
+            search=result,
+        )
 
     monkeypatch.setattr(q, "quantize", fake)
     res = CliRunner().invoke(
@@ -223,9 +229,7 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "calibration: percentile ranges, per-channel weights off (the best of 7 settings "
         "tried on 80 calibration images)"
     ) in res.output
-    assert "held-out agreement: 98.3% on 120 --data images (95% interval 94.1%–99.5%" in (
-        res.output
-    )
+    assert "held-out agreement: 98.3% on 120 images (95% interval 94.1%–99.5%" in (res.output)
 
 
 def test_a_node_kept_float_is_fp32_in_the_coverage(tmp_path: Path) -> None:
@@ -250,7 +254,7 @@ def test_a_node_kept_float_is_fp32_in_the_coverage(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("c2", TensorProto.FLOAT, None)],
     )
     onnx.save(helper.make_model(graph), str(tmp_path / "q.onnx"))
-    assert coverage(Counter({"Conv": 2}), tmp_path / "q.onnx", "static") == {
+    assert coverage(Counter({"Conv": 2}), tmp_path / "q.onnx", "static").to_dict() == {
         "heavy_ops": 2,
         "quantized": 1,
         "fp32_left": 1,
@@ -292,7 +296,7 @@ def test_search_reaches_the_target_with_nodes_kept_float(
 
     out = tmp_path / "q.onnx"
     args = ["quantize", str(digits_cnn["model"]), "--calib", str(digits_cnn["calib"])]
-    args += ["--data", str(digits_cnn["held"]), "--target-agreement", "0.98"]
+    args += ["--data", str(digits_cnn["held"]), "--target-agreement", "0.98", "--allow-drop"]
     res = CliRunner().invoke(app, [*args, "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.stdout)

@@ -16,6 +16,7 @@ from zoo import durable
 from zoo.artifact import WEIGHTS_FILE, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.metadata import WeightSource
+from zoo.profile import count_gflops
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.train.recipes import policy_string
 from zoo.weights import sha256_file
@@ -72,6 +73,8 @@ def model_config(r: RunResult) -> dict[str, Any]:
         "multi_label": r.cfg.multi_label,
         "thresholds": val.get("thresholds"),
         "params": sum(p.numel() for p in parts.model.parameters()),
+        # measured at the run's own input size (--image-size), not the registry's 224 px
+        "gflops": float(f"{count_gflops(parts.model, parts.info.input_size):.6g}"),
         "preprocessing": parts.info.preprocessing().to_dict(),
         "parent_weights": parent_weights.describe()
         if parts.load_report
@@ -129,7 +132,11 @@ def finish_run(r: RunResult) -> None:
     best_row = state.history[-1 - state.epochs_since_best] if state.history else {}
     config = model_config(r)
     info = replace(
-        r.parts.info, tag=config["tag"], parent=config["base"], weights=WeightSource(kind="local")
+        r.parts.info,
+        tag=config["tag"],
+        parent=config["base"],
+        weights=WeightSource(kind="local"),
+        gflops=config["gflops"],
     )
     card = finetuned_card(info, config)
     run = r.run.path
@@ -177,4 +184,55 @@ def finish_run(r: RunResult) -> None:
         "load_report": load_report.to_dict() if load_report else None,
     }
     durable.write_json(run / "report.json", report, label="report.json")
-    print(f"done: val acc {val['acc']:.4f} (best) → {model_dir}", file=sys.stderr, flush=True)
+    best_epoch = state.epoch - state.epochs_since_best
+    print(
+        f"done: {shipped_summary(state.history, best_epoch, r.cfg.monitor or 'val/acc')} "
+        f"→ {model_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    from zoo.variants import stale_exports
+
+    for export in stale_exports(model_dir):  # carried over from the folder this run replaced
+        print(f"warning: {export.warning()}", file=sys.stderr, flush=True)
+
+
+def row_metric(row: dict[str, Any], monitor: str) -> float:
+    """The monitored value of one epoch's row, higher is better: the model's or, with
+    ``--ema``, the better of it and the average's (as the loop judged it)."""
+    sign = -1.0 if monitor == "val/loss" else 1.0
+    values = [row.get(monitor), row.get(f"ema/{monitor}")]
+    return max(sign * float(v) for v in values if v is not None)
+
+
+def shipped_summary(history: list[dict[str, Any]], best_epoch: int, monitor: str) -> str:
+    """Which epoch's weights ship and why, for the last line of a run: e.g. ``shipped epoch 2
+    (val/acc 0.925; epoch 3 tied and the earlier epoch is kept)``.
+
+    Args:
+        history: the run's epoch rows (``LoopState.history``), epoch 1 first.
+        best_epoch: the epoch whose weights ship (1-based; the first to reach the best value:
+            a later epoch must beat it, a tie keeps the earlier one).
+        monitor: the metric that picked it (``val/acc``, ``val/loss``...).
+    """
+    if not history or not 1 <= best_epoch <= len(history):
+        return f"shipped the weights of epoch {best_epoch}"
+    row = history[best_epoch - 1]
+    best = row_metric(row, monitor)
+    sign = -1.0 if monitor == "val/loss" else 1.0
+    who = " (the EMA's weights)" if row.get("shipped") == "ema" else ""
+    later = history[best_epoch:]
+    tied = [int(h["epoch"]) for h in later if row_metric(h, monitor) == best]
+    lower = [int(h["epoch"]) for h in later if row_metric(h, monitor) != best]
+    why = [f"{monitor} {sign * best:.4g}{who}"]
+    if tied:
+        why.append(f"{_epochs(tied)} tied and the earlier epoch is kept")
+    if lower:
+        why.append(f"{_epochs(lower)} scored {'higher' if sign < 0 else 'lower'}")
+    if not later:
+        why.append("the last epoch")
+    return f"shipped epoch {best_epoch} ({'; '.join(why)})"
+
+
+def _epochs(numbers: list[int]) -> str:
+    return f"epoch {numbers[0]}" if len(numbers) == 1 else f"epochs {', '.join(map(str, numbers))}"

@@ -6,7 +6,9 @@ seeded order of training images while the learning rate grows geometrically from
 ``end``; a sweep stops early once its smoothed loss passes 4x its best. The sweeps (each its
 own seeded order) are averaged step by step over the steps they all reached, smoothed, and the
 suggestion is **one tenth of the learning rate where that curve is lowest** (the rule printed
-with it). Everything is a function of the options and the seed, so the same command gives the
+with it). The rule needs the point where the loss stops falling, so the curve must turn inside
+the range (:func:`check_curve`): when it does not, ``zoo lr-find`` warns and ``--lr auto``
+refuses to train with the suggestion. Everything is a function of the options and the seed, so the same command gives the
 same suggestion twice; the run's own model and optimizer are never touched.
 
 Written by hand: timm, torchvision and Lightning's tuner either have no range test or tie it to
@@ -36,6 +38,7 @@ RULE = "one tenth of the learning rate at the lowest averaged, smoothed loss"
 DIVERGED = 4.0  # a sweep stops when its smoothed loss passes this multiple of its best
 MIN_STEPS = 5  # fewer steps before the curve ends: no suggestion
 BETA = 0.9  # smoothing of the loss curve (exponential moving average, bias-corrected)
+TURN = 0.1  # the curve has turned once it rises this share above its lowest point after it
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class LrFindResult:
     sweeps: list[list[float]]  # each sweep's raw losses
     suggested: float
     rule: str = RULE
+    turned: bool = True  # the curve fell, then rose again: see check_curve
+    problem: str | None = None  # why the suggestion is not reliable (turned is False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +84,46 @@ def suggest(lrs: list[float], loss: list[float]) -> float:
     """:data:`RULE`: a tenth of the learning rate at the curve's minimum (first one on ties)."""
     best = min(range(len(loss)), key=lambda i: (loss[i], i))
     return lrs[best] / 10
+
+
+@dataclass(frozen=True)
+class CurveCheck:
+    """Whether an averaged, smoothed range-test curve can be trusted to suggest a rate."""
+
+    turned: bool  # its lowest point lies inside the range: the loss fell, then rose again
+    problem: str | None = None  # what is wrong with it, quoting the step and rate, if not
+
+
+def check_curve(lrs: list[float], loss: list[float]) -> CurveCheck:
+    """Judge the curve the suggestion is read from (Smith's rule needs the point where the
+    loss stops falling, so the curve must turn inside the range).
+
+    Args:
+        lrs: the learning rate of each step.
+        loss: the averaged, smoothed loss at each step.
+
+    Returns:
+        ``turned`` when the loss is lowest after the first step and rises at least
+        :data:`TURN` above that lowest value later in the range; otherwise the problem: the
+        curve only rose (lowest at the start), or it was still falling or flat at the end.
+    """
+    best = min(range(len(loss)), key=lambda i: (loss[i], i))
+    where = f"step {best + 1} of {len(loss)}, lr {lrs[best]:.3g}"
+    if best == 0:
+        return CurveCheck(
+            False,
+            f"the loss was lowest at the start of the range ({where}) and never fell: even "
+            "the smallest rate is too high (lower --start)",
+        )
+    rise = max(loss[best:]) / loss[best] - 1 if loss[best] > 0 else math.inf
+    if not rise >= TURN:
+        return CurveCheck(
+            False,
+            f"the loss had not turned up by the end of the range: lowest at {where}, and it "
+            f"rose {max(rise, 0.0):.0%} after it (a turn is {TURN:.0%}); the curve was still "
+            "falling or flat",
+        )
+    return CurveCheck(True)
 
 
 def diverged(smoothed: list[float]) -> bool:
@@ -155,24 +200,36 @@ def find_lr(
             "lower --start; if it already is tiny, check the data and the model"
         )
     loss = smooth(average(runs))
-    result = LrFindResult(lrs[: len(loss)], loss, runs, suggest(lrs[: len(loss)], loss))
-    best = result.loss.index(min(result.loss))
-    if best == 0 or best == len(result.loss) - 1:
-        say(
-            "warning: the loss was lowest at the "
-            + ("start" if best == 0 else "end")
-            + " of the range, so the suggestion sits on its edge: widen --start/--end"
-        )
+    reached = lrs[: len(loss)]
+    check = check_curve(reached, loss)
+    result = LrFindResult(
+        reached, loss, runs, suggest(reached, loss), turned=check.turned, problem=check.problem
+    )
     return result
 
 
-def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
-    """``zoo finetune --lr auto``: the range test with its defaults on these options, and the
-    options with its suggestion as ``lr``.
+NEXT_STEP = (
+    "run more --steps or a larger --end (or a smaller --start) until the curve turns, "
+    "or pick the learning rate yourself (--lr VALUE)"
+)
+
+
+def auto_lr(
+    options: TrainConfig,
+    *,
+    start: float = 1e-7,
+    end: float = 10.0,
+    steps: int = 100,
+    sweeps: int = 3,
+) -> tuple[TrainConfig, LrFindResult]:
+    """``zoo finetune --lr auto``: the range test (``zoo lr-find``'s defaults) on these
+    options, and the options with its suggestion as ``lr``.
 
     Raises:
         InputError: ``--resume`` (the run keeps its own LR) or several processes (run
             ``zoo lr-find`` once, then pass its suggestion).
+        TrainingError: the curve did not turn (:func:`check_curve`), so there is no
+            suggestion to train with; the message names ``zoo lr-find`` and ``--lr``.
     """
     import os
 
@@ -184,7 +241,16 @@ def auto_lr(options: TrainConfig) -> tuple[TrainConfig, LrFindResult]:
         raise InputError(
             "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE"
         )
-    found = find_lr(replace(options, lr=None, dry_run=False))  # callers skip it for --dry-run
+    found = find_lr(  # callers skip it for --dry-run
+        replace(options, lr=None, dry_run=False), start=start, end=end, steps=steps, sweeps=sweeps
+    )
+    if not found.turned:
+        raise TrainingError(
+            f"--lr auto refuses the range test's suggestion ({found.suggested:.3g}): "
+            f"{found.problem}. Look at the curve with `zoo lr-find {options.model} --data "
+            f"{options.data} --steps {2 * steps} --end {10 * end:g}` (more --steps, a larger "
+            "--end), then pass --lr VALUE; or give an explicit --lr."
+        )
     say(f"lr auto: {found.suggested:.3g} ({found.rule}; {len(found.sweeps)} sweeps)")
     return replace(options, lr=found.suggested), found
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from zoo.device import pick_device
 from zoo.errors import InputError
-from zoo.factory import resolve, weight_source
+from zoo.factory import require_weights, resolve, weight_source
 from zoo.train.config import TrainConfig
 from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
@@ -45,6 +45,9 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         CheckpointError: ``--resume`` of something that is not a run, a changed option, or
             a run that already finished.
         UnknownModelError / ModelRefError: the model reference does not resolve.
+        WeightsNotFoundError: the pretrained weights are neither here nor downloadable
+            (checked before any data work; the message names the entries usable here and
+            ``--weights none``). WeightsIntegrityError: they fail their pinned hash.
     """
     if options.lr == "auto":  # fit() turns it into lr-find's suggestion before this step
         raise InputError("lr='auto' is resolved by zoo.train.fit (zoo finetune --lr auto)")
@@ -53,7 +56,9 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     if options.resume:
         cfg, run, checkpoint = prepare_resume(options, explicit)
     entry, _ = resolve(cfg.model)
-    pretrained = weight_source(entry.info, cfg.weights).kind != "none"
+    source = weight_source(entry.info, cfg.weights)
+    require_weights(source)  # here, before the data check: missing weights fail in seconds
+    pretrained = source.kind != "none"
     strategy = cfg.strategy or ("gradual" if pretrained else "full")
     if not pretrained and strategy != "full":
         raise InputError(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoo.errors import Interrupted
 from zoo.train.build import RunParts, build_run
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import TrainConfig
@@ -51,6 +52,8 @@ def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | 
             that cannot go on (see :func:`resolve_config`, :func:`build_run`,
             :func:`zoo.train.loop.train_epoch`). The run folder appears only after every
             check before training passed.
+        Interrupted: Ctrl-C; the message says what was kept and how to continue
+            (``zoo finetune --resume RUN``).
     """
     try:
         files: dict[str, Any] = {}
@@ -66,13 +69,45 @@ def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | 
         anomaly = torch.autograd.detect_anomaly() if resolved.cfg.detect_anomaly else nullcontext()
         with anomaly:
             return _train(resolved, build_run(resolved), files)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # before _train: checking options and data, or --lr auto
+        raise Interrupted(
+            resume_hint(Path(options.resume))
+            if options.resume
+            else "interrupted before the run folder was written: nothing was saved; run the "
+            "command again"
+        ) from None
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
 
+def resume_hint(run: Path) -> str:
+    """What Ctrl-C leaves once a run folder exists, and the command that continues it."""
+    return (
+        f"interrupted: {run} keeps its last checkpoint; continue where it stopped with: "
+        f"zoo finetune --resume {run}"
+    )
+
+
 def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path | None:
-    cfg, comm, state = parts.cfg, parts.comm, parts.state
+    opened = _open_run(resolved, parts, files)
+    if opened is None:  # --dry-run
+        return None
+    run, estimate = opened
+    try:
+        return _loop(parts, run, estimate)
+    except KeyboardInterrupt:  # the run folder exists: what it keeps, and how to go on
+        raise Interrupted(resume_hint(run.path)) from None
+
+
+def _open_run(
+    resolved: Resolved, parts: RunParts, files: dict[str, Any]
+) -> tuple[RunDir, dict[str, Any]] | None:
+    """The run folder to train into (a resumed one restored and repaired, a new one published
+    once the preflight passed) and the preflight's estimate; None for ``--dry-run``."""
+    cfg, comm = parts.cfg, parts.comm
     run = resolved.run
     if run is not None:  # --resume
         if resolved.checkpoint is not None:
@@ -97,6 +132,12 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
         }
         path = comm.share(lambda: str(publish_run_dir(cfg, files)))
         run = RunDir(Path(path), top_k=cfg.top_k_checkpoints)
+    return run, estimate
+
+
+def _loop(parts: RunParts, run: RunDir, estimate: dict[str, Any]) -> Path:
+    """Train the remaining epochs (train → validate → commit), then finish the run."""
+    cfg, comm, state = parts.cfg, parts.comm, parts.state
 
     t_start = time.perf_counter()
     with make_progress(enabled=comm.is_main and cfg.progress) as progress:
@@ -122,7 +163,12 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
             sign = -1 if monitor == "val/loss" else 1  # monitored(): higher is better
             if parts.ema is not None:  # the average, judged on the same images
                 ema = validate(parts, parts.ema.trained)
-                row.update({f"ema/val/{k}": ema.get(k) for k in ("loss", "acc", "macro_f1")})
+                row.update(
+                    {
+                        f"ema/val/{k}": ema.get(k)
+                        for k in ("loss", "acc", "macro_f1", "balanced_acc")
+                    }
+                )
                 ema_metric = monitored(ema, monitor)
                 row["shipped"] = better(model_metric, ema_metric)
                 metric = max(model_metric, ema_metric)
@@ -145,6 +191,9 @@ def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path |
                     if improved and parts.ema is not None
                     else " (best)"
                     if improved
+                    else f" (ties the best, epoch {state.epoch - state.epochs_since_best}: the "
+                    "earlier epoch is kept)"
+                    if metric == state.best
                     else ""
                 )
             )

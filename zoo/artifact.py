@@ -1,5 +1,6 @@
 """The model-folder contract: ``model.safetensors`` + ``config.json`` + ``README.md``
-(+ optional ``model.onnx``). Written atomically; read back strictly, hash-verified.
+(+ optional ``model.onnx`` and ``variants/``, the files derived from these weights: see
+:mod:`zoo.variants`). Written atomically; read back strictly, hash-verified.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 ONNX_FILE = "model.onnx"
 REQUIRED_FILES = frozenset({WEIGHTS_FILE, CONFIG_FILE, CARD_FILE})
+VARIANTS_DIR = "variants"  # derived files (int8, fp16, OpenVINO): zoo.variants owns them
 ALLOWED_FILES = REQUIRED_FILES | {ONNX_FILE}
+ALLOWED_NAMES = ALLOWED_FILES | {VARIANTS_DIR}
+DERIVED_SUFFIXES = frozenset({".onnx", ".xml"})  # exports, which belong in variants/
+PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".bin", ".ckpt"})
 
 
 def zoo_version() -> str:
@@ -47,24 +52,42 @@ def is_model_folder(path: str | os.PathLike[str]) -> bool:
     return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
 
 
+def stray_files(folder: Path) -> list[str]:
+    """What in ``folder`` is outside the contract, each named with what to do about it
+    (empty: nothing). Hidden names are in-flight temporary files of an atomic write."""
+    problems = []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(".") or (
+            p.name in ALLOWED_NAMES and p.is_dir() == (p.name == VARIANTS_DIR)
+        ):
+            continue
+        derived = p.suffix in DERIVED_SUFFIXES or (p.is_dir() and (p / "model.xml").is_file())
+        if derived:
+            todo = (
+                f"derived files belong in {VARIANTS_DIR}/: move it to "
+                f"{folder / VARIANTS_DIR}/ (zoo quantize writes there by default)"
+            )
+        elif p.suffix in PICKLE_SUFFIXES:
+            todo = "pickle checkpoints are never part of an artifact: move or delete it"
+        else:
+            todo = "not part of a model folder: move or delete it"
+        problems.append(f"{p.name}{'/' if p.is_dir() else ''} ({todo})")
+    return problems
+
+
 def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     folder = Path(folder)
     missing = sorted(f for f in REQUIRED_FILES if not (folder / f).is_file())
     if missing:
         raise ArtifactError(
             f"{folder} is not a zoo model folder: missing {', '.join(missing)}. A model folder "
-            f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE})."
+            f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE} "
+            f"and {VARIANTS_DIR}/)."
         )
-    # Hidden names are in-flight temporary files of an atomic write; they never ship.
-    extra = sorted(
-        p.name
-        for p in folder.iterdir()
-        if p.name not in ALLOWED_FILES and not p.name.startswith(".")
-    )
-    if extra:
+    problems = stray_files(folder)
+    if problems:
         raise ArtifactError(
-            f"{folder} holds files outside the model-folder contract: {', '.join(extra)}. "
-            "Remove them (pickle checkpoints are never part of an artifact)."
+            f"{folder} holds files outside the model-folder contract: " + "; ".join(problems)
         )
     try:
         config = json.loads((folder / CONFIG_FILE).read_text())
@@ -99,6 +122,7 @@ def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> M
         num_classes=config["num_classes"],
         label_names=tuple(config["class_names"]),
         params=config.get("params", base.params),
+        gflops=config.get("gflops", base.gflops),  # at its own input size (zoo finetune)
         weights=WeightSource(
             kind="local", path=str(folder / WEIGHTS_FILE), sha256=config["weights_sha256"]
         ),
@@ -136,7 +160,9 @@ def save_model_folder(
         out_dir: the folder to write (replaced whole if it exists).
         config: ``config.json``'s content (schema, version and weights hash are added).
         card: the README.md model card.
-        onnx_path: an exported graph to include.
+        onnx_path: an exported graph to include. Without it the old folder's
+            ``model.onnx`` is kept; its ``variants/`` always are (a user's exports are never
+            deleted: when the weights changed they read as stale, see :mod:`zoo.variants`).
         label: the swap's name as a fault point of a run (``None`` outside a run).
 
     Returns:
@@ -162,8 +188,32 @@ def save_model_folder(
         (tmp / CARD_FILE).write_text(card)
         if onnx_path is not None:
             shutil.copy2(onnx_path, tmp / ONNX_FILE)
+        _carry_exports(out, tmp, onnx=onnx_path is None)
         durable.replace_dir(tmp, out, label=label)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _carry_exports(old: Path, new: Path, *, onnx: bool) -> None:
+    """Hard-link (copy across file systems) the old folder's ``variants/`` and, when ``onnx``,
+    its ``model.onnx`` into the folder being built, so that replacing it deletes no export."""
+    if not old.is_dir():
+        return
+    if onnx and (old / ONNX_FILE).is_file():
+        _link_or_copy(old / ONNX_FILE, new / ONNX_FILE)
+    if (old / VARIANTS_DIR).is_dir():
+        shutil.copytree(
+            old / VARIANTS_DIR,
+            new / VARIANTS_DIR,
+            copy_function=_link_or_copy,
+            ignore=shutil.ignore_patterns(".*"),  # another command's write in flight
+        )
+
+
+def _link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    try:
+        os.link(src, dst)  # the same bytes, no copy: the old folder is deleted after the swap
+    except OSError:
+        shutil.copy2(src, dst)

@@ -16,6 +16,7 @@ from zoo.errors import InputError, UnsafeWeightsError
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
 from zoo.ref import ModelRef
+from zoo.variants import variants_dir
 from zoo.weights import read_state_dict, sha256_file
 
 
@@ -45,7 +46,7 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
 
     Args:
         name: a model reference: a run or model folder is copied (after its contract is
-            checked); a registry, ``timm:`` or Hub name is built and saved.
+            checked), with its ``variants/``; a registry, ``timm:`` or Hub name is built and saved.
         out: the model folder to write (replaced if it exists).
 
     Returns:
@@ -66,6 +67,10 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
         for f in folder.iterdir():
             if f.name in ALLOWED_FILES:
                 shutil.copy2(f, tmp / f.name)
+        if variants_dir(folder).is_dir():  # derived files travel with their weights
+            shutil.copytree(
+                variants_dir(folder), variants_dir(tmp), ignore=shutil.ignore_patterns(".*")
+            )
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -145,6 +145,7 @@ Fine-tuned by zoo from `{config["base"]}` on {config.get("data", {}).get("num_im
 - Parent weights: {config.get("parent_weights", "—")}
 - Training data fingerprint: `{config.get("data", {}).get("fingerprint", "—")}`
 - Strategy: {config.get("train", {}).get("strategy", "—")}, epochs: {config.get("train", {}).get("epochs", "—")}
+- Compute: {info.gflops:.4g} GFLOPs at {"×".join(map(str, info.input_size))}, batch 1 (the size it was trained at; 1 multiply-add = 1 FLOP)
 
 ## Measured results (validation split)
 | metric | value |

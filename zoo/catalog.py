@@ -82,6 +82,19 @@ def list_models(pattern: str | None = None) -> list[str]:
     ]
 
 
+def usable_here() -> list[str]:
+    """Registered entries whose pretrained weights load here without the network: cached in
+    the torch hub or Hugging Face cache and matching their pinned hash (random-init entries
+    are left out). What an unavailable-weights error offers instead."""
+    from zoo.weights import availability
+
+    return [
+        name
+        for name, entry in sorted(ENTRIES.items())
+        if entry.info.weights.kind != "none" and availability(entry.info.weights).available
+    ]
+
+
 def model_info(name: str) -> ModelInfo:
     """Metadata of an entry, without building it.
 

@@ -2,7 +2,8 @@
 zoo writes) goes through this module: atomic, and, where a crash test walks them, countable.
 
 A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside its target,
-flushed and fsynced, then ``os.replace``-d over it: a kill at any moment leaves either the
+flushed and fsynced, given the umask's modes (:func:`share_modes`: 0644 under umask 022,
+whatever the writer created it with), then ``os.replace``-d over it: a kill at any moment leaves either the
 old file or the new one, never a half-written one, plus at most a stale temporary file that
 :func:`remove_stale_temps` deletes on resume.
 
@@ -75,6 +76,36 @@ def _sync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask: Linux shows it in /proc (read without changing it); elsewhere it
+    is read by setting it and putting it back, as POSIX has no getter."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_modes(root: Path) -> None:
+    """Give ``root`` (a file, or a folder and everything in it) the modes a plain ``open``
+    would: ``0o666``/``0o777`` less the umask (0644/0755 under umask 022). Writers such as
+    safetensors create their files 0600, which would leave one file of a folder unreadable
+    to the group when the rest is readable; an execute bit a file has is kept."""
+    mask = _umask()
+    paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for p in paths:
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            os.chmod(p, 0o777 & ~mask)
+        else:
+            os.chmod(p, (0o666 | (p.stat().st_mode & 0o111)) & ~mask)
+
+
 def temp_path(target: Path, *, folder: bool = False) -> Path:
     """Create a fresh hidden temporary file (or folder) beside ``target``, with the usual
     umask permissions (removed on resume if a kill leaves it)."""
@@ -106,6 +137,7 @@ def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str | 
             fill(f)
             f.flush()
             os.fsync(f.fileno())
+        share_modes(tmp)
         if label is not None:
             inside()
         os.replace(tmp, path)
@@ -149,6 +181,7 @@ def replace_dir(src: Path, dst: Path, *, label: str | None) -> None:
     Between the two renames there is no ``dst`` at all: a kill leaves either the old
     complete folder, no folder, or the new complete one. ``label``: as for :func:`write_with`.
     """
+    share_modes(src)
     if label is not None:
         inside()
     old = None
@@ -170,6 +203,7 @@ def publish_dir(src: Path, dst: Path, *, label: str) -> bool:
     Returns:
         False when ``dst`` is already taken (nothing moved): pick another name.
     """
+    share_modes(src)
     inside()
     if dst.exists():
         return False
@@ -209,6 +243,7 @@ __all__ = [
     "remove",
     "remove_stale_temps",
     "replace_dir",
+    "share_modes",
     "temp_path",
     "write_bytes",
     "write_json",

@@ -153,6 +153,20 @@ class ChoiceError(InputError):
         return value
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a long command; the message says what was kept and how to go on
+    (``zoo finetune --resume RUN``). A :class:`KeyboardInterrupt`, not a :class:`ZooError`:
+    whatever handles an interrupt still does, and the CLI exits 130 with the message.
+
+    Args:
+        message: what was kept and the command that continues.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
 class ServerBusyError(ZooError, RuntimeError):
     """The server's request queue is full; the client should retry later (``retry_after_s``)."""
 

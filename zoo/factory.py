@@ -84,6 +84,32 @@ def weight_source(info: ModelInfo, weights: str | None) -> WeightSource:
     return WeightSource(kind="local", path=str(wpath))
 
 
+def require_weights(source: WeightSource) -> None:
+    """Make sure ``source``'s weights file is here and sound (downloaded now when the network
+    allows), so that a command fails on missing weights before any slow work on its data.
+
+    Raises:
+        WeightsNotFoundError: not cached and not downloadable (offline); the message names
+            the entries whose weights are usable here and ``--weights none``.
+        WeightsIntegrityError / UnsafeWeightsError: as :func:`zoo.weights.fetch_weights`.
+    """
+    if source.kind == "none":
+        return
+    from zoo.catalog import usable_here
+    from zoo.errors import WeightsNotFoundError
+    from zoo.weights import fetch_weights
+
+    try:
+        fetch_weights(source)
+    except WeightsNotFoundError as exc:
+        here = usable_here()
+        raise WeightsNotFoundError(
+            f"{exc} Pretrained weights usable here without the network: "
+            f"{', '.join(here) if here else 'none'} (`zoo list` marks them); or train from "
+            "random weights with --weights none."
+        ) from exc
+
+
 def create_model_with_report(
     name: str | ModelRef,
     *,

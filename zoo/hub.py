@@ -184,6 +184,7 @@ def push(
         raise UnsafeWeightsError(f"Refusing to push pickle files: {', '.join(bad)}")
     card_text = (src / CARD_FILE).read_text()
     validate_card_locally(card_text)
+    # the contract's files only: variants/ (int8, fp16, IR) stay local (zoo.variants)
     files = sorted(p.name for p in src.iterdir() if p.name in ALLOWED_FILES)
     api = api or HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

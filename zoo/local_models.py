@@ -19,6 +19,23 @@ def _info(folder: Path) -> ModelInfo | None:
         return None  # not a valid zoo folder: not listed
 
 
+def unreadable_runs(runs_root: str | Path = "runs") -> list[tuple[str, str]]:
+    """(run, what is wrong) for runs under ``runs_root`` whose model folder exists but breaks
+    the contract (a stray file, a bad config): listed with the problem, never dropped."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    found = []
+    for run in sorted(root.iterdir()):
+        if is_model_folder(run / "model"):
+            try:
+                config = read_config(run / "model")
+                get_entry(config["base"])
+            except (ZooError, OSError) as exc:
+                found.append((str(run), str(exc)))
+    return found
+
+
 def discover(runs_root: str | Path = "runs") -> list[tuple[str, ModelInfo]]:
     """(name to load it by, metadata) for runs under ``runs_root`` and zoo folders in the HF cache."""
     found: list[tuple[str, ModelInfo]] = []

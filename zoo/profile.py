@@ -20,8 +20,9 @@ def count_gflops(model: nn.Module, input_size: tuple[int, ...]) -> float:
     model.eval()
     try:
         counter = FlopCounterMode(display=False)
+        device = next(model.parameters(), torch.zeros(0)).device  # where the model is
         with counter, torch.no_grad():
-            model(torch.zeros(1, *input_size))
+            model(torch.zeros(1, *input_size, device=device))
         return counter.get_total_flops() / 2 / 1e9
     finally:
         model.train(was_training)

@@ -12,7 +12,9 @@ Accepted forms and their precedence (the first rule that applies wins):
    ``hf-hub:ORG/NAME`` (timm's spelling, resolved to ``timm:NAME``). A folder literally
    called ``hf:x`` is named ``./hf:x``.
 2. A name ending in ``.onnx`` is an ONNX file, one ending in ``.xml`` an OpenVINO IR (written by
-   ``zoo export --format openvino``); either must exist.
+   ``zoo export --format openvino``); either must exist. A model folder's derived files
+   (``model/variants/int8-static.onnx``, see :mod:`zoo.variants`) are such files too, also
+   reached from the folder by :meth:`ModelRef.variant`.
 3. A path spelling (a separator, a leading ``.`` or ``~``, or an absolute path) is a folder,
    and must exist: a training run when it holds ``model/``, else a model folder (its
    contract is checked when it is loaded, with the precise violation).
@@ -133,6 +135,27 @@ class ModelRef:
         if self.kind not in ("run", "model-folder"):
             raise ModelRefError(self.shown, f"is a {self.kind} reference, not a model folder")
         return self.path / "model" if self.kind == "run" else self.path
+
+    def variant(self, name: str) -> ModelRef:
+        """The derived variant ``name`` of a run or model folder (``int8`` for
+        ``model/variants/int8-static.onnx``; see :func:`zoo.variants.resolve_variant`), as an
+        ``onnx`` or ``openvino`` reference.
+
+        Raises:
+            ModelRefError: the reference is not a run or model folder.
+            InputError: no variant, or several, answer to ``name``.
+            ArtifactError: the folder breaks the model-folder contract.
+        """
+        if self.kind not in ("run", "model-folder"):
+            raise ModelRefError(
+                self.shown,
+                f"is a {self.kind} reference; --variant picks a derived file of a run or "
+                "model folder (for a file, give the file itself)",
+            )
+        from zoo.variants import resolve_variant
+
+        path = resolve_variant(self.model_folder, name)
+        return _parse_path(str(path), text=str(path))
 
     @property
     def timm_name(self) -> str:

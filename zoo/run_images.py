@@ -41,11 +41,13 @@ class RunImages:
     labels: tuple[str, ...]
     total: int
     seed: int = DEFAULT_SEED
+    split: str = "val"
 
     def describe(self) -> str:
         """For reports: which images, e.g. ``64 of run digits's 359 validation images (seed 0)``."""
         of = f"{len(self.paths)} of" if len(self.paths) < self.total else "all"
-        return f"{of} run {self.run.name}'s {self.total} validation images" + (
+        kind = "validation" if self.split == "val" else self.split
+        return f"{of} run {self.run.name}'s {self.total} {kind} images" + (
             f" (seed {self.seed})" if len(self.paths) < self.total else ""
         )
 
@@ -61,9 +63,14 @@ def find_run(path: str | os.PathLike[str]) -> Path | None:
 
 
 def run_validation_images(
-    run: str | os.PathLike[str], *, limit: int | None = DEFAULT_SAMPLE, seed: int = DEFAULT_SEED
+    run: str | os.PathLike[str],
+    *,
+    limit: int | None = DEFAULT_SAMPLE,
+    seed: int = DEFAULT_SEED,
+    split: str = "val",
 ) -> RunImages:
-    """A seeded sample of ``limit`` images (all when None) of ``run``'s validation split.
+    """A seeded sample of ``limit`` images (all when None) of ``run``'s validation split (or
+    of ``split``: ``train`` gives ``zoo quantize`` calibration images disjoint from them).
 
     Raises:
         DataError: no ``split.json``, no validation images, or none of them still on disk
@@ -71,15 +78,15 @@ def run_validation_images(
     """
     run = Path(run)
     try:
-        split = json.loads((run / SPLIT_FILE).read_text())
-        root = Path(split["root"])
-        rows = [(str(rel), str(label)) for rel, label in split["splits"].get("val", [])]
+        doc = json.loads((run / SPLIT_FILE).read_text())
+        root = Path(doc["root"])
+        rows = [(str(rel), str(label)) for rel, label in doc["splits"].get(split, [])]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{run / SPLIT_FILE} cannot be read ({exc}): pass --data DIR.") from exc
     present = [(root / rel, label) for rel, label in rows if (root / rel).is_file()]
     if not present:
         raise DataError(
-            f"run {run} has {len(rows)} validation images in {SPLIT_FILE}, but none exist under "
+            f"run {run} has {len(rows)} {split} images in {SPLIT_FILE}, but none exist under "
             f"{root} any more: pass --data DIR with images like the run's."
         )
     random.Random(seed).shuffle(present)
@@ -90,6 +97,7 @@ def run_validation_images(
         labels=tuple(label for _, label in chosen),
         total=len(present),
         seed=seed,
+        split=split,
     )
 
 

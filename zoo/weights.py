@@ -3,23 +3,29 @@
 Every file is hash-checked on *every* load (not only on download) when its entry pins a hash,
 and nothing is unpickled: ``.pth`` files go through ``torch.load(weights_only=True)``, and
 everything zoo reads from the Hub or writes itself is safetensors.
+
+:func:`availability` says, without the network and without importing torch (``zoo list`` and
+``zoo info`` call it), whether an entry's weights are usable here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any, Literal
 
 from zoo.errors import UnsafeWeightsError, WeightsIntegrityError, WeightsNotFoundError
 from zoo.metadata import WeightSource
 
-StateDict = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+StateDict = dict[str, "torch.Tensor"]
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -40,9 +46,95 @@ def verify_file(path: Path, *, sha256: str | None = None, prefix: str | None = N
     return actual
 
 
+def torch_hub_dir() -> Path:
+    """torch hub's folder: ``torch.hub.get_dir()`` once torch is loaded (``set_dir`` may have
+    moved it), else the same rule from the environment, without importing torch
+    (``$TORCH_HOME/hub``, else ``$XDG_CACHE_HOME/torch/hub``, else ``~/.cache/torch/hub``)."""
+    if "torch" in sys.modules:
+        import torch
+
+        return Path(torch.hub.get_dir())
+    cache = os.getenv("XDG_CACHE_HOME", os.path.join("~", ".cache"))
+    return Path(os.path.expanduser(os.getenv("TORCH_HOME", os.path.join(cache, "torch")))) / "hub"
+
+
 def torchvision_cache_path(source: WeightSource) -> Path:
     assert source.filename is not None
-    return Path(torch.hub.get_dir()) / "checkpoints" / source.filename
+    return torch_hub_dir() / "checkpoints" / source.filename
+
+
+AvailabilityState = Literal["cached", "missing", "corrupt", "not needed"]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an entry's weights can be loaded here without the network.
+
+    ``state``: ``cached`` (the file is here and matches its pin, when it has one),
+    ``missing`` (it would have to be downloaded), ``corrupt`` (here, but it fails its hash),
+    ``not needed`` (random initialisation).
+    """
+
+    state: AvailabilityState
+    path: str | None = None  # where the file is (or would be, for the torch hub cache)
+    hash_checked: bool = False  # cached and matching the entry's sha256 (or hash prefix)
+
+    @property
+    def available(self) -> bool:
+        """Usable offline: cached and sound, or nothing to load."""
+        return self.state in ("cached", "not needed")
+
+    def describe(self) -> str:
+        """One line for humans."""
+        if self.state == "cached":
+            pin = "hash checked" if self.hash_checked else "no pinned hash to check"
+            return f"yes: cached at {self.path} ({pin})"
+        if self.state == "corrupt":
+            return f"no: {self.path} fails its pinned hash (delete it and fetch it again)"
+        if self.state == "missing":
+            where = f" (would be {self.path})" if self.path else ""
+            return f"no: not cached here{where}; needs a download, or --weights none"
+        return "yes: random initialisation, nothing to load"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "available": self.available,
+            "state": self.state,
+            "path": self.path,
+            "hash_checked": self.hash_checked,
+        }
+
+
+def availability(source: WeightSource) -> Availability:
+    """Whether ``source``'s file is usable here: looked up in the torch hub or Hugging Face
+    cache (never downloaded) and hash-checked where the entry pins a hash. Imports no torch."""
+    if source.kind == "none":
+        return Availability("not needed")
+    path: Path | None
+    if source.kind == "torchvision":
+        path = torchvision_cache_path(source)
+    elif source.kind == "hub":
+        path = _hub_cached(source)
+    else:
+        path = Path(source.path) if source.path else None
+    if path is None or not path.is_file():
+        return Availability("missing", str(path) if path is not None else None)
+    pinned = bool(source.sha256 or source.hash_prefix)
+    try:
+        if pinned:
+            verify_file(path, sha256=source.sha256, prefix=source.hash_prefix)
+    except WeightsIntegrityError:
+        return Availability("corrupt", str(path))
+    return Availability("cached", str(path), hash_checked=pinned)
+
+
+def _hub_cached(source: WeightSource) -> Path | None:
+    """The file of a Hub source in the local Hugging Face cache, if it is there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    assert source.repo_id and source.filename
+    found = try_to_load_from_cache(source.repo_id, source.filename, revision=source.revision)
+    return Path(found) if isinstance(found, str) else None
 
 
 def _fetch_torchvision(source: WeightSource) -> Path:
@@ -55,6 +147,8 @@ def _fetch_torchvision(source: WeightSource) -> Path:
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
+        import torch
+
         try:
             torch.hub.download_url_to_file(
                 str(source.url), str(tmp), hash_prefix=source.hash_prefix
@@ -140,6 +234,9 @@ def fetch_weights(source: WeightSource) -> Path:
 
 def read_state_dict(path: Path) -> StateDict:
     """Tensors from a safetensors file, or a ``.pth`` through ``weights_only=True``."""
+    import torch
+    from safetensors.torch import load_file
+
     if path.suffix == ".safetensors":
         return load_file(str(path), device="cpu")
     try:

@@ -1,11 +1,15 @@
-"""The peer in `bench/serve_peers.py`: the LitServe app a user would write in an afternoon
-(ONNX Runtime session with its default threads, PIL preprocessing, `max_batch_size=16`).
-Images come as a multipart field `file` on /predict; tensors as JSON
-`{"tensor": base64 FP32 bytes, "shape": [...]}` on /infer, answered with base64 FP32 logits
-(LitServe has no binary-tensor protocol; base64 in JSON is the equivalent of zoo's binary
-KServe v2 tensors on both sides).
+"""The peer in `bench/serve_peers.py`: the LitServe app a user would write from LitServe's
+README, one `LitAPI` per server on its default path `/predict` (ONNX Runtime session with its
+default threads, PIL preprocessing, `max_batch_size=16`), every other setting LitServe's
+default: among them the gzip of replies over 1,000 bytes to clients that accept it, which
+LitServer adds unless an API streams (aiohttp, like requests and httpx, asks for gzip).
+`images`: a multipart field `file`; `tensors`: JSON `{"tensor": base64 FP32 bytes, "shape":
+[...]}`, answered with base64 FP32 logits (LitServe has no binary-tensor protocol; base64 in
+JSON is the equivalent of zoo's binary KServe v2 tensors on both sides). One server per kind,
+as a user serving one kind of request runs one: a second API in the same server would add a
+worker that polls its queue on the same cores.
 
-    python bench/peers/litserve_app.py MODEL.onnx PORT
+    python bench/peers/litserve_app.py MODEL.onnx PORT images|tensors
 """
 
 import base64
@@ -81,8 +85,5 @@ class TensorAPI(ImageAPI):
 
 
 if __name__ == "__main__":
-    apis = [
-        ImageAPI(max_batch_size=16, api_path="/predict"),
-        TensorAPI(max_batch_size=16, api_path="/infer"),
-    ]
-    ls.LitServer(apis, accelerator="cpu").run(port=int(sys.argv[2]), generate_client_file=False)
+    api = {"images": ImageAPI, "tensors": TensorAPI}[sys.argv[3]](max_batch_size=16)
+    ls.LitServer(api, accelerator="cpu").run(port=int(sys.argv[2]), generate_client_file=False)

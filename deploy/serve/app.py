@@ -34,6 +34,7 @@ from zoo.deploy.serve.protocol import (
     OutputSpec,
     TensorMetadata,
     classification,
+    datatype_of,
     encode_response,
     parse_request,
 )
@@ -205,7 +206,7 @@ class ModelServer:
         if self.clf.embedded:
             return self._validate_pixels(name, x)
         if x.dtype != np.float32:
-            raise InputError(f"input {name!r} must be FP32, got {x.dtype}")
+            raise InputError(f"input {name!r} must be FP32, got {datatype_of(x.dtype)}")
         if x.ndim != 1 + len(self.sample_shape) or x.shape[1:] != self.sample_shape:
             raise InputError(
                 f"input {name!r} has shape {list(x.shape)}; expected [batch, "
@@ -228,7 +229,7 @@ class ModelServer:
         assert self.clf is not None
         c = self.clf.pre.channels
         if x.dtype != np.uint8:
-            raise InputError(f"input {name!r} must be UINT8 pixels, got {x.dtype}")
+            raise InputError(f"input {name!r} must be UINT8 pixels, got {datatype_of(x.dtype)}")
         if x.ndim != 4 or x.shape[-1] != c or 0 in x.shape:
             raise InputError(
                 f"input {name!r} has shape {list(x.shape)}; expected [batch, height, width, {c}]"

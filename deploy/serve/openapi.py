@@ -66,6 +66,10 @@ def openapi_document(model_name: str) -> dict[str, Any]:
         ],
         "description": f"row-major values; the nested form (at most {MAX_RANK} deep) works too",
     }
+    for informational in ("model_name", "model_version"):  # as KServe: the URL decides
+        components["InferenceRequest"]["properties"][informational]["description"] = (
+            "accepted for KServe's and Triton's clients; the URL names the model"
+        )
     components["Error"] = _obj(error={"type": "string"})
     components["PredictResponse"] = _obj(
         model_name={"type": "string"},

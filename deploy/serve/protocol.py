@@ -52,6 +52,11 @@ TensorData = _nested_data(MAX_RANK)
 
 # The protocol's objects are closed (an unknown field is a 400 naming it); its ``parameters``
 # are open maps, so other keys are skipped (their nesting is bounded by the JSON decoder).
+# Closed to what the Open Inference Protocol's servers accept, not to what its schema prints:
+# KServe's own SDK (``InferRequest.to_rest``) sends ``model_name`` in the body, and KServe's and
+# Triton's servers take it. KServe reads the model from the URL and ignores the body's
+# ``model_name`` and ``model_version`` (``kserve/protocol/rest/v2_datamodels.py`` declares
+# neither; its endpoint passes the path's name on); zoo does the same.
 class InputParameters(msgspec.Struct, omit_defaults=True):
     binary_data_size: NonNegative | None = None  # bytes of this tensor after the JSON header
 
@@ -81,6 +86,8 @@ class RequestParameters(msgspec.Struct, omit_defaults=True):
 class InferenceRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     inputs: Annotated[list[InputTensor], msgspec.Meta(min_length=1)]
     id: str | None = None
+    model_name: str | None = None  # informational: the URL names the model (as KServe)
+    model_version: str | None = None  # informational, as model_name
     parameters: RequestParameters | None = None
     outputs: list[RequestedOutput] | None = None
 
@@ -330,6 +337,14 @@ def classification(logits: np.ndarray, k: int, labels: list[str]) -> np.ndarray:
     )
 
 
+def datatype_of(dtype: np.dtype) -> str:
+    """The protocol's name of a numpy dtype (``FP32``), for responses and for messages that
+    quote what a client sent; ``BYTES`` for strings."""
+    if dtype.kind == "O":
+        return "BYTES"
+    return next((k for k, v in DTYPES.items() if np.dtype(v) == dtype), str(dtype))
+
+
 def _bytes_tensor(arr: np.ndarray) -> bytes:
     return b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr.ravel())
 
@@ -340,11 +355,7 @@ def encode_response(
     """JSON response, or JSON header + binary tensors when any output asked for binary."""
     docs, blobs = [], []
     for spec, arr in outputs:
-        dtype = (
-            "BYTES"
-            if arr.dtype == object
-            else next(k for k, v in DTYPES.items() if np.dtype(v) == arr.dtype)
-        )
+        dtype = datatype_of(arr.dtype)
         doc = OutputTensor(spec.name, dtype, list(arr.shape))
         if spec.binary:
             blob = _bytes_tensor(arr) if dtype == "BYTES" else np.ascontiguousarray(arr).tobytes()

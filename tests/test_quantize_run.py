@@ -1,0 +1,153 @@
+"""``zoo quantize`` of a run's model: judged on the run's own validation images, written to the
+model folder's ``variants/``, held to the floor, and honest when int8 does not pay.
+
+One module fixture: real MobileNetV2 weights fine-tuned (linear probe, feature cache, 1 epoch,
+32 px) on 300 real digits, exported into its run. The decisions (floor, "does not pay", the
+CPU-dependent setting, the search's time estimate) are pure functions tested on given numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import run_zoo
+from zoo.deploy import quantize as q
+from zoo.deploy.quantize_search import estimate_seconds
+
+
+@pytest.fixture(scope="module")
+def run(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("qrun")
+    r = run_zoo(
+        *("finetune", "mobilenet_v2", "--data", str(small_digits), "--strategy", "linear"),
+        *("--cache-features", "--epochs", "1", "--image-size", "32", "--no-progress"),
+        *("--num-workers", "0", "--runs", str(root), "--name", "digits"),
+    )
+    assert r.returncode == 0, r.stderr
+    e = run_zoo("export", str(root / "digits"), "--data", str(small_digits))
+    assert e.returncode == 0, e.stderr
+    return root / "digits"
+
+
+@pytest.fixture(scope="module")
+def quantized(run: Path) -> dict:
+    """The plain command on the run's model (dynamic: no calibration, the cheapest)."""
+    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    return {"rc": r.returncode, "report": json.loads(r.stdout), "stderr": r.stderr}
+
+
+def test_judged_on_the_runs_validation_images(run: Path, quantized: dict) -> None:
+    rep = quantized["report"]
+    n_val = len(json.loads((run / "split.json").read_text())["splits"]["val"])
+    assert rep["image_source"] == "run" and rep["n_images"] == n_val
+    assert rep["images"] == f"all run digits's {n_val} validation images"
+    assert "accuracy" in rep, "the run's labels give accuracy, not only agreement"
+    assert rep["floor"]["applies"]
+    # the exit code follows the floor: 1 and no file below it, 0 and the file above it
+    out = run / "model" / "variants" / "int8-dynamic.onnx"
+    assert quantized["rc"] == (0 if rep["floor"]["passed"] else 1)
+    assert out.exists() == rep["floor"]["passed"] == rep["written"]
+
+
+def test_default_output_is_a_variant_and_the_run_still_predicts(run: Path) -> None:
+    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--allow-drop")
+    assert r.returncode == 0, r.stderr
+    out = run / "model" / "variants" / "int8-static.onnx"
+    assert out.is_file() and f"wrote {out}" in r.stdout
+    assert "judged on all run digits's" in r.stdout and "bundled" not in r.stdout
+    assert "calibration: minmax ranges, U8S8" in r.stdout and "run digits's" in r.stdout
+    assert not list((run / "model").glob("*.int8-*")), "nothing beside model.onnx"
+    image = next(
+        p for p in sorted(Path(json.loads((run / "split.json").read_text())["root"]).rglob("*.png"))
+    )
+    p = run_zoo("predict", str(run), str(image))
+    assert p.returncode == 0, p.stderr
+
+
+def test_below_the_floor_exits_1_unless_allowed(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the floor at −1 (any int8 is below it) the command prints its summary, exits 1
+    and writes nothing; ``--allow-drop`` writes the file and exits 0."""
+    from zoo.cli.app import app
+
+    monkeypatch.setattr(q, "FLOOR_ACCURACY_DROP", -1.0)
+    model = run / "model" / "model.onnx"
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), "--mode", "dynamic", "-o", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert "floor: FAILED" in res.output and "nothing written" in res.output
+    assert "Nothing was written" in res.output and "--allow-drop" in res.output
+    assert not out.exists() and not list(tmp_path.iterdir())
+    res = CliRunner().invoke(app, [*args, "--allow-drop"])
+    assert res.exit_code == 0, res.output
+    assert "floor: ALLOWED" in res.output and out.is_file()
+
+
+def test_a_registry_model_says_its_two_photos_prove_nothing(tmp_path: Path) -> None:
+    model = tmp_path / "sc.onnx"
+    assert run_zoo("export", "simple_cnn", "-o", str(model)).returncode == 0
+    r = run_zoo("quantize", str(model), "--mode", "dynamic")
+    assert r.returncode == 0, r.stderr
+    assert "built-in images proves nothing" in r.stdout
+    assert (tmp_path / "sc.int8-dynamic.onnx").is_file()  # not a model folder: beside it
+
+
+# --- the decisions, on given numbers ----------------------------------------------------------
+
+
+def _images(source: str = "run") -> q.EvalImages:
+    return q.EvalImages((Path("a.png"),) * 359, None, source, "359 images")  # type: ignore[arg-type]
+
+
+def test_floor_on_accuracy_and_on_agreement() -> None:
+    assert q.check_floor(0.01, [0.9, 1.0], _images()).passed  # exactly 1 point: at the floor
+    low = q.check_floor(0.209, [0.6, 0.8], _images())
+    assert not low.passed and low.reason.startswith("int8 loses 20.9 points of accuracy (over")
+    assert q.check_floor(None, [0.95, 0.98], _images()).passed  # interval reaches 98 %
+    assert not q.check_floor(None, [0.9, 0.979], _images()).passed
+    builtin = q.check_floor(0.5, [0.0, 0.66], _images("builtin"))
+    assert builtin.passed and not builtin.applies and "proves nothing" in builtin.reason
+
+
+def test_int8_does_not_pay_with_few_int8_nodes_or_no_speed_up() -> None:
+    assert q.does_not_pay(q.Coverage(53, 53), 0.7) is None
+    few = q.does_not_pay(q.Coverage(53, 1), 0.7)
+    assert few is not None and "only 1 of 53 Conv/Gemm/MatMul nodes run in int8" in few
+    slow = q.does_not_pay(q.Coverage(53, 53), 1.0)
+    assert slow is not None and "1.00× the fp32 latency" in slow
+    assert "fp16" in slow and "OpenVINO" in slow and "Keep the fp32 model" in slow
+    both = q.does_not_pay(q.Coverage(53, 20), 1.3)
+    assert both is not None and "only 20 of 53" in both and "1.30×" in both
+    assert q.does_not_pay(q.Coverage(0, 0), 0.9) is None
+
+
+def test_reduce_range_only_without_vnni() -> None:
+    assert q.default_calibration(flags=frozenset({"avx2"})).reduce_range
+    for vnni in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert not q.default_calibration(flags=frozenset({"avx2", vnni})).reduce_range
+    c = q.default_calibration(flags=frozenset())
+    assert (c.method, c.per_channel, c.int8_activations) == (q.DEFAULT_METHOD, True, False)
+    assert q.default_calibration("entropy", False, frozenset()).method == "entropy"
+
+
+def test_one_naming_rule() -> None:
+    assert q.variant_name("static") == "int8-static"
+    assert q.variant_name("dynamic") == "int8-dynamic"
+    assert q.variant_name("static", "nncf") == "int8-nncf"
+    assert q.default_output(Path("/x/m.onnx"), "static", "nncf") == Path("/x/m.int8-nncf.onnx")
+
+
+def test_search_estimate_grows_with_nodes_and_images() -> None:
+    small = estimate_seconds(99, 60, 200, 0.002)
+    assert set(small.seconds) == {"calibrate", "choose_calibration", "sensitivity", "search_k"}
+    assert estimate_seconds(99, 300, 200, 0.002).total > small.total
+    assert estimate_seconds(200, 60, 200, 0.002).total > small.total
+    assert small.seconds["sensitivity"] == pytest.approx(99 * (0.3 + 16 * 0.002))
+    assert "99 nodes" in small.describe() and "before it starts" in small.describe()

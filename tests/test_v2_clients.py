@@ -1,0 +1,126 @@
+"""The Open Inference Protocol's reference clients against the real ``zoo serve``: KServe's
+Python SDK (``kserve.InferenceRESTClient``, which sends ``model_name`` in the body) and Triton's
+``tritonclient.http``, JSON and binary tensors, each answer equal to onnxruntime run in this
+process on the same input; a wrong dtype or shape sent through the SDK is still a 400 naming
+the field."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.serving import NAME, server, x_of
+from zoo.deploy.runtime import make_session
+
+pytestmark = pytest.mark.serve
+
+
+@pytest.fixture(scope="module")
+def srv(mobilenet_onnx: Path) -> Iterator[str]:
+    with server(mobilenet_onnx, "--max-batch", "4") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def direct(mobilenet_onnx: Path) -> Any:
+    """onnxruntime in this process: the answer every client must get."""
+    sess = make_session(mobilenet_onnx)
+    return lambda x: sess.run(None, {"input": x})[0]
+
+
+def _kserve_infer(url: str, request: Any, model: str = NAME) -> Any:
+    """One ``InferenceRESTClient.infer`` (the SDK is async), its client closed afterwards."""
+    import kserve  # the test extra's (a missing one fails, not skips); imported late: ~1 s
+
+    async def go() -> Any:
+        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", retries=0))
+        try:
+            return await client.infer(url, request, model_name=model)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def _kserve_request(x: np.ndarray, *, binary: bool, datatype: str = "FP32") -> Any:
+    import kserve
+
+    inp = kserve.InferInput("input", list(x.shape), datatype)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return kserve.InferRequest(model_name=NAME, infer_inputs=[inp], request_id="sdk-1")
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_kserve_sdk_answers_like_onnxruntime(srv: str, direct: Any, binary: bool) -> None:
+    x = x_of(3, 2)
+    request = _kserve_request(x, binary=binary)
+    body, _ = request.to_rest()  # what the SDK puts on the wire names the model in the body
+    assert (b'"model_name"' in body) if binary else (body["model_name"] == NAME)
+    res = _kserve_infer(srv, request)
+    assert res.model_name == NAME and res.id == "sdk-1"
+    np.testing.assert_allclose(res.outputs[0].as_numpy(), direct(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kserve_sdk_model_name_in_the_body_is_not_the_judge(srv: str, direct: Any) -> None:
+    """As KServe's server: the URL names the model; the body's ``model_name`` is informational
+    (KServe's ``InferenceRequest`` declares no such field and its endpoint passes the path's
+    name on). A URL naming a model this server lacks is a 404, whatever the body says."""
+    x = x_of(4)
+    request = _kserve_request(x, binary=False)
+    request.model_name = "a-name-the-server-does-not-have"
+    res = _kserve_infer(srv, request)
+    np.testing.assert_allclose(res.outputs[0].as_numpy(), direct(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        _kserve_infer(srv, _kserve_request(x, binary=False), model="nope")
+    assert info.value.response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("x", "datatype", "binary", "words"),
+    [
+        (x_of(5).astype(np.float64), "FP64", False, ["'input'", "FP32", "FP64"]),
+        (x_of(5).astype(np.float64), "FP64", True, ["'input'", "FP32", "FP64"]),
+        (x_of(5, size=64), "FP32", False, ["'input'", "224"]),
+        (x_of(5)[0], "FP32", True, ["'input'", "shape [3, 224, 224]", "[batch, 3, 224, 224]"]),
+    ],
+    ids=["fp64-json", "fp64-binary", "size-64", "rank-3"],
+)
+def test_kserve_sdk_wrong_dtype_or_shape_is_a_400_naming_the_field(
+    srv: str, x: np.ndarray, datatype: str, binary: bool, words: list[str]
+) -> None:
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        _kserve_infer(srv, _kserve_request(x, binary=binary, datatype=datatype))
+    r = info.value.response
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_tritonclient_http_answers_like_onnxruntime(srv: str, direct: Any, binary: bool) -> None:
+    import tritonclient.http as th
+
+    x = x_of(6, 3)
+    client = th.InferenceServerClient(srv.removeprefix("http://"))
+    inp = th.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    res = client.infer(
+        NAME,
+        [inp],
+        request_id="triton-1",
+        outputs=[th.InferRequestedOutput("logits", binary_data=binary)],
+    )
+    assert res.get_response()["id"] == "triton-1"
+    np.testing.assert_allclose(res.as_numpy("logits"), direct(x), rtol=1e-5, atol=1e-5)
+    bad = th.InferInput("input", [1, 3, 224, 224], "INT64")
+    bad.set_data_from_numpy(x[:1].astype(np.int64), binary_data=binary)
+    with pytest.raises(th.InferenceServerException) as info:
+        client.infer(NAME, [bad])
+    assert "400" in str(info.value.status()) and "INT64" in info.value.message()

@@ -1,0 +1,201 @@
+"""A run's derived files (zoo.variants): the user's chain on a real tiny run. Export, quantize
+(written to model/variants/), then predict, predict --variant, list, eval, bench and serve
+all still read the run; a stray file is named with what to do; --resume --extend keeps the
+exports and they read as stale, with one warning line when loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import run_zoo
+from tests.serving import server
+from zoo.artifact import REQUIRED_FILES, read_config
+from zoo.errors import ArtifactError, InputError
+from zoo.variants import (
+    default_variant_path,
+    exports,
+    find_variant,
+    list_variants,
+    resolve_variant,
+    stale_exports,
+)
+
+
+def _ok(*args: str) -> str:
+    r = run_zoo(*args)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def chain(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runs/X: simple_cnn, 1 epoch at 32 px, exported, with an int8 variant (the user's chain)."""
+    runs = tmp_path_factory.mktemp("runs")
+    # val/loss: the seeded second epoch of --extend lowers it, so new weights ship
+    _ok(
+        "finetune", "simple_cnn", "--data", str(small_digits), "--weights", "none",
+        "--epochs", "1", "--image-size", "32", "--runs", str(runs), "--name", "X",
+        "--num-workers", "0", "--no-progress", "--monitor", "val/loss",
+    )  # fmt: skip
+    run = runs / "X"
+    _ok("export", str(run))
+    _ok("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic")
+    return run
+
+
+@pytest.fixture(scope="module")
+def resumed(chain: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A copy of the chain's run resumed for one more epoch; the exports' hashes before it."""
+    run = tmp_path_factory.mktemp("resumed") / "X"
+    shutil.copytree(chain, run)
+    model = run / "model"
+    before = {p.name: _sha(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
+    _ok("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
+    return run, before
+
+
+def image(digits: Path) -> str:
+    return str(sorted((digits / "digit_3").iterdir())[0])
+
+
+def test_the_chain_leaves_the_run_readable(chain: Path, small_digits: Path) -> None:
+    model = chain / "model"
+    assert {p.name for p in model.iterdir()} == REQUIRED_FILES | {"model.onnx", "variants"}
+    assert [v.name for v in list_variants(model)] == ["int8-dynamic"]
+    read_config(model)  # the contract holds with variants/ in it
+    plain = run_zoo("predict", str(chain), image(small_digits), "--json")
+    int8 = run_zoo("predict", str(chain), image(small_digits), "--variant", "int8", "--json")
+    assert plain.returncode == 0 and int8.returncode == 0, plain.stderr + int8.stderr
+    assert "warning" not in plain.stderr + int8.stderr  # fresh exports: nothing to say
+    for r in (plain, int8):  # the run's own classes, from either file
+        assert json.loads(r.stdout)[0]["top"][0]["label"] in {f"digit_{d}" for d in range(10)}
+    ev = run_zoo("eval", str(chain), "--json", "--device", "cpu")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout)["n"] > 0
+
+
+def test_list_shows_the_variants(chain: Path) -> None:
+    rows = json.loads(_list(chain.parent).stdout)
+    row = next(r for r in rows if r["name"] == str(chain))
+    assert [(v["name"], v["stale"]) for v in row["variants"]] == [
+        ("model.onnx", False),
+        ("int8-dynamic", False),
+    ]
+    table = run_zoo("list", f"{chain.parent}/*", "--runs", str(chain.parent))
+    assert table.returncode == 0 and "int8-dynamic" in table.stdout
+
+
+def _list(runs: Path, *args: str) -> object:
+    r = run_zoo("list", f"{runs}/*", "--runs", str(runs), "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_stray_file_is_named_with_what_to_do(
+    chain: Path, small_digits: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "runs" / "Y"
+    shutil.copytree(chain / "model", run / "model")
+    model = run / "model"
+    shutil.copy(model / "model.onnx", model / "notes.onnx")
+    (model / "last.pt").write_bytes(b"")
+    (model / "todo.txt").write_text("x")
+    r = run_zoo("predict", str(run), image(small_digits))
+    assert r.returncode == 1
+    line = r.stderr.splitlines()[0]
+    assert f"notes.onnx (derived files belong in variants/: move it to {model}/variants/" in line
+    assert "last.pt (pickle checkpoints are never part of an artifact" in line
+    assert "todo.txt (not part of a model folder: move or delete it)" in line
+    assert line.count("pickle") == 1  # only the pickle is called one
+    rows = json.loads(_list(tmp_path / "runs").stdout)  # listed with its problem, not dropped
+    assert rows == [{"name": str(run), "problem": line.removeprefix("error: ")}]
+
+
+def test_default_path_and_resolution(chain: Path, tmp_path: Path) -> None:
+    model = chain / "model"
+    assert default_variant_path(model / "model.onnx", "int8-static") == (
+        model / "variants" / "int8-static.onnx"
+    )
+    assert default_variant_path(model / "variants" / "int8-dynamic.onnx", "x") == (
+        model / "variants" / "x.onnx"
+    )
+    loose = tmp_path / "m.onnx"
+    shutil.copy(model / "model.onnx", loose)
+    assert default_variant_path(loose, "int8-static") is None
+    assert resolve_variant(model, "int8") == model / "variants" / "int8-dynamic.onnx"
+    with pytest.raises(InputError, match="has no variant 'fp16': it has int8-dynamic; `zoo q"):
+        resolve_variant(model, "fp16")
+    two = tmp_path / "two"
+    shutil.copytree(model, two)
+    shutil.copy(two / "variants" / "int8-dynamic.onnx", two / "variants" / "int8-static.onnx")
+    with pytest.raises(InputError, match=r"'int8' of .* is ambiguous: .*int8-dynamic, int8-static"):
+        resolve_variant(two, "int8")
+    assert resolve_variant(two, "int8-static").name == "int8-static.onnx"
+    assert find_variant(two, "int8-d").backend == "ort_int8"
+    (two / "variants").rename(two / "variants.bak")  # a file called variants is no folder
+    (two / "variants").write_text("")
+    with pytest.raises(ArtifactError, match=r"variants \(not part of a model folder"):
+        read_config(two)
+
+
+def test_bundle_carries_the_variants(chain: Path, tmp_path: Path) -> None:
+    from zoo.bundle import bundle
+
+    out = bundle(str(chain), tmp_path / "b")
+    assert (out / "variants" / "int8-dynamic.onnx").read_bytes() == (
+        chain / "model" / "variants" / "int8-dynamic.onnx"
+    ).read_bytes()
+    assert [v.stale for v in exports(out)] == [False, False]
+
+
+def test_bench_times_the_variant_as_its_backend(chain: Path) -> None:
+    r = run_zoo(
+        "bench", str(chain), "--variant", "int8", "--backends", "eager", "--seconds", "0.05",
+        "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = {row["backend"]: row for row in json.loads(r.stdout)["rows"]}
+    variant = chain / "model" / "variants" / "int8-dynamic.onnx"
+    assert rows["ort_int8"]["status"] == "✅", rows["ort_int8"]
+    assert rows["ort_int8"]["size_mb"] == round(variant.stat().st_size / 2**20, 2)
+
+
+def test_resume_keeps_the_exports_and_they_read_as_stale(
+    resumed: tuple[Path, dict[str, str]], small_digits: Path
+) -> None:
+    run, before = resumed
+    model = run / "model"
+    assert read_config(model)["weights_sha256"] != exports(model)[0].source_sha256  # new weights
+    kept = {p.name: _sha(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
+    assert kept == before  # nothing deleted, nothing rewritten
+    stale = stale_exports(model)
+    assert [v.name for v in stale] == ["model.onnx", "int8-dynamic"]
+    assert "refresh it: zoo export " + str(run) in stale[0].warning()
+    r = run_zoo("predict", str(run), image(small_digits), "--variant", "int8")
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "int8-dynamic.onnx was made from other weights" in warned[0]
+    assert f"zoo quantize {model / 'model.onnx'} --mode dynamic" in warned[0]
+    fresh = run_zoo("predict", str(run), image(small_digits))  # PyTorch: the current weights
+    assert fresh.returncode == 0 and "warning" not in fresh.stderr
+    rows = json.loads(_list(run.parent).stdout)
+    assert [v["stale"] for v in rows[0]["variants"]] == [True, True]
+
+
+def test_serve_variant_warns_once(resumed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    run, _ = resumed
+    log = tmp_path / "serve.log"
+    with server(run, "--variant", "int8-dynamic", log=log) as (url, _proc):
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    text = log.read_text()
+    assert text.count("int8-dynamic.onnx was made from other weights") == 1, text

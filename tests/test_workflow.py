@@ -1,0 +1,167 @@
+"""The README's path walked as a user walks it: one ``zoo`` process per command, each
+command's output the next one's input, and every consumer checked after every producer.
+
+finetune → export → quantize (default output) → predict / eval / bench / list / serve the run
+and its int8 variant (with Triton's and KServe's own clients) → resume --extend (the export is
+kept, and read as stale) → export again → bundle → predict the bundle.
+
+One run on real handwritten digits (scikit-learn's), MobileNetV2 with its real ImageNet weights
+as a linear probe at 32 px: the whole chain costs about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_zoo
+from tests.serving import server
+
+pytestmark = pytest.mark.usefixtures("mobilenet_weights")
+
+
+@dataclass(frozen=True)
+class Chain:
+    data: Path
+    run: Path
+    image: Path  # one validation digit
+
+    @property
+    def model(self) -> Path:
+        return self.run / "model"
+
+
+def ok(*args: str) -> str:
+    r = run_zoo(*args)
+    assert r.returncode == 0, f"zoo {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+    return r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory, small_digits: Path) -> Iterator[Chain]:
+    root = tmp_path_factory.mktemp("chain")
+    ok(
+        "finetune", "mobilenet_v2", "--data", str(small_digits), "--strategy", "linear",
+        "--cache-features", "--epochs", "2", "--image-size", "32",
+        "--runs", str(root), "--name", "digits",
+    )  # fmt: skip
+    run = root / "digits"
+    split = json.loads((run / "split.json").read_text())
+    rel, _ = split["splits"]["val"][0]
+    yield Chain(data=small_digits, run=run, image=Path(split["root"]) / rel)
+
+
+@pytest.fixture(scope="module")
+def exported(chain: Chain) -> str:
+    """``zoo export RUN``: no --data; the gate takes the run's own validation images."""
+    return ok("export", str(chain.run))
+
+
+@pytest.fixture(scope="module")
+def quantized(chain: Chain, exported: str) -> tuple[Path, str]:
+    """``zoo quantize RUN/model/model.onnx --calib DATA``, the README's form, default output."""
+    before = set(p.name for p in chain.model.iterdir())
+    r = run_zoo(
+        "quantize", str(chain.model / "model.onnx"), "--calib", str(chain.data), "--allow-drop"
+    )
+    assert r.returncode == 0, r.stderr
+    variants = sorted((chain.model / "variants").glob("int8-*.onnx"))
+    assert len(variants) == 1, list((chain.model).rglob("*"))
+    assert set(p.name for p in chain.model.iterdir()) <= before | {"variants"}
+    return variants[0], r.stdout + r.stderr
+
+
+def test_export_gates_on_the_runs_own_images(chain: Chain, exported: str) -> None:
+    assert (chain.model / "model.onnx").is_file()
+    assert "validation images" in exported and chain.run.name in exported
+
+
+def test_quantize_measures_on_the_runs_validation_images(
+    chain: Chain, quantized: tuple[Path, str]
+) -> None:
+    _, summary = quantized
+    assert "validation images" in summary
+    assert "on 2 images" not in summary  # never the two bundled ImageNet photos
+
+
+def test_every_consumer_reads_the_run_after_quantize(
+    chain: Chain, quantized: tuple[Path, str]
+) -> None:
+    variant, _ = quantized
+    plain = json.loads(ok("predict", str(chain.run), str(chain.image), "--json"))
+    int8 = json.loads(
+        ok("predict", str(chain.run), str(chain.image), "--variant", "int8", "--json")
+    )
+    assert plain and int8
+    listed = ok("list", "--json")
+    assert variant.stem in listed and str(chain.run.name) in listed
+    report = json.loads(ok("eval", str(chain.run), "--json"))
+    assert 0.3 < report["acc"] <= 1.0
+    ok("bench", str(chain.run), "--backends", "ort_fp32", "--seconds", "0.05")
+
+
+def test_serve_the_run_and_its_int8_variant_to_real_v2_clients(
+    chain: Chain, quantized: tuple[Path, str]
+) -> None:
+    """The run and its variant served by name, called with Triton's and KServe's own clients
+    (binary tensors and JSON), answers equal to ONNX Runtime on the same graph."""
+    import onnxruntime as ort
+    import tritonclient.http as th
+    from kserve import InferenceRESTClient, InferInput, InferRequest
+    from kserve.model_server import RESTConfig  # noqa: F401 (the SDK's own request types)
+
+    variant, _ = quantized
+    for args, graph in (((), chain.model / "model.onnx"), (("--variant", "int8"), variant)):
+        sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        shape = [1, *sess.get_inputs()[0].shape[1:]]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        want = sess.run(None, {"input": x})[0]
+        with server(chain.run, "--name", "digits", *args) as (url, _):
+            triton = th.InferenceServerClient(url.removeprefix("http://"))
+            inp = th.InferInput("input", shape, "FP32")
+            inp.set_data_from_numpy(x, binary_data=True)
+            got = triton.infer("digits", [inp]).as_numpy("logits")
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+            _kserve_infer(url, x, want, InferenceRESTClient, InferInput, InferRequest)
+
+
+def _kserve_infer(url, x, want, client_cls, input_cls, request_cls) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    async def call() -> np.ndarray:
+        client = client_cls()
+        try:
+            inp = input_cls("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=False)
+            req = request_cls(model_name="digits", infer_inputs=[inp])
+            res = await client.infer(url, "digits", req)
+            return np.asarray(res.outputs[0].as_numpy())
+        finally:
+            await client.close()
+
+    np.testing.assert_allclose(asyncio.run(call()), want, rtol=1e-4, atol=1e-4)
+
+
+def test_extend_keeps_the_export_and_says_which_epoch_shipped(
+    chain: Chain, quantized: tuple[Path, str], tmp_path: Path
+) -> None:
+    variant, _ = quantized
+    log = ok("finetune", "--resume", str(chain.run), "--extend", "1")
+    assert "shipped epoch" in log
+    assert (chain.model / "model.onnx").is_file() and variant.is_file()
+    shipped_new = "shipped epoch 3" in log
+    warned = ok("predict", str(chain.model / "model.onnx"), str(chain.image))
+    assert ("stale" in warned.lower() or "older weights" in warned) == shipped_new
+    ok("export", str(chain.run))
+    fresh = ok("predict", str(chain.model / "model.onnx"), str(chain.image))
+    assert "stale" not in fresh.lower()
+    bundle = tmp_path / "bundle"
+    ok("bundle", str(chain.run), str(bundle))
+    assert json.loads(ok("predict", str(bundle), str(chain.image), "--json"))
+    shutil.rmtree(bundle)

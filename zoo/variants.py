@@ -1,0 +1,355 @@
+"""Derived variants of a model folder: the one place that knows where they live and whether
+they still hold the folder's weights.
+
+A model folder (``model.safetensors`` + ``config.json`` + ``README.md`` [+ ``model.onnx``]) may
+hold a ``variants/`` sub-folder of files derived from its weights: ``variants/int8-static.onnx``,
+``variants/fp16.onnx``, ``variants/openvino-int8/model.xml`` (+ ``.bin``). Commands that derive
+a file write there by default, so the folder stays readable whatever they write; a variant is
+named by its file's stem (``int8-static``) or its IR folder (``openvino-int8``).
+
+Staleness is computed, never stored: an export records the sha256 of the weights it was made
+from (``source_weights_sha256`` in its zoo metadata); when that differs from the folder's
+``config.json`` ``weights_sha256`` (a resumed run shipped new weights), the file is stale.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from zoo.artifact import ONNX_FILE, VARIANTS_DIR, is_model_folder, read_config
+from zoo.errors import ArtifactError, InputError
+
+IR_FILE = "model.xml"  # the IR inside a variant folder (zoo export --format openvino)
+EXPORT_NAME = ONNX_FILE  # the folder's own export, listed by stale_exports only
+VariantKind = Literal["onnx", "openvino"]
+
+
+class _StderrLine(logging.Handler):
+    """``warning: MESSAGE`` on the current ``sys.stderr``, whatever the root logger's setup."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(f"{record.levelname.lower()}: {record.getMessage()}\n")
+
+
+log = logging.getLogger("zoo.variants")
+log.addHandler(_StderrLine())
+log.propagate = False  # one line, not also the root's formatted copy
+
+
+def variants_dir(folder: str | os.PathLike[str]) -> Path:
+    """The ``variants/`` sub-folder of the model folder ``folder`` (it may not exist yet)."""
+    return Path(folder) / VARIANTS_DIR
+
+
+def model_folder_of(file: str | os.PathLike[str]) -> Path | None:
+    """The model folder a derived file belongs to: its parent (``model.onnx``), or the folder
+    above ``variants/`` (``variants/x.onnx``, ``variants/openvino-int8/model.xml``); None
+    for a file anywhere else."""
+    file = Path(file)
+    parent = file.parent  # the user's spelling, not resolved: messages show what they typed
+    candidates = [parent]
+    for up in (parent, parent.parent):  # variants/x.onnx, variants/NAME/model.xml
+        if up.name == VARIANTS_DIR:
+            candidates.append(up.parent)
+        elif up.resolve().name == VARIANTS_DIR:  # "." or ".." spelled inside variants/
+            candidates.append(up.resolve().parent)
+    return next((c for c in candidates if is_model_folder(c)), None)
+
+
+def default_variant_path(source_onnx: Path, name: str) -> Path | None:
+    """Where a file derived from ``source_onnx`` goes by default.
+
+    Args:
+        source_onnx: the graph a command derives from (``runs/X/model/model.onnx``).
+        name: the variant's name, without suffix (``int8-static``).
+
+    Returns:
+        ``FOLDER/variants/NAME.onnx`` when ``source_onnx`` sits in a model folder or in such
+        a folder's ``variants/``; ``None`` for a file elsewhere (the caller picks its own
+        default, e.g. beside the source).
+    """
+    folder = model_folder_of(Path(source_onnx))
+    if folder is None:
+        return None
+    return variants_dir(folder) / f"{name}.onnx"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A file derived from a model folder's weights (or the folder's own ``model.onnx``).
+
+    Attributes:
+        name: ``int8-static`` for ``variants/int8-static.onnx``, ``openvino-int8`` for
+            ``variants/openvino-int8/model.xml``; ``model.onnx`` for the folder's export.
+        path: the ``.onnx`` file or the IR's ``.xml``.
+        kind: ``onnx`` or ``openvino``.
+        folder: the model folder it was derived from.
+        source_sha256: the weights it was made from, from its zoo metadata (None: it
+            records none, e.g. not written by zoo, or unreadable).
+        weights_sha256: the folder's weights now (``config.json``).
+        precision: its metadata's ``precision`` (``fp32``, ``fp16``, ``int8``, ``bf16``).
+        quantization: how ``zoo quantize`` made it: ``dynamic``, ``static`` or ``nncf`` (None:
+            not quantized).
+    """
+
+    name: str
+    path: Path
+    kind: VariantKind
+    folder: Path
+    source_sha256: str | None
+    weights_sha256: str
+    precision: str = "fp32"
+    quantization: str | None = None
+
+    @property
+    def stale(self) -> bool:
+        """It holds other weights than the folder's (or cannot say which it holds)."""
+        return self.source_sha256 != self.weights_sha256
+
+    @property
+    def backend(self) -> str:
+        """The ``zoo bench`` backend this file is a build of (``ort_int8``, ``ov_fp32``...)."""
+        if self.kind == "openvino":
+            return f"ov_{self.precision}"
+        return "ort_int8" if self.quantization else f"ort_{self.precision}"
+
+    @property
+    def refresh(self) -> str:
+        """The command that makes this file again from the folder's current weights."""
+        run = run_spelling(self.folder)
+        if self.name == EXPORT_NAME:
+            return f"zoo export {run}"
+        if self.quantization:  # a run's own images calibrate by default; a bare folder has none
+            calib = (
+                " --calib DIR" if self.quantization != "dynamic" and run == str(self.folder) else ""
+            )
+            how = "--engine nncf" if self.quantization == "nncf" else f"--mode {self.quantization}"
+            return f"zoo export {run} && zoo quantize {self.folder / EXPORT_NAME} {how}{calib}"
+        if self.kind == "openvino":
+            return (
+                f"zoo export {run} --format openvino --precision {self.precision} "
+                f"-o {self.path.parent}"
+            )
+        return f"zoo export {run} --precision {self.precision} -o {self.path}"
+
+    def warning(self) -> str:
+        """One line: which weights it holds and how to refresh it (for a stale file)."""
+        held = (
+            f"was made from other weights (sha256 {self.source_sha256[:12]}…) than"
+            if self.source_sha256
+            else "records no source weights, so it may not hold"
+        )
+        return (
+            f"{self.path} {held} {self.folder}'s current ones (sha256 "
+            f"{self.weights_sha256[:12]}…, e.g. after --resume/--extend); refresh it: "
+            f"{self.refresh}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind,
+            "precision": self.precision,
+            "quantization": self.quantization,
+            "source_weights_sha256": self.source_sha256,
+            "stale": self.stale,
+        }
+
+
+def run_spelling(folder: Path) -> str:
+    """How a user names the model folder ``folder`` on the command line: its run when it is
+    a run's ``model/`` (``runs/X``), else the folder itself."""
+    if folder.name == "model" and (folder.parent / "config.json").is_file():
+        return str(folder.parent)
+    return str(folder)
+
+
+def _ir_metadata(xml: Path) -> dict[str, Any]:
+    """zoo's metadata of an IR (its ``<rt_info><zoo value=...>``), read from the XML alone:
+    listing variants must not start OpenVINO."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        node = ET.parse(xml).getroot().find("rt_info/zoo")
+    except (ET.ParseError, OSError) as exc:
+        raise InputError(f"{xml} is not an OpenVINO IR ({exc}).") from exc
+    if node is None or node.get("value") is None:
+        return {}
+    return dict(json.loads(node.get("value", "{}")))
+
+
+def _metadata(path: Path, kind: VariantKind) -> dict[str, Any]:
+    if kind == "openvino":
+        return _ir_metadata(path)
+    from zoo.deploy.onnx_meta import read_metadata
+
+    return read_metadata(path)
+
+
+def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -> Variant:
+    try:
+        meta = _metadata(path, kind)
+    except (InputError, ValueError):  # unreadable: listed, with no source weights
+        meta = {}
+    quant = meta.get("quantization")
+    return Variant(
+        name=name,
+        path=path,
+        kind=kind,
+        folder=folder,
+        source_sha256=meta.get("source_weights_sha256"),
+        weights_sha256=sha,
+        precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
+        quantization=_quant_mode(quant),
+    )
+
+
+def _quant_mode(quant: Any) -> str | None:
+    """``dynamic``, ``static`` (onnxruntime) or ``nncf``, from a quantized file's metadata."""
+    if not isinstance(quant, dict):
+        return None
+    return "nncf" if quant.get("engine") == "nncf" else quant.get("mode")
+
+
+def _weights_sha(folder: Path) -> str:
+    return str(read_config(folder)["weights_sha256"])
+
+
+def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:
+    """The derived variants in ``folder/variants/``, by name: each ``.onnx`` file, ``.xml``
+    IR, and folder holding ``model.xml`` (other files there are ignored).
+
+    Raises:
+        ArtifactError: ``folder`` is not a valid model folder.
+    """
+    folder = Path(folder)
+    sha = _weights_sha(folder)
+    found: list[Variant] = []
+    vdir = variants_dir(folder)
+    if not vdir.is_dir():
+        return found
+    for p in sorted(vdir.iterdir()):
+        if p.name.startswith("."):  # an atomic write in flight
+            continue
+        if p.is_file() and p.suffix == ".onnx":
+            found.append(_variant(p.stem, p, "onnx", folder, sha))
+        elif p.is_file() and p.suffix == ".xml":
+            found.append(_variant(p.stem, p, "openvino", folder, sha))
+        elif p.is_dir() and (p / IR_FILE).is_file():
+            found.append(_variant(p.name, p / IR_FILE, "openvino", folder, sha))
+    return found
+
+
+def exports(folder: str | os.PathLike[str]) -> list[Variant]:
+    """The folder's ``model.onnx`` (when present) and its variants."""
+    folder = Path(folder)
+    own = folder / EXPORT_NAME
+    head = (
+        [_variant(EXPORT_NAME, own, "onnx", folder, _weights_sha(folder))] if own.is_file() else []
+    )
+    return head + list_variants(folder)
+
+
+def stale_exports(folder: str | os.PathLike[str]) -> list[Variant]:
+    """The derived files of ``folder`` (``model.onnx`` and its variants) that hold other
+    weights than the folder's now; each says so with :meth:`Variant.warning`.
+
+    Raises:
+        ArtifactError: ``folder`` is not a valid model folder.
+    """
+    return [v for v in exports(folder) if v.stale]
+
+
+def resolve_variant(folder: str | os.PathLike[str], name: str) -> Path:
+    """The file (``.onnx``, or the IR's ``.xml``) of the variant ``name`` of ``folder`` (see
+    :func:`find_variant`)."""
+    return find_variant(folder, name).path
+
+
+def find_variant(folder: str | os.PathLike[str], name: str) -> Variant:
+    """The variant ``name`` of ``folder``: an exact name, or a prefix that names one variant
+    only (``int8`` for ``int8-static``).
+
+    Raises:
+        InputError: no variant, or several, answer to ``name`` (the message lists them and
+            how to make one).
+        ArtifactError: ``folder`` is not a valid model folder.
+    """
+    folder = Path(folder)
+    variants = list_variants(folder)
+    names = [v.name for v in variants]
+    exact = [v for v in variants if v.name == name]
+    matches = exact or [v for v in variants if v.name.startswith(name)]
+    if len(matches) == 1:
+        return matches[0]
+    run = run_spelling(folder)
+    calib = " --calib DIR" if run == str(folder) else ""  # a run calibrates on its own images
+    quantize = f"`zoo quantize {folder / EXPORT_NAME}{calib}` writes {variants_dir(folder)}/int8-static.onnx"
+    make = quantize if (folder / EXPORT_NAME).is_file() else f"`zoo export {run}`, then {quantize}"
+    if matches:
+        raise InputError(
+            f"Variant {name!r} of {folder} is ambiguous: it could be "
+            f"{', '.join(v.name for v in matches)}. Give the full name."
+        )
+    have = (
+        f"it has {', '.join(names)}"
+        if names
+        else f"it has none ({variants_dir(folder)} is empty or absent)"
+    )
+    raise InputError(f"{folder} has no variant {name!r}: {have}; {make}.")
+
+
+def warn_if_stale(path: str | os.PathLike[str], meta: dict[str, Any]) -> Variant | None:
+    """Log one warning (stderr) when the derived file ``path`` just loaded, with zoo metadata
+    ``meta``, sits in a model folder whose weights it does not hold. Once per file and
+    process (``zoo serve`` loads its model twice).
+
+    Returns:
+        The stale :class:`Variant`, or None (fresh, or not in a model folder).
+    """
+    path = Path(path)
+    folder = model_folder_of(path)
+    if folder is None or "source_weights_sha256" not in meta:
+        return None
+    try:
+        sha = _weights_sha(folder)
+    except ArtifactError:  # a broken folder is for its own commands to report
+        return None
+    name = (
+        EXPORT_NAME
+        if path.parent == folder
+        else (path.stem if path.parent.name == VARIANTS_DIR else path.parent.name)
+    )
+    v = _variant(name, path, "openvino" if path.suffix == ".xml" else "onnx", folder, sha)
+    key = str(path.resolve())
+    if not v.stale or key in _warned:
+        return v if v.stale else None
+    _warned.add(key)
+    log.warning("%s", v.warning())
+    return v
+
+
+_warned: set[str] = set()
+
+__all__ = [
+    "VARIANTS_DIR",
+    "Variant",
+    "default_variant_path",
+    "exports",
+    "find_variant",
+    "list_variants",
+    "model_folder_of",
+    "resolve_variant",
+    "run_spelling",
+    "stale_exports",
+    "variants_dir",
+    "warn_if_stale",
+]
