@@ -27,16 +27,34 @@ if TYPE_CHECKING:
     from zoo.ref import ModelRef
 
 
-def _default_output(ref: ModelRef, fmt: str) -> Path:
+def export_variant_name(
+    fmt: str, precision: str, *, embed: bool, static_batch: int | None, fp16_io: bool
+) -> str | None:
+    """The variant a run's export goes to (``FOLDER/variants/NAME``), or None for the folder's
+    own ``model.onnx`` (a plain fp32 ONNX graph, the artifact contract's one export)."""
+    if fmt == "openvino":
+        return f"openvino-{precision}"
+    if fmt != "onnx":
+        return None
+    parts = [precision] if precision != "fp32" else []
+    parts += ["io16"] if fp16_io else []
+    parts += ["pixels"] if embed else []
+    parts += [f"batch{static_batch}"] if static_batch is not None else []
+    return "-".join(parts) or None
+
+
+def _default_output(ref: ModelRef, fmt: str, variant: str | None) -> Path:
     ext = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": "", "openvino": ""}
     if fmt == "triton":
         return Path("model_repository")
     if ref.kind in ("run", "model-folder"):
         folder = ref.model_folder
+        if variant is not None:  # derived files never land beside the contract's files
+            from zoo.variants import variants_dir
+
+            return variants_dir(folder) / (variant + ext[fmt])
         if fmt == "onnx":
             return folder / "model.onnx"  # part of the artifact contract
-        if fmt == "openvino":
-            return folder / "openvino"
         stem = (folder.parent if folder.name == "model" else folder).resolve().name
     else:
         stem = ref.shown.replace(":", "_").replace("/", "_").replace("@", "_")
@@ -172,7 +190,14 @@ def export_cmd(
                     param_hint=flag,
                 )
     ref = ModelRef.parse(model)
-    path = output or _default_output(ref, fmt)
+    variant = export_variant_name(
+        fmt,
+        precision,
+        embed=embed_preprocessing,
+        static_batch=static_batch,
+        fp16_io=fp16_io,
+    )
+    path = output or _default_output(ref, fmt, variant)
     if fmt == "onnx":
         result = export_onnx(
             ref,

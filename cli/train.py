@@ -10,12 +10,14 @@ import typer
 
 from zoo.cli.common import (
     JsonOpt,
+    VariantOpt,
     choice,
     choice_argument,
     err,
     interrupt_exits,
     out,
     print_json,
+    with_variant,
 )
 from zoo.deploy.choices import Tta
 from zoo.samples import Example
@@ -335,6 +337,24 @@ def _run_report(run: Path, device: str, batch_size: int) -> None:
     err.print(f"report: {info['path']} ({info['images']} images embedded)")
 
 
+def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:
+    """``--variant``: the derived file run by its runtime as the evaluation's forward pass
+    (the same preprocessed batches as the PyTorch model), and its path for the result."""
+    if variant is None:
+        return None, None
+    import torch
+
+    from zoo.deploy.runtime import load_classifier
+
+    path = with_variant(model, variant)
+    clf = load_classifier(path)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(clf.run(x.cpu().numpy()))
+
+    return forward, path
+
+
 def eval_cmd(
     model: Annotated[str, typer.Argument(help="run folder, model folder or registry name")],
     data: Annotated[
@@ -372,6 +392,7 @@ def eval_cmd(
             "--report-out", help="--report: where (default: RUN/report.html, or ./report.html)"
         ),
     ] = None,
+    variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
@@ -380,9 +401,10 @@ def eval_cmd(
 
     if report_out is not None and not report:
         raise typer.BadParameter("--report-out applies to --report only.")
+    forward, scored_by = _variant_forward(model, variant)
     ev = evaluate_split(
         model, data=data, split=split, batch_size=batch_size, device=device,
-        num_workers=num_workers, tta=tta,
+        num_workers=num_workers, tta=tta, forward=forward, scored_by=scored_by,
     )  # fmt: skip
     result = ev.result
     if report:
@@ -397,7 +419,8 @@ def eval_cmd(
         print_json(result)
         return
     out.print(
-        f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images",
+        f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images"
+        + (f", scored by {result['scored_by']}" if "scored_by" in result else ""),
         markup=False,
     )
     names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy

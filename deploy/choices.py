@@ -23,7 +23,9 @@ QuantMode = Literal["dynamic", "static"]
 """int8 quantization: weights only (dynamic) or weights and activations, calibrated (static)."""
 CalibMethod = Literal["minmax", "entropy", "percentile"]
 """How static quantization picks activation ranges (onnxruntime's ``CalibrationMethod``)."""
-QuantEngine = Literal["ort", "nncf"]
+QuantEngine = Literal["auto", "ort", "nncf"]
+"""``zoo quantize --engine``: ``auto`` is NNCF where it is installed and applies (static, no
+``--method``/``--per-channel``/``--target-agreement``), else onnxruntime's quantizer."""
 """Who quantizes statically: onnxruntime's ``quantize_static``, or NNCF (``quantize_nncf.py``)."""
 Backend = Literal[
     "eager",

@@ -400,8 +400,19 @@ def export_metadata(
         "torch_version": torch.__version__,
         "onnx_version": onnx.__version__,
         "source_weights_sha256": weights_sha,
+        "source_epoch": _shipped_epoch(ref),
         "parity": parity_summary(result.parity),
     }
+
+
+def _shipped_epoch(ref: ModelRef) -> int | None:
+    """The training epoch whose weights a run or model folder holds (None: not recorded)."""
+    if ref.kind not in ("run", "model-folder"):
+        return None
+    from zoo.artifact import read_config
+
+    epoch = read_config(ref.model_folder).get("train", {}).get("shipped_epoch")
+    return int(epoch) if isinstance(epoch, int) else None
 
 
 def parity_summary(report: ParityReport | None) -> dict[str, Any]:

@@ -94,6 +94,25 @@ setting (U8S8 minmax; S8S8 symmetric lost 4–7 points where this lost 2.5)."""
 ImageSource = Literal["data", "run", "builtin"]
 
 
+def resolve_engine(
+    engine: QuantEngine,
+    mode: QuantMode,
+    method: CalibMethod | None,
+    per_channel: bool | None,
+    target_agreement: float | None,
+) -> QuantEngine:
+    """``auto`` → ``nncf`` where NNCF is installed and nothing asked for onnxruntime's own
+    settings (it kept the most accuracy: docs/bench/quantize_defaults.json), else ``ort``."""
+    if engine != "auto":
+        return engine
+    ort_only = method is not None or per_channel is not None or target_agreement is not None
+    if mode != "static" or ort_only:
+        return "ort"
+    import importlib.util
+
+    return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
+
+
 def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:
     """The one naming rule of a quantized file: ``int8-dynamic``, ``int8-static`` (onnxruntime)
     or ``int8-nncf``."""
@@ -412,6 +431,10 @@ class QuantizeReport:
         lines.append(f"coverage: {cov.quantized}/{cov.heavy_ops} Conv/Gemm/MatMul nodes in int8")
         if self.calibration is not None and self.search is None:
             lines.append(f"calibration: {self.calibration.describe()} on {self.calib_description}")
+        elif self.engine == "nncf":
+            lines.append(
+                f"calibration: NNCF's post-training quantization on {self.calib_description}"
+            )
         if self.search is not None:
             lines += _search_lines(self.search)
         verdict = "ok" if self.floor.passed else ("ALLOWED" if self.floor.allowed else "FAILED")
@@ -459,7 +482,7 @@ def quantize(
     max_accuracy_drop: float | None = None,
     threads: int | None = None,
     calib_size: int = DEFAULT_CALIB_SIZE,
-    engine: QuantEngine = "ort",
+    engine: QuantEngine = "auto",
     target_agreement: float | None = None,
     allow_drop: bool = False,
     on_plan: Callable[[str], None] | None = None,
@@ -485,8 +508,9 @@ def quantize(
             more than this fraction.
         threads: ORT intra-op threads for the timing (default: available CPUs).
         calib_size: static: at most this many calibration images.
-        engine: static: ``ort`` (onnxruntime's ``quantize_static``) or ``nncf`` (NNCF's
-            post-training quantization: :mod:`zoo.deploy.quantize_nncf`).
+        engine: static: ``ort`` (onnxruntime's ``quantize_static``), ``nncf`` (NNCF's
+            post-training quantization: :mod:`zoo.deploy.quantize_nncf`), or ``auto``
+            (:func:`resolve_engine`: NNCF, the measured best, where it is installed).
         target_agreement: static, ``ort``: search for the calibration and the fewest nodes
             kept float such that top-1 agreement with fp32 on the evaluation images (which
             must be disjoint from the calibration images) reaches this share, in (0, 1]
@@ -515,6 +539,7 @@ def quantize(
     if method is not None:
         ChoiceError.check("method", method, CALIB_METHODS)
     ChoiceError.check("engine", engine, QUANT_ENGINES)
+    engine = resolve_engine(engine, mode, method, per_channel, target_agreement)
     if engine == "nncf" and mode != "static":
         raise InputError("--engine nncf quantizes statically: use --mode static.")
     if engine == "nncf" and method is not None:

@@ -182,6 +182,8 @@ def test_quantize_static_and_dynamic_tell_the_truth(mobilenet_onnx: Path, tmp_pa
         str(mobilenet_onnx),
         "--mode",
         "static",
+        "--engine",
+        "ort",
         "--calib",
         str(calib),
         "-o",

@@ -55,7 +55,7 @@ def test_judged_on_the_runs_validation_images(run: Path, quantized: dict) -> Non
 
 
 def test_default_output_is_a_variant_and_the_run_still_predicts(run: Path) -> None:
-    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--allow-drop")
+    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--engine", "ort", "--allow-drop")
     assert r.returncode == 0, r.stderr
     out = run / "model" / "variants" / "int8-static.onnx"
     assert out.is_file() and f"wrote {out}" in r.stdout
@@ -151,3 +151,20 @@ def test_search_estimate_grows_with_nodes_and_images() -> None:
     assert estimate_seconds(200, 60, 200, 0.002).total > small.total
     assert small.seconds["sensitivity"] == pytest.approx(99 * (0.3 + 16 * 0.002))
     assert "99 nodes" in small.describe() and "before it starts" in small.describe()
+
+
+def test_auto_engine_is_nncf_where_it_applies() -> None:
+    """``--engine auto`` (the default) takes the engine that kept the most accuracy measured
+    (NNCF) unless the options ask for onnxruntime's own settings or a mode NNCF lacks."""
+    import importlib.util
+
+    from zoo.deploy.quantize import resolve_engine
+
+    best = "nncf" if importlib.util.find_spec("nncf") else "ort"
+    assert resolve_engine("auto", "static", None, None, None) == best
+    assert resolve_engine("auto", "dynamic", None, None, None) == "ort"
+    assert resolve_engine("auto", "static", "entropy", None, None) == "ort"
+    assert resolve_engine("auto", "static", None, False, None) == "ort"
+    assert resolve_engine("auto", "static", None, None, 0.98) == "ort"
+    assert resolve_engine("ort", "static", None, None, None) == "ort"
+    assert resolve_engine("nncf", "static", None, None, None) == "nncf"

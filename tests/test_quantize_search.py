@@ -296,7 +296,9 @@ def test_search_reaches_the_target_with_nodes_kept_float(
 
     out = tmp_path / "q.onnx"
     args = ["quantize", str(digits_cnn["model"]), "--calib", str(digits_cnn["calib"])]
-    args += ["--data", str(digits_cnn["held"]), "--target-agreement", "0.98", "--allow-drop"]
+    # every answer kept: int8 alone flips a few of 200 on any ISA (on AVX-512 VNNI ~1, on
+    # AVX2 without it many more), so the search has to keep nodes float whatever the CPU
+    args += ["--data", str(digits_cnn["held"]), "--target-agreement", "1.0", "--allow-drop"]
     res = CliRunner().invoke(app, [*args, "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.stdout)
@@ -304,7 +306,7 @@ def test_search_reaches_the_target_with_nodes_kept_float(
     steps = {d["k"]: d["agreement"] for d in s["steps"]}
     k = s["k"]
     # the search did something: int8 alone falls short, k > 0 nodes float reach the target
-    assert steps[0] < 0.98 and k > 0 and steps[k] >= 0.98 and steps[k - 1] < 0.98
+    assert steps[0] < 1.0 and k > 0 and steps[k] == 1.0 and steps[k - 1] < 1.0
     assert k < s["sensitivity"]["candidates"], "not simply the fp32 model"
     held = s["held_out"]
     assert held == {
@@ -340,7 +342,7 @@ def test_search_reaches_the_target_with_nodes_kept_float(
         assert weight in initializers and weight not in producer, f"{name} kept its fp32 weight"
     assert rep["coverage"]["fp32_left"] == len(heavy) > 0
     meta = read_metadata(out)["quantization"]
-    assert meta["float_nodes"] == s["float_nodes"] and meta["target_agreement"] == 0.98
+    assert meta["float_nodes"] == s["float_nodes"] and meta["target_agreement"] == 1.0
 
 
 def test_search_refuses_held_out_images_that_are_calibration_images(

@@ -99,10 +99,14 @@ def test_every_consumer_reads_the_run_after_quantize(
         ok("predict", str(chain.run), str(chain.image), "--variant", "int8", "--json")
     )
     assert plain and int8
-    listed = ok("list", "--json")
+    listed = ok("list", f"{chain.run.parent}/*", "--runs", str(chain.run.parent), "--json")
     assert variant.stem in listed and str(chain.run.name) in listed
     report = json.loads(ok("eval", str(chain.run), "--json"))
     assert 0.3 < report["acc"] <= 1.0
+    scored = json.loads(ok("eval", str(chain.run), "--variant", "int8", "--json"))
+    assert Path(scored["scored_by"]).resolve() == variant.resolve()
+    assert scored["n"] == report["n"]
+    assert abs(scored["acc"] - report["acc"]) < 0.2  # int8 judged on the same images
     ok("bench", str(chain.run), "--backends", "ort_fp32", "--seconds", "0.05")
 
 

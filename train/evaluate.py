@@ -125,10 +125,17 @@ def evaluate_split(
     device: str,
     num_workers: int,
     tta: str = "none",
+    forward: Forward | None = None,
+    scored_by: str | None = None,
 ) -> Evaluated:
-    """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`)."""
+    """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`).
+
+    ``forward`` scores the batches in place of the PyTorch model (a derived file of the same
+    folder run by its runtime: ``zoo eval RUN --variant int8``); ``scored_by`` names it in the
+    result. The model still gives the class names and preprocessing."""
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
+    score: Forward = forward or model
     info = info_of(model)
     splits, own = _splits_for(model_arg, data)
     if splits.layout == "flat" and not own and split == "val":
@@ -162,8 +169,8 @@ def evaluate_split(
     # thresholds re-tuned on this split, as in training)
     if check_tta(tta) == "none":
         ds = ImageFolderDataset(samples, eval_transform(info))
-        logits, targets = evaluate_model(
-            model, DataLoader(ds, batch_size, num_workers=num_workers), dev
+        logits, targets = evaluate_with(
+            model, score, DataLoader(ds, batch_size, num_workers=num_workers), dev
         )
         extra: dict[str, Any] = {}
     else:  # every view in one pass; view 0 is the plain eval crop: the gain, measured
@@ -173,7 +180,7 @@ def evaluate_split(
         n_views = VIEWS[tta]
 
         def forward(x: torch.Tensor) -> torch.Tensor:  # (N, V, C, H, W) → (N, V, K)
-            return model(x.flatten(0, 1)).unflatten(0, (len(x), n_views))
+            return score(x.flatten(0, 1)).unflatten(0, (len(x), n_views))
 
         per_view, targets = evaluate_with(
             model, forward, DataLoader(ds, batch_size, num_workers=num_workers), dev
@@ -183,6 +190,8 @@ def evaluate_split(
         extra = {"tta": {"mode": tta, "views": n_views, "without": plain}}
     result = summary(logits, targets, names)
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
+    if scored_by is not None:
+        result["scored_by"] = scored_by
     return Evaluated(model, info, names, samples, logits, targets, result)
 
 

@@ -101,6 +101,7 @@ def model_config(r: RunResult) -> dict[str, Any]:
             "class_weights": r.cfg.class_weights,
             "sampler": r.cfg.sampler,
             "epochs": r.state.epoch,
+            "shipped_epoch": r.state.epoch - r.state.epochs_since_best,  # whose weights these are
             "optimizer": r.cfg.optimizer,
             "lr": r.cfg.lr,
             "batch_size": r.cfg.batch_size,

@@ -97,6 +97,9 @@ class Variant:
         precision: its metadata's ``precision`` (``fp32``, ``fp16``, ``int8``, ``bf16``).
         quantization: how ``zoo quantize`` made it: ``dynamic``, ``static`` or ``nncf`` (None:
             not quantized).
+        source_epoch: the training epoch whose weights it holds (its metadata; None: not
+            recorded, e.g. made before zoo recorded it, or not from a run).
+        folder_epoch: the epoch whose weights the folder holds now (``config.json``).
     """
 
     name: str
@@ -107,6 +110,8 @@ class Variant:
     weights_sha256: str
     precision: str = "fp32"
     quantization: str | None = None
+    source_epoch: int | None = None
+    folder_epoch: int | None = None
 
     @property
     def stale(self) -> bool:
@@ -141,6 +146,12 @@ class Variant:
 
     def warning(self) -> str:
         """One line: which weights it holds and how to refresh it (for a stale file)."""
+        if self.source_epoch is not None and self.folder_epoch is not None:
+            return (
+                f"{self.path} holds the weights of epoch {self.source_epoch}, but {self.folder} "
+                f"now holds epoch {self.folder_epoch}'s (e.g. after --resume/--extend): it is "
+                f"stale; refresh it: {self.refresh}"
+            )
         held = (
             f"was made from other weights (sha256 {self.source_sha256[:12]}…) than"
             if self.source_sha256
@@ -148,8 +159,8 @@ class Variant:
         )
         return (
             f"{self.path} {held} {self.folder}'s current ones (sha256 "
-            f"{self.weights_sha256[:12]}…, e.g. after --resume/--extend); refresh it: "
-            f"{self.refresh}"
+            f"{self.weights_sha256[:12]}…, e.g. after --resume/--extend): it is stale; "
+            f"refresh it: {self.refresh}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +218,8 @@ def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -
         folder=folder,
         source_sha256=meta.get("source_weights_sha256"),
         weights_sha256=sha,
+        source_epoch=_int_or_none(meta.get("source_epoch")),
+        folder_epoch=_folder_epoch(folder),
         precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
         quantization=_quant_mode(quant),
     )
@@ -217,6 +230,19 @@ def _quant_mode(quant: Any) -> str | None:
     if not isinstance(quant, dict):
         return None
     return "nncf" if quant.get("engine") == "nncf" else quant.get("mode")
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _folder_epoch(folder: Path) -> int | None:
+    """The epoch whose weights the folder holds (``config.json`` ``train.shipped_epoch``)."""
+    try:
+        train = read_config(folder).get("train")
+    except ArtifactError:
+        return None
+    return _int_or_none(train.get("shipped_epoch")) if isinstance(train, dict) else None
 
 
 def _weights_sha(folder: Path) -> str:
