@@ -18,7 +18,7 @@ Agreement samples are stratified and disjoint from calibration: digits, the same
 evaluation images from every class of the val split and calibration images from every class of
 the train split; photographs, calibration and evaluation crops cut from *different* source
 photographs, the same number per photograph. The counts written are those the quantizer used
-(read with the same sampling function, ``zoo.deploy.parity.real_images``).
+(read with the same sampling function, ``zoo.deploy.export.parity.real_images``).
 
     python bench/deploy_bench.py                # writes docs/bench/deploy_bench.json
 """
@@ -41,12 +41,12 @@ from common import PHOTOS, make_data, photo_crops, zoo_finetune
 from provenance import Recording, headline
 
 from zoo import create_model
-from zoo.deploy.bench_harness import time_session
-from zoo.deploy.export import export_onnx
-from zoo.deploy.parity import real_images
-from zoo.deploy.quantize import quantize as quantize_report
-from zoo.deploy.quantize import wilson
-from zoo.deploy.runtime import OnnxClassifier
+from zoo.deploy.bench.harness import time_session
+from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.export.parity import real_images
+from zoo.deploy.quantize.int8 import quantize as quantize_report
+from zoo.deploy.quantize.int8 import wilson
+from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.system import available_cpus
 
 # photographs: evaluation and calibration crops come from different source photos

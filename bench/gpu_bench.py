@@ -33,7 +33,7 @@ from provenance import RESULTS_DIR, Recording, headline
 from torch import nn
 
 from zoo import create_model
-from zoo.deploy.bench_harness import time_session
+from zoo.deploy.bench.harness import time_session
 from zoo.factory import info_of
 from zoo.samples import sample_image_paths, write_photo_folder
 from zoo.system import available_cpus

@@ -1,5 +1,5 @@
 """OpenVINO (fp32, bf16, int8) beside ONNX Runtime (fp32, int8) on CPU, measured side by side in
-one run by `zoo bench` itself (`zoo.deploy.bench.run_bench`): p50 latency at batch 1 and 16 and
+one run by `zoo bench` itself (`zoo.deploy.bench.table.run_bench`): p50 latency at batch 1 and 16 and
 top-1 agreement with PyTorch eager on real photographs, and the fastest backend within an
 agreement floor (`--min-agreement`).
 
@@ -25,7 +25,7 @@ from bench_path import ROOT  # noqa: F401
 from common import PHOTOS, photo_crops
 from provenance import Recording, headline
 
-from zoo.deploy.bench import run_bench
+from zoo.deploy.bench.table import run_bench
 from zoo.system import available_cpus
 
 BACKENDS = ["eager", "ort_fp32", "ort_int8", "ov_fp32", "ov_int8", "ov_bf16"]

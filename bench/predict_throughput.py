@@ -60,8 +60,8 @@ def ceiling(model: Path, images: list[Path], seconds: float) -> dict[str, Any]:
     cost of decoding + preprocessing one image."""
     import numpy as np
 
-    from zoo.deploy.predict import load_scorer
-    from zoo.deploy.runtime import OnnxClassifier
+    from zoo.deploy.predict.scoring import load_scorer
+    from zoo.deploy.runtimes.loader import OnnxClassifier
     from zoo.images import open_image
 
     scorer = load_scorer(str(model))

@@ -6,8 +6,8 @@ sklearn's real digits at 96 px, linear probe with the feature cache, 5 epochs, e
 ``zoo export RUN``. Calibration images come from the run's training split (seeded sample),
 evaluation is every image of its validation split: the two never meet.
 
-Compared, each through zoo's own quantization code (``zoo.deploy.quantize_search``'s
-``calibrate`` + ``quantize_qdq``, ``zoo.deploy.quantize_nncf``):
+Compared, each through zoo's own quantization code (``zoo.deploy.quantize.search``'s
+``calibrate`` + ``quantize_qdq``, ``zoo.deploy.quantize.nncf_engine``):
 
 - the old default: onnxruntime U8S8 QDQ (uint8 asymmetric activations), minmax, per-channel,
   64 calibration images;
@@ -47,7 +47,7 @@ OLD_CALIB = 64  # the old default's --calib sample
 
 
 def cpu_flags() -> dict[str, bool]:
-    from zoo.deploy.quantize import cpu_flags as flags
+    from zoo.deploy.quantize.int8 import cpu_flags as flags
 
     found = flags()
     return {f: f in found for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")}
@@ -97,14 +97,14 @@ def main() -> None:
 def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from zoo.deploy.bench_harness import time_session
-    from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
-    from zoo.deploy.preprocess import preprocess
-    from zoo.deploy.quantize import coverage, op_counts, wilson
-    from zoo.deploy.quantize_nncf import nncf_quantize
-    from zoo.deploy.quantize_search import Calibration, calibrate, logits, quantize_qdq
-    from zoo.deploy.runtime import make_session
+    from zoo.deploy.bench.harness import time_session
+    from zoo.deploy.quantize.int8 import coverage, op_counts, wilson
+    from zoo.deploy.quantize.nncf_engine import nncf_quantize
+    from zoo.deploy.quantize.search import Calibration, calibrate, logits, quantize_qdq
+    from zoo.deploy.runtimes.loader import make_session
     from zoo.images import open_image
+    from zoo.onnx_meta import read_metadata, read_preprocessing
+    from zoo.preprocess import preprocess
 
     t0 = time.perf_counter()
     run = make_run(work)

@@ -30,9 +30,9 @@ from bench_path import ROOT  # noqa: F401
 from common import v2_binary
 from provenance import Recording, headline
 
-from zoo.deploy.bench_harness import _percentile
-from zoo.deploy.export import export_onnx
-from zoo.deploy.runtime import make_session
+from zoo.deploy.bench.harness import _percentile
+from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.runtimes.loader import make_session
 from zoo.system import available_cpus
 
 NAME = "resnet18.tv_in1k"

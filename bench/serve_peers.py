@@ -48,11 +48,11 @@ from bench_path import ROOT
 from common import v2_binary
 from provenance import Recording, headline
 
-from zoo.deploy.bench_harness import _percentile
-from zoo.deploy.export import export_onnx
-from zoo.deploy.preprocess import preprocess
-from zoo.deploy.runtime import OnnxClassifier
+from zoo.deploy.bench.harness import _percentile
+from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.images import open_image
+from zoo.preprocess import preprocess
 from zoo.preprocessing import Preprocessing
 from zoo.samples import sample_image_paths
 from zoo.system import available_cpus

@@ -61,7 +61,7 @@ def bench_cmd(
 
     --variant times a run's derived file as its backend (int8-static → ort_int8, fp16 →
     ort_fp16, openvino-int8 → ov_int8) instead of making that file afresh."""
-    from zoo.deploy.bench import floor_notes, run_bench
+    from zoo.deploy.bench.table import floor_notes, run_bench
 
     prebuilt = {}
     if variant is not None:

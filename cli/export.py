@@ -154,7 +154,7 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
-    from zoo.deploy.export import DEFAULT_OPSET, export_onnx, export_torch
+    from zoo.deploy.export.onnx_export import DEFAULT_OPSET, export_onnx, export_torch
     from zoo.ref import ModelRef
 
     if dynamic_batch and static_batch is not None:
@@ -215,7 +215,7 @@ def export_cmd(
             fp16_io=fp16_io,
         )
     elif fmt == "openvino":
-        from zoo.deploy.openvino_export import export_openvino
+        from zoo.deploy.export.openvino import export_openvino
 
         result = export_openvino(
             ref,
@@ -228,7 +228,7 @@ def export_cmd(
             weights=weights,
         )
     elif fmt == "triton":
-        from zoo.deploy.triton import export_triton
+        from zoo.deploy.export.triton import export_triton
 
         result = export_triton(
             ref,
@@ -320,7 +320,7 @@ def compare_jit_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare torch.jit.trace, torch.jit.script and torch.export against eager."""
-    from zoo.deploy.jit_compare import compare_jit
+    from zoo.deploy.export.jit_compare import compare_jit
     from zoo.factory import create_model, info_of
 
     net = create_model(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -20,14 +20,8 @@ from zoo.cli.common import (
     print_json,
     with_variant,
 )
-from zoo.deploy.choices import (
-    PredictEngine,
-    Tta,
-)
-
-if TYPE_CHECKING:
-    pass
-
+from zoo.deploy.choices import PredictEngine
+from zoo.tta import Tta
 
 InputsArg = Annotated[
     list[str],
@@ -131,8 +125,8 @@ def predict_cmd(
         raise typer.BadParameter(
             "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
         )
-    from zoo.deploy.predict import predict
-    from zoo.deploy.predict_inputs import check_inputs, iter_inputs
+    from zoo.deploy.predict.inputs import check_inputs, iter_inputs
+    from zoo.deploy.predict.scoring import predict
 
     check_inputs(inputs)
     results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
@@ -150,8 +144,8 @@ def _predict_to_file(
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from zoo.deploy.batch_predict import predict_to_file
-    from zoo.deploy.predict_inputs import count_inputs
+    from zoo.deploy.predict.batch import predict_to_file
+    from zoo.deploy.predict.inputs import count_inputs
 
     bar = Progress(
         "predict", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

@@ -91,7 +91,7 @@ def quantize_cmd(
 ) -> None:
     """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32 on the
     model's own images."""
-    from zoo.deploy.quantize import quantize
+    from zoo.deploy.quantize.int8 import quantize
 
     if mode == "dynamic" and calib is not None:
         raise typer.BadParameter(

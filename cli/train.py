@@ -19,7 +19,6 @@ from zoo.cli.common import (
     print_json,
     with_variant,
 )
-from zoo.deploy.choices import Tta
 from zoo.samples import Example
 from zoo.train.config import (
     AmpDtype,
@@ -32,6 +31,7 @@ from zoo.train.config import (
     Strategy,
     option_defaults,
 )
+from zoo.tta import Tta
 
 if TYPE_CHECKING:
     from zoo.train.config import TrainConfig
@@ -344,7 +344,7 @@ def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:
         return None, None
     import torch
 
-    from zoo.deploy.runtime import load_classifier
+    from zoo.deploy.runtimes.loader import load_classifier
 
     path = with_variant(model, variant)
     clf = load_classifier(path)

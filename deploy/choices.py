@@ -39,8 +39,6 @@ Backend = Literal[
     "ov_int8",
 ]
 """``zoo bench --backends``."""
-Tta = Literal["none", "flip", "five-crop", "ten-crop"]
-"""Test-time augmentation of ``zoo eval`` and ``zoo predict`` (see :mod:`zoo.deploy.tta`)."""
 Runtime = Literal["auto", "onnxruntime", "openvino"]
 """``zoo serve --runtime``: by the file (``.xml`` OpenVINO, ``.onnx`` ONNX Runtime), or named."""
 PredictEngine = Literal["local", "ray"]
@@ -58,4 +56,3 @@ QUANT_ENGINES: tuple[str, ...] = get_args(QuantEngine)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
-TTAS: tuple[str, ...] = get_args(Tta)

@@ -11,8 +11,8 @@
 #
 # Why a staging tree: the repository keeps train/, deploy/ and cli/ beside zoo/, and setuptools'
 # package-dir installs them as zoo.train, zoo.deploy and zoo.cli. mutmut 3 names each mutant
-# after its file's path (deploy/parity.py -> deploy.parity.x_compare__mutmut_1) and records the
-# functions a test reaches by their __module__ (zoo.deploy.parity), so on the repository layout
+# after its file's path (deploy/export/parity.py -> deploy.parity.x_compare__mutmut_1) and records the
+# functions a test reaches by their __module__ (zoo.deploy.export.parity), so on the repository layout
 # the two never meet and every mutant reads "no tests". It also puts its mutated copy
 # (mutants/) first on sys.path, which only wins if that copy has the installed layout. So each
 # module runs in its own staging folder that has exactly the installed layout:
@@ -49,7 +49,7 @@ MODULES=(
   "lint|zoo/deploy/lint.py|tests/test_gates_lint.py|"
   "weights|zoo/weights.py zoo/hub.py|tests/test_gates_weights.py|zoo.weights.* zoo.hub.x_lock_path__mutmut_* zoo.hub.x__read_lock__mutmut_* zoo.hub.x_verify_locked__mutmut_* zoo.hub.x_verify_snapshot__mutmut_*"
   "loading|zoo/loading.py|tests/test_gates_loading.py|"
-  "quantize|zoo/deploy/quantize.py|tests/test_gates_quantize.py|zoo.deploy.quantize.x_op_counts__mutmut_* zoo.deploy.quantize.x_conv_heavy__mutmut_* zoo.deploy.quantize.x_coverage__mutmut_* zoo.deploy.quantize.x__labels_for__mutmut_* zoo.deploy.quantize.x_accuracy_report__mutmut_* zoo.deploy.quantize.x_accuracy_gate__mutmut_* zoo.deploy.quantize.x_advice_before__mutmut_* zoo.deploy.quantize.x_advice_after__mutmut_* zoo.deploy.quantize.xǁ_CalibReaderǁ*"
+  "quantize|zoo/deploy/quantize.py|tests/test_gates_quantize.py|zoo.deploy.quantize.int8.x_op_counts__mutmut_* zoo.deploy.quantize.int8.x_conv_heavy__mutmut_* zoo.deploy.quantize.int8.x_coverage__mutmut_* zoo.deploy.quantize.int8.x__labels_for__mutmut_* zoo.deploy.quantize.int8.x_accuracy_report__mutmut_* zoo.deploy.quantize.int8.x_accuracy_gate__mutmut_* zoo.deploy.quantize.int8.x_advice_before__mutmut_* zoo.deploy.quantize.int8.x_advice_after__mutmut_* zoo.deploy.quantize.int8.xǁ_CalibReaderǁ*"
   "data|zoo/train/data.py zoo/train/check.py|tests/test_gates_data.py|zoo.train.data.x_* zoo.train.data.xǁSplitsǁ* zoo.train.check.*"
   "protocol|zoo/deploy/serve/protocol.py|tests/test_protocol.py tests/test_gates_protocol.py|"
   "batcher|zoo/deploy/serve/batcher.py|tests/test_batcher.py tests/test_gates_batcher.py|"

@@ -29,7 +29,7 @@ PRELOAD = [
     "zoo.train.plots",
     "torch.utils.tensorboard",
     "safetensors.torch",
-    "zoo.deploy.batch_predict",  # zoo predict --out (test_predict_out.py)
+    "zoo.deploy.predict.batch",  # zoo predict --out (test_predict_out.py)
     "onnxruntime",
     "pyarrow.parquet",
 ]

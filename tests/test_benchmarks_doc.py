@@ -241,7 +241,7 @@ def test_int8_samples_are_stratified_and_disjoint(small_digits: Path, tmp_path: 
 
 
 def test_wilson_interval() -> None:
-    from zoo.deploy.quantize import wilson
+    from zoo.deploy.quantize.int8 import wilson
 
     low, high = wilson(0.775, 120)
     assert low == pytest.approx(0.692, abs=1e-3) and high == pytest.approx(0.841, abs=1e-3)
@@ -298,11 +298,11 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
         return git("rev-parse", "HEAD")
 
     git("init", "-q")
-    commit("deploy/runtime.py", "x = 1\n")
+    commit("deploy/runtimes/loader.py", "x = 1\n")
     measured = commit("zoo/core.py", "y = 1\n")
     files = provenance.tree_sources(("deploy", "zoo"), root)
     digest = provenance.digest(files, ("deploy", "zoo"))
-    commit("deploy/runtime.py", "x = 2\n")
+    commit("deploy/runtimes/loader.py", "x = 2\n")
     commit("docs/notes.md", "not measured\n")
     return {"root": root, "measured": measured, "digest": digest}
 
@@ -383,7 +383,7 @@ def test_quality_section_marks_stale_scores(history: dict) -> None:
         "modules": [
             {
                 "module": "runtime",
-                "mutated": ["deploy/runtime.py"],
+                "mutated": ["deploy/runtimes/loader.py"],
                 "tests": [],
                 "commit": history["measured"][:7],
                 "date": "2026-11-30",

@@ -74,8 +74,8 @@ def test_every_defined_value_passes_the_parser() -> None:
 
 
 def test_library_calls_are_checked_too(tmp_path: Path) -> None:
-    from zoo.deploy.bench import run_bench
-    from zoo.deploy.export import export_onnx, export_torch
+    from zoo.deploy.bench.table import run_bench
+    from zoo.deploy.export.onnx_export import export_onnx, export_torch
 
     with pytest.raises(ChoiceError, match=r"exporter 'dynamoo'.*Did you mean 'dynamo'"):
         export_onnx("mlp", tmp_path / "m.onnx", exporter="dynamoo")  # type: ignore[arg-type]
@@ -88,7 +88,7 @@ def test_library_calls_are_checked_too(tmp_path: Path) -> None:
 
 
 def test_quantize_library_checks_mode_and_method(tmp_path: Path) -> None:
-    from zoo.deploy.quantize import quantize
+    from zoo.deploy.quantize.int8 import quantize
 
     for kwargs, match in (
         ({"mode": "statc"}, "mode 'statc'"),

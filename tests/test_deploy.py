@@ -14,12 +14,12 @@ from PIL import Image
 from torch import nn
 
 from tests.conftest import run_zoo
-from zoo.deploy.export import export_onnx
-from zoo.deploy.jit_compare import compare_jit
-from zoo.deploy.lint import lint_graph
-from zoo.deploy.onnx_meta import read_metadata
-from zoo.deploy.preprocess import preprocess
+from zoo.deploy.export.jit_compare import compare_jit
+from zoo.deploy.export.lint import lint_graph
+from zoo.deploy.export.onnx_export import export_onnx
 from zoo.errors import ExportError, ParityError
+from zoo.onnx_meta import read_metadata
+from zoo.preprocess import preprocess
 from zoo.samples import sample_image_paths
 from zoo.transforms import eval_transform
 
@@ -234,7 +234,7 @@ def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_p
     ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
     ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
     assert ops.count("QLinearConv") == 52 and "Conv" not in ops  # every conv fused in int8
-    from zoo.deploy.quantize import quantize
+    from zoo.deploy.quantize.int8 import quantize
     from zoo.errors import InputError
 
     with pytest.raises(InputError, match="--engine nncf quantizes statically"):
@@ -289,7 +289,7 @@ def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
 
 
 def test_bench_percentiles_interpolate_like_numpy() -> None:
-    from zoo.deploy.bench_harness import _percentile
+    from zoo.deploy.bench.harness import _percentile
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 30, 101):
@@ -301,7 +301,7 @@ def test_bench_percentiles_interpolate_like_numpy() -> None:
 def test_cuda_provider_missing_is_an_error_not_a_fallback(mobilenet_onnx: Path) -> None:
     import onnxruntime as ort
 
-    from zoo.deploy.runtime import make_session
+    from zoo.deploy.runtimes.loader import make_session
     from zoo.errors import BackendUnavailableError
 
     if "CUDAExecutionProvider" in ort.get_available_providers():

@@ -18,11 +18,11 @@ from PIL import Image
 
 from tests.conftest import run_zoo
 from tests.serving import json_infer, server
-from zoo.deploy.graph_preprocess import embed_file, pixels, preprocessing_graph
-from zoo.deploy.preprocess import preprocess
+from zoo.deploy.export.graph_preprocess import embed_file, pixels, preprocessing_graph
 from zoo.deploy.serve.run import default_name
 from zoo.errors import InputError
 from zoo.images import open_image
+from zoo.preprocess import preprocess
 from zoo.preprocessing import Preprocessing
 from zoo.samples import sample_image_paths
 
@@ -79,7 +79,7 @@ def test_what_onnx_resize_cannot_reproduce_is_refused() -> None:
 
 
 def test_a_triton_config_for_pixels_passes_tritons_schema() -> None:
-    from zoo.deploy.triton import build_config, validate_config
+    from zoo.deploy.export.triton import build_config, validate_config
 
     text = build_config("m", input_dims=[-1, -1, 3], num_classes=10, max_batch=8, pixels=True)
     cfg = validate_config(text)
@@ -96,7 +96,7 @@ def test_a_triton_config_for_pixels_passes_tritons_schema() -> None:
 
 def _tiny_export(tmp_path: Path, pre: Preprocessing) -> tuple[Any, Path]:
     """A random-weight digits CNN exported plainly, then given ``pre`` as its prefix."""
-    from zoo.deploy.export import export_onnx
+    from zoo.deploy.export.onnx_export import export_onnx
     from zoo.factory import create_model
 
     net = create_model("simple_cnn", weights="none").eval()
@@ -109,7 +109,7 @@ def _tiny_export(tmp_path: Path, pre: Preprocessing) -> tuple[Any, Path]:
 def test_the_gate_refuses_a_prefix_that_preprocesses_wrongly(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from zoo.deploy.parity import check_embedded_parity
+    from zoo.deploy.export.parity import check_embedded_parity
     from zoo.factory import info_of
 
     images = sample_image_paths()
@@ -149,7 +149,7 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["parity"]["passed"] and report["parity"]["predictions"]["agreement"] == 1.0
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.onnx_meta import read_metadata
 
     assert read_metadata(out)["input"] == {
         "dtype": "uint8",
@@ -157,7 +157,7 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
         "preprocessing": "in-graph",
     }
     chelsea, coffee = sample_image_paths()
-    from zoo.deploy.predict import load_scorer, predict
+    from zoo.deploy.predict.scoring import load_scorer, predict
 
     scorer = load_scorer(str(out))
     assert scorer.pixels_in
@@ -190,7 +190,7 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
         strip = json_infer(np.zeros((1, 1, 20000, 3), np.uint8), name="pixels", dtype="UINT8")
         thin = httpx.post(f"{url}/v2/models/{name}/infer", json=strip, timeout=60)
         assert thin.status_code == 400 and "too thin" in thin.json()["error"]  # not gigabytes
-    from zoo.deploy.quantize import quantize
+    from zoo.deploy.quantize.int8 import quantize
 
     with pytest.raises(InputError, match="takes uint8 pixels"):
         quantize(out, tmp_path / "q.onnx", mode="dynamic")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_zoo
-from zoo.deploy.onnx_meta import read_metadata
+from zoo.onnx_meta import read_metadata
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_zoo
-from zoo.deploy.onnx_meta import read_metadata
-from zoo.deploy.parity import gate_images
+from zoo.deploy.export.parity import gate_images
 from zoo.errors import DataError
+from zoo.onnx_meta import read_metadata
 from zoo.ref import ModelRef
 from zoo.run_images import images_for
 from zoo.samples import sample_image_paths

@@ -15,12 +15,12 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import run_zoo
-from zoo.deploy import parity
-from zoo.deploy.export import export_onnx
-from zoo.deploy.preprocess import preprocess
-from zoo.deploy.runtime import OnnxClassifier
+from zoo.deploy.export import parity
+from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.errors import ExportError, ParityError
 from zoo.images import open_image
+from zoo.preprocess import preprocess
 from zoo.samples import sample_image_paths
 
 
@@ -92,7 +92,7 @@ def test_slim_is_an_onnx_option() -> None:
 
 
 def test_int8_quantization_refuses_an_fp16_export(tmp_path: Path) -> None:
-    from zoo.deploy.quantize import quantize
+    from zoo.deploy.quantize.int8 import quantize
     from zoo.errors import InputError
 
     half = tmp_path / "sc16.onnx"

@@ -14,13 +14,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from zoo.deploy.embeddings import feature_tensor, flat, with_feature_output
-from zoo.deploy.onnx_meta import set_metadata
-from zoo.deploy.predict import Scorer
-from zoo.deploy.predict_rows import score_decoded
-from zoo.deploy.predict_store import columns
-from zoo.deploy.runtime import OnnxClassifier, make_session
+from zoo.deploy.predict.embeddings import feature_tensor, flat, with_feature_output
+from zoo.deploy.predict.rows import score_decoded
+from zoo.deploy.predict.scoring import Scorer
+from zoo.deploy.predict.store import columns
+from zoo.deploy.runtimes.loader import OnnxClassifier, make_session
 from zoo.errors import InputError
+from zoo.onnx_meta import set_metadata
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((4, 3)).astype(np.float32)  # 4 features → 3 classes

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from zoo.deploy.lint import _constants, lint_graph
+from zoo.deploy.export.lint import _constants, lint_graph
 
 
 def _graph(

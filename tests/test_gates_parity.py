@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from zoo.deploy import parity
 from zoo.deploy.choices import PRECISIONS
-from zoo.deploy.parity import (
+from zoo.deploy.export import parity
+from zoo.deploy.export.parity import (
     DynamicCheck,
     ParityReport,
     PredictionCheck,
@@ -283,8 +283,8 @@ def _eager(model: nn.Module):
 
 
 def _pre(path: Path) -> np.ndarray:
-    from zoo.deploy.preprocess import preprocess
     from zoo.images import open_image
+    from zoo.preprocess import preprocess
 
     return preprocess(open_image(path), INFO.preprocessing())
 

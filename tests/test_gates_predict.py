@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from zoo.deploy.batch_predict import _skip
-from zoo.deploy.predict import Scorer
-from zoo.deploy.predict_inputs import expand_glob, iter_inputs
-from zoo.deploy.predict_store import ChunkStore, columns, digest, format_of
+from zoo.deploy.predict.batch import _skip
+from zoo.deploy.predict.inputs import expand_glob, iter_inputs
+from zoo.deploy.predict.scoring import Scorer
+from zoo.deploy.predict.store import ChunkStore, columns, digest, format_of
 from zoo.errors import InputError
 
 
@@ -149,8 +149,8 @@ def test_scorer_top_k_and_multilabel_decisions() -> None:
 def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:
     """A typo or an empty glob is refused before the sidecar is written, so the corrected
     command starts fresh instead of being told an interrupted job has other settings."""
-    from zoo.deploy.batch_predict import predict_to_file
-    from zoo.deploy.predict_inputs import check_inputs
+    from zoo.deploy.predict.batch import predict_to_file
+    from zoo.deploy.predict.inputs import check_inputs
 
     check_inputs(["a", "c.jpg"])
     for specs, message in (
@@ -174,7 +174,7 @@ def test_the_next_batch_decodes_while_the_model_scores_and_no_further(tmp_path: 
 
     from PIL import Image
 
-    from zoo.deploy.batch_predict import local_results
+    from zoo.deploy.predict.batch import local_results
 
     paths = []
     for i in range(40):
@@ -216,7 +216,7 @@ def test_the_local_engine_loads_ort_without_spinning(
     busy-wait (measured: bench/predict_throughput.py)."""
     from PIL import Image
 
-    import zoo.deploy.batch_predict as bp
+    import zoo.deploy.predict.batch as bp
 
     Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
     asked: dict = {}

@@ -226,7 +226,7 @@ def test_json_values_each_datatype_holds_exactly_pass() -> None:
     assert _values("INT32", []).dtype == np.int32
 
 
-# ``zoo predict``'s input protocol: what a file given as INPUTS may be (deploy/predict_inputs.py)
+# ``zoo predict``'s input protocol: what a file given as INPUTS may be (deploy/predict/inputs.py)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +280,7 @@ def test_predict_refuses_a_file_that_is_no_image_and_no_list(
 def test_a_list_with_a_bom_reads_and_late_control_bytes_are_refused_escaped(
     not_lists: dict[str, object],
 ) -> None:
-    from zoo.deploy.predict_inputs import check_inputs, iter_inputs
+    from zoo.deploy.predict.inputs import check_inputs, iter_inputs
 
     folder = not_lists["folder"]
     ok, late = str(folder / "ok.txt"), str(folder / "late.txt")  # type: ignore[operator]

@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from zoo.deploy import quantize as q
-from zoo.deploy.quantize_search import CalibReader
+from zoo.deploy.quantize import int8 as q
+from zoo.deploy.quantize.search import CalibReader
 from zoo.errors import QuantizationError
 
 
@@ -217,7 +217,7 @@ def test_nncf_int8_activations_become_uint8_with_the_same_values() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from zoo.deploy.quantize_nncf import uint8_activations
+    from zoo.deploy.quantize.nncf_engine import uint8_activations
 
     inits = [
         numpy_helper.from_array(np.array(0.05, np.float32), "s"),

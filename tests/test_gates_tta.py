@@ -13,12 +13,12 @@ import torch
 from PIL import Image
 
 from tests.test_gates_embeddings import _classifier
-from zoo.deploy.predict import load_scorer
-from zoo.deploy.preprocess import normalised, preprocess, resized, scores
-from zoo.deploy.tta import VIEWS, average, views
+from zoo.deploy.predict.scoring import load_scorer
 from zoo.errors import InputError
+from zoo.preprocess import normalised, preprocess, resized, scores
 from zoo.preprocessing import Preprocessing
 from zoo.train.evaluate import _combine
+from zoo.tta import VIEWS, average, views
 
 PRE = Preprocessing(
     input_size=(3, 4, 4), crop_pct=0.5, interpolation="nearest", mean=(0.5,) * 3, std=(0.25,) * 3

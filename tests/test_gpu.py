@@ -135,7 +135,7 @@ def test_cuda_bench_rows_never_fall_back_silently() -> None:
 def test_ort_cuda_session_is_asserted(mobilenet_onnx: Path) -> None:
     import onnxruntime as ort
 
-    from zoo.deploy.runtime import make_session
+    from zoo.deploy.runtimes.loader import make_session
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime here has no CUDA provider (covered by test_deploy's error test)")
@@ -178,7 +178,7 @@ def test_fp16_through_torch_cuda_passes_the_fp16_gate(mobilenet_weights: Path) -
     the export gate itself; fp32's bounds must reject it (the fp16 bounds are not vacuous)."""
     import copy
 
-    from zoo.deploy.parity import FP16, FP32, check_parity
+    from zoo.deploy.export.parity import FP16, FP32, check_parity
     from zoo.factory import info_of
 
     model = zoo.create_model("mobilenet_v2").eval()

@@ -102,3 +102,21 @@ def test_a_submodule_import_is_not_an_import_of_the_package(tmp_path: Path, line
     modules = project_modules(tmp_path)
     graph = {name: imported(path, modules) - {name} for name, path in modules.items()}
     assert cycles(graph) == [] and graph["zoo.train.x"] == {"zoo.train.durable"}
+
+
+def test_layers_point_one_way() -> None:
+    """The trainer never imports the deploy side, and the core (``zoo/``) imports neither:
+    what both need (preprocessing, TTA views) lives in the core."""
+    modules = project_modules(ROOT)
+    graph = {name: imported(path, modules) - {name} for name, path in modules.items()}
+    lower = {"zoo.train": ("zoo.deploy", "zoo.cli")}  # and the core: every other layer
+    layers = ("zoo.train", "zoo.deploy", "zoo.cli")
+    upward = set()
+    for a, deps in graph.items():
+        if a == "zoo.__main__":  # the console entry point runs the CLI
+            continue
+        above = lower.get(a[:9]) if a.startswith("zoo.train") else None
+        if above is None and not a.startswith(layers):
+            above = layers
+        upward |= {(a, b) for b in deps if above and b.startswith(above)}
+    assert upward == set()

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from tests.conftest import run_zoo
 from tests.serving import server
 from zoo.cli.app import app
-from zoo.deploy import parity
-from zoo.deploy.bench import fastest_within
+from zoo.deploy.bench.table import fastest_within
+from zoo.deploy.export import parity
 from zoo.errors import BackendUnavailableError, InputError, ModelRefError, ParityError
 from zoo.ref import ModelRef
 
@@ -57,7 +57,7 @@ class _Core:
 
 
 def test_every_compile_names_its_precision_threads_and_one_stream() -> None:
-    from zoo.deploy.openvino_runtime import compile_cpu
+    from zoo.deploy.runtimes.openvino import compile_cpu
 
     core = _Core(["FP32", "INT8"])
     compile_cpu(core, object(), "int8", 3)
@@ -73,7 +73,7 @@ def test_every_compile_names_its_precision_threads_and_one_stream() -> None:
 
 
 def test_bf16_is_refused_where_the_cpu_would_silently_run_f32() -> None:
-    from zoo.deploy.openvino_runtime import compile_cpu, require_precision
+    from zoo.deploy.runtimes.openvino import compile_cpu, require_precision
 
     with pytest.raises(BackendUnavailableError, match=r"cannot run OpenVINO bf16.*FP32, INT8"):
         require_precision(_Core(["FP32", "INT8"]), "bf16")
@@ -92,7 +92,7 @@ def test_bf16_export_on_a_cpu_without_it_exits_1_before_any_work(tmp_path: Path)
 
 
 def test_this_machines_plugin_is_asked_not_assumed() -> None:
-    from zoo.deploy.openvino_runtime import require_precision
+    from zoo.deploy.runtimes.openvino import require_precision
 
     core = ov.Core()
     require_precision(core, "fp32")
@@ -140,8 +140,8 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
 
 
 def test_fastest_within_says_whether_the_sample_proves_the_floor() -> None:
-    from zoo.deploy.bench import floor_notes
-    from zoo.deploy.quantize import wilson
+    from zoo.deploy.bench.table import floor_notes
+    from zoo.deploy.quantize.int8 import wilson
 
     def row(agreement: float, n: int, backend: str = "ov_int8", **kw: object) -> dict:
         return _row(backend, 3.0, agreement, agreement_ci95=wilson(agreement, n), **kw)
@@ -175,7 +175,7 @@ def test_an_xml_file_or_its_folder_is_an_openvino_reference(tmp_path: Path) -> N
 
 
 def test_a_broken_ir_is_named_plainly(tmp_path: Path) -> None:
-    from zoo.deploy.openvino_runtime import read_ir
+    from zoo.deploy.runtimes.openvino import read_ir
 
     (tmp_path / "a.xml").write_text("hello")
     with pytest.raises(InputError, match=r"a\.xml is not an OpenVINO IR \(no <net> element"):
@@ -186,7 +186,7 @@ def test_a_broken_ir_is_named_plainly(tmp_path: Path) -> None:
 
 
 def test_bench_refuses_ov_int8_input_before_timing(tmp_path: Path) -> None:
-    from zoo.deploy.bench import run_bench
+    from zoo.deploy.bench.table import run_bench
 
     common = {"devices": ["cpu"], "batch_sizes": [1], "backends": ["ov_int8"]}
     with pytest.raises(InputError, match="ov_int8 needs --calib DIR"):
@@ -225,7 +225,7 @@ def test_export_usage_errors_exit_2(args: list[str], says: str) -> None:
 def test_export_refuses_a_folder_that_is_not_an_ir_and_int8_without_calibration(
     tmp_path: Path,
 ) -> None:
-    from zoo.deploy.openvino_export import _calibration, export_openvino
+    from zoo.deploy.export.openvino import _calibration, export_openvino
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
@@ -244,7 +244,7 @@ def test_export_refuses_a_folder_that_is_not_an_ir_and_int8_without_calibration(
 def test_a_failed_gate_writes_nothing_and_keeps_the_old_ir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zoo.deploy import openvino_export
+    from zoo.deploy.export import openvino as openvino_export
 
     out = tmp_path / "ir"
     first = openvino_export.export_openvino("simple_cnn.scratch", out)
@@ -280,8 +280,8 @@ def ir_fp32(tmp_path_factory: pytest.TempPathFactory, mobilenet_weights: Path) -
 def test_the_fp32_ir_carries_zoo_metadata_and_matches_onnxruntime(
     ir_fp32: Path, mobilenet_onnx: Path
 ) -> None:
-    from zoo.deploy.openvino_runtime import OpenVinoClassifier, read_ir_file_metadata
-    from zoo.deploy.runtime import OnnxClassifier
+    from zoo.deploy.runtimes.loader import OnnxClassifier
+    from zoo.deploy.runtimes.openvino import OpenVinoClassifier, read_ir_file_metadata
 
     meta = read_ir_file_metadata(ir_fp32)
     assert meta["format"] == "openvino" and meta["precision"] == "fp32"
@@ -336,8 +336,8 @@ def test_serve_runs_the_ir_and_onnx_in_openvino(ir_fp32: Path, mobilenet_onnx: P
 # ---- int8: NNCF on the IR, judged by agreement on held-out real images --------------------
 @pytest.mark.slow
 def test_int8_ir_is_judged_by_agreement_on_held_out_images(small_digits: Path, tmp_path: Path):
-    from zoo.deploy.openvino_export import export_openvino
-    from zoo.deploy.openvino_runtime import read_ir_file_metadata
+    from zoo.deploy.export.openvino import export_openvino
+    from zoo.deploy.runtimes.openvino import read_ir_file_metadata
 
     out = tmp_path / "int8"
     r = export_openvino(
@@ -362,7 +362,7 @@ def test_int8_ir_is_judged_by_agreement_on_held_out_images(small_digits: Path, t
 def test_bench_rows_for_openvino_with_agreement_and_the_fastest_within_a_floor(
     small_digits: Path,
 ) -> None:
-    from zoo.deploy.bench import run_bench
+    from zoo.deploy.bench.table import run_bench
 
     report = run_bench(
         "simple_cnn.scratch",

@@ -17,8 +17,8 @@ import pytest
 
 from tests import crash
 from zoo import create_model
-from zoo.deploy.batch_predict import predict_to_file
-from zoo.deploy.predict import load_scorer, predict
+from zoo.deploy.predict.batch import predict_to_file
+from zoo.deploy.predict.scoring import load_scorer, predict
 from zoo.errors import InputError
 from zoo.samples import sample_image_paths
 
@@ -251,7 +251,7 @@ def test_the_actor_class_on_a_users_own_batches(mobilenet_onnx: Path, photos: Pa
     """`ZooPredictor` as the README's Ray pipeline calls it (a batch of `path` and encoded
     `bytes`, as `read_binary_files` gives), without a Ray runtime (the real one runs in the
     test above): unreadable files flagged in `error`, the rest equal to `predict`."""
-    from zoo.deploy.ray_engine import ZooPredictor
+    from zoo.deploy.predict.ray_engine import ZooPredictor
 
     files = [*good_images(photos), *(str(photos / n) for n in BROKEN)]
     batch = {
@@ -276,8 +276,8 @@ def test_the_actor_class_on_a_users_own_batches(mobilenet_onnx: Path, photos: Pa
 def test_predict_with_tta_is_the_mean_over_views(mobilenet_onnx: Path) -> None:
     """`--tta ten-crop` on the real model and photos: each image's scores are the mean of the
     plain model's scores over its ten views, and the labels stay right."""
-    from zoo.deploy.tta import views
     from zoo.images import open_image
+    from zoo.tta import views
 
     plain = load_scorer(str(mobilenet_onnx))
     files = [str(p) for p in sample_image_paths()]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from zoo.deploy.preprocess import preprocess
 from zoo.errors import ArtifactError
+from zoo.preprocess import preprocess
 from zoo.preprocessing import INTERPOLATIONS, Preprocessing
 from zoo.samples import sample_image_paths
 from zoo.transforms import eval_transform

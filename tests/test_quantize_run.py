@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import run_zoo
-from zoo.deploy import quantize as q
-from zoo.deploy.quantize_search import estimate_seconds
+from zoo.deploy.quantize import int8 as q
+from zoo.deploy.quantize.search import estimate_seconds
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_auto_engine_is_nncf_where_it_applies() -> None:
     (NNCF) unless the options ask for onnxruntime's own settings or a mode NNCF lacks."""
     import importlib.util
 
-    from zoo.deploy.quantize import resolve_engine
+    from zoo.deploy.quantize.int8 import resolve_engine
 
     best = "nncf" if importlib.util.find_spec("nncf") else "ort"
     assert resolve_engine("auto", "static", None, None, None) == best

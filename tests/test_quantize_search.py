@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import run_zoo
-from zoo.deploy import quantize_search as qs
-from zoo.deploy.quantize import quantize, wilson
+from zoo.deploy.quantize import search as qs
+from zoo.deploy.quantize.int8 import quantize, wilson
 from zoo.errors import InputError, QuantizationError
 
 # --- choosing k -------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     """The human-readable lines: how many nodes stayed float, which calibration won, and the
     held-out agreement with its interval (the report itself is checked end to end below)."""
     from zoo.cli.app import app
-    from zoo.deploy import quantize as q
+    from zoo.deploy.quantize import int8 as q
 
     seen: dict[str, object] = {}
     ops = {f"n{i}": op for i, op in enumerate(["Add"] * 3 + ["Clip"] * 4 + ["Conv"] * 92)}
@@ -239,7 +239,7 @@ def test_a_node_kept_float_is_fp32_in_the_coverage(tmp_path: Path) -> None:
 
     from onnx import TensorProto, helper
 
-    from zoo.deploy.quantize import coverage
+    from zoo.deploy.quantize.int8 import coverage
 
     nodes = [
         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
@@ -269,7 +269,7 @@ def digits_cnn(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """``simple_cnn`` fine-tuned for 3 epochs on 300 real digits (val accuracy ~0.7: small
     logit margins that int8 flips), exported; calibration (6 a class) and held-out (20 a
     class) images, disjoint."""
-    from zoo.deploy.export import export_onnx
+    from zoo.deploy.export.onnx_export import export_onnx
 
     root = tmp_path_factory.mktemp("search")
     r = run_zoo(
@@ -292,7 +292,7 @@ def test_search_reaches_the_target_with_nodes_kept_float(
     digits_cnn: dict[str, Path], tmp_path: Path
 ) -> None:
     from zoo.cli.app import app
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.onnx_meta import read_metadata
 
     out = tmp_path / "q.onnx"
     args = ["quantize", str(digits_cnn["model"]), "--calib", str(digits_cnn["calib"])]

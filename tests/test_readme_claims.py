@@ -109,7 +109,7 @@ def test_parity_breach_exits_1_and_allow_mismatch_keeps_the_file(tmp_path: Path)
     assert "warning: parity FAILED (written because of --allow-mismatch)" in kept.stderr
     report = json.loads(kept.stdout)
     assert report["parity"]["passed"] is False and report["parity"]["tensors"]["max_abs"] >= 9.99
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.onnx_meta import read_metadata
 
     assert read_metadata(out)["parity"]["passed"] is False  # the file says so too
 

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.serving import NAME, binary_infer, binary_logits, json_infer, metric, server, x_of
-from zoo.deploy.runtime import make_session
+from zoo.deploy.runtimes.loader import make_session
 from zoo.samples import sample_image_paths
 
 pytestmark = pytest.mark.serve
@@ -404,7 +404,7 @@ def test_sigterm_under_load_finishes_in_flight(mobilenet_onnx: Path) -> None:
 
 def test_triton_repository_parses_with_triton_schema(tmp_path: Path, mobilenet_weights) -> None:
     from tests.conftest import run_zoo
-    from zoo.deploy.triton import validate_config
+    from zoo.deploy.export.triton import validate_config
 
     r = run_zoo(
         "export",

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from tests.conftest import run_zoo
 from tests.serving import NAME, binary_infer, binary_logits, free_port, in_process_server, server
-from zoo.deploy.runtime import OnnxClassifier, make_session
+from zoo.deploy.runtimes.loader import OnnxClassifier, make_session
 from zoo.deploy.serve.app import ModelServer
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.run import default_name

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.serving import NAME, binary_infer, binary_logits, server, x_of
-from zoo.deploy.runtime import make_session
+from zoo.deploy.runtimes.loader import make_session
 from zoo.samples import sample_image_paths
 
 pytestmark = pytest.mark.serve

@@ -16,8 +16,8 @@ from PIL import Image
 
 from tests.conftest import run_zoo
 from tests.serving import NAME, binary_infer, binary_logits, metric, server, x_of
-from zoo.deploy.onnx_meta import read_metadata
-from zoo.deploy.runtime import OnnxClassifier, make_session, run_padded
+from zoo.deploy.runtimes.loader import OnnxClassifier, make_session, run_padded
+from zoo.onnx_meta import read_metadata
 from zoo.samples import sample_image_paths
 
 

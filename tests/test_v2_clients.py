@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.serving import NAME, server, x_of
-from zoo.deploy.runtime import make_session
+from zoo.deploy.runtimes.loader import make_session
 
 pytestmark = pytest.mark.serve
 

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from zoo.deploy.tta import VIEWS, check_tta, check_views, views
 from zoo.device import pick_device
 from zoo.errors import DataError
 from zoo.factory import create_model, info_of
@@ -24,6 +23,7 @@ from zoo.ref import ModelRef
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
+from zoo.tta import VIEWS, check_tta, check_views, views
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -215,7 +215,7 @@ def run_eval(
         batch_size: images per forward pass.
         device: ``auto``, ``cpu``, ``cuda``….
         num_workers: DataLoader workers.
-        tta: test-time augmentation (:mod:`zoo.deploy.tta`): the metrics are those of the
+        tta: test-time augmentation (:mod:`zoo.tta`): the metrics are those of the
             views' mean probabilities, and ``tta.without`` holds the plain crop's, from the
             same pass.
 

@@ -4,7 +4,7 @@ The eval pipeline is: convert the image to ``channels`` → resize its short sid
 ``resize_size`` (``interpolation``) → center-crop ``crop_size`` → scale to [0, 1] → subtract
 ``mean``, divide by ``std`` → CHW. Two implementations are built from this value: torchvision
 transforms for training and evaluation (:mod:`zoo.transforms`) and numpy + PIL for exported
-models (:mod:`zoo.deploy.preprocess`); ``tests/test_preprocessing.py`` holds them together.
+models (:mod:`zoo.preprocess`); ``tests/test_preprocessing.py`` holds them together.
 
 ``resize_size`` is derived from ``crop_pct`` (timm's convention: 224 px at 0.875 → 256); it is
 still written into files for readers without zoo, and checked when read back. Nothing here

@@ -2,7 +2,7 @@
 (train: online augmentation; eval: resize + center crop + normalise).
 
 The eval transform is the reference the numpy implementation for exported models
-(:mod:`zoo.deploy.preprocess`) is tested against, per interpolation, on real images.
+(:mod:`zoo.preprocess`) is tested against, per interpolation, on real images.
 """
 
 from __future__ import annotations

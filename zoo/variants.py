@@ -200,7 +200,7 @@ def _ir_metadata(xml: Path) -> dict[str, Any]:
 def _metadata(path: Path, kind: VariantKind) -> dict[str, Any]:
     if kind == "openvino":
         return _ir_metadata(path)
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.onnx_meta import read_metadata
 
     return read_metadata(path)
 

@@ -22,8 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.artifact import zoo_version
-from zoo.deploy.preprocess import check_aspect, scores
-from zoo.deploy.runtime import Classifier, load_classifier
+from zoo.deploy.runtimes.loader import Classifier, load_classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import ServerMetrics
@@ -45,6 +44,7 @@ from zoo.errors import (
     UnsupportedMediaTypeError,
 )
 from zoo.images import open_image
+from zoo.preprocess import check_aspect, scores
 
 log = logging.getLogger("zoo.serve")
 HALF_MAX = float(np.finfo(np.float16).max)  # 65504: the largest input an --fp16-io graph holds

@@ -31,7 +31,7 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
 
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse.
-        Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
+        Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
     """
     ref = ModelRef.parse(model)
     if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, served as it is
@@ -40,7 +40,7 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
         candidate = ref.model_folder / ONNX_FILE
         if candidate.is_file():
             return candidate
-    from zoo.deploy.export import export_onnx
+    from zoo.deploy.export.onnx_export import export_onnx
 
     out = workdir / ONNX_FILE
     logging.getLogger("zoo.serve").warning(
@@ -51,10 +51,10 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
 
 
 def default_name(onnx_path: Path) -> str:
-    from zoo.deploy.onnx_meta import read_metadata
+    from zoo.onnx_meta import read_metadata
 
     if onnx_path.suffix == ".xml":
-        from zoo.deploy.openvino_runtime import read_ir_file_metadata
+        from zoo.deploy.runtimes.openvino import read_ir_file_metadata
 
         meta = read_ir_file_metadata(onnx_path)
     else:
@@ -96,8 +96,8 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
 
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse.
-        Everything :func:`zoo.deploy.export.export_onnx` raises, for an on-the-fly export.
-        Everything :func:`zoo.deploy.runtime.load_classifier` raises: the model is loaded
+        Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
+        Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
             once before the server binds, so a model it cannot run is refused, not served 503.
     """
     import uvicorn
@@ -111,7 +111,7 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
     with tempfile.TemporaryDirectory() as tmp:
         path = resolve_onnx(model, Path(tmp))
-        from zoo.deploy.runtime import load_classifier
+        from zoo.deploy.runtimes.loader import load_classifier
 
         # refused here, exit 1, rather than a server that answers 503 for ever
         load_classifier(

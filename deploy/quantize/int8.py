@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zoo.deploy.bench_harness import time_session
+from zoo.deploy.bench.harness import time_session
 from zoo.deploy.choices import (
     CALIB_METHODS,
     QUANT_ENGINES,
@@ -41,13 +41,13 @@ from zoo.deploy.choices import (
     QuantEngine,
     QuantMode,
 )
-from zoo.deploy.onnx_meta import read_metadata, read_preprocessing, set_metadata
-from zoo.deploy.parity import real_images
-from zoo.deploy.preprocess import preprocess
-from zoo.deploy.quantize_search import Calibration, SearchResult
-from zoo.deploy.runtime import make_session
+from zoo.deploy.export.parity import real_images
+from zoo.deploy.quantize.search import Calibration, SearchResult
+from zoo.deploy.runtimes.loader import make_session
 from zoo.errors import ChoiceError, InputError, QuantizationError
 from zoo.images import open_image
+from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
+from zoo.preprocess import preprocess
 from zoo.run_images import find_run, run_validation_images
 
 HEAVY_OPS = ("Conv", "Gemm", "MatMul")
@@ -509,12 +509,12 @@ def quantize(
         threads: ORT intra-op threads for the timing (default: available CPUs).
         calib_size: static: at most this many calibration images.
         engine: static: ``ort`` (onnxruntime's ``quantize_static``), ``nncf`` (NNCF's
-            post-training quantization: :mod:`zoo.deploy.quantize_nncf`), or ``auto``
+            post-training quantization: :mod:`zoo.deploy.quantize.nncf_engine`), or ``auto``
             (:func:`resolve_engine`: NNCF, the measured best, where it is installed).
         target_agreement: static, ``ort``: search for the calibration and the fewest nodes
             kept float such that top-1 agreement with fp32 on the evaluation images (which
             must be disjoint from the calibration images) reaches this share, in (0, 1]
-            (:mod:`zoo.deploy.quantize_search`). ``max_accuracy_drop`` still applies.
+            (:mod:`zoo.deploy.quantize.search`). ``max_accuracy_drop`` still applies.
         allow_drop: write the file even when it is below the floor (:func:`check_floor`).
         on_plan: told, before a ``target_agreement`` search starts, its estimated duration.
 
@@ -587,7 +587,7 @@ def quantize(
     if mode == "static":
         calib_imgs, calib_description = calibration_images(model, calib, calib_size)
         if not images.proves_nothing:
-            from zoo.deploy.quantize_search import check_disjoint
+            from zoo.deploy.quantize.search import check_disjoint
 
             check_disjoint(calib_imgs, list(images.paths))
         if engine == "ort":
@@ -610,11 +610,11 @@ def quantize(
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
             sess_in = make_session(model).get_inputs()[0].name
             if engine == "nncf":
-                from zoo.deploy.quantize_nncf import nncf_quantize
+                from zoo.deploy.quantize.nncf_engine import nncf_quantize
 
                 nncf_quantize(prepped, tmp_out, batches, sess_in)
             elif target_agreement is not None:
-                from zoo.deploy.quantize_search import candidates, estimate_seconds, search
+                from zoo.deploy.quantize.search import candidates, estimate_seconds, search
 
                 if on_plan is not None:
                     budget = estimate_seconds(
@@ -637,7 +637,7 @@ def quantize(
                 )
                 calibration = searched.calibration
             else:
-                from zoo.deploy.quantize_search import calibrate, quantize_qdq
+                from zoo.deploy.quantize.search import calibrate, quantize_qdq
 
                 assert calibration is not None  # engine ort, static
                 cache = Path(tmpdir) / "ranges.json"
@@ -728,7 +728,7 @@ def _check_search_options(
     model: Path,
 ) -> None:
     """``--target-agreement``'s own checks, made before anything is read or written."""
-    from zoo.deploy.quantize_search import check_target
+    from zoo.deploy.quantize.search import check_target
 
     check_target(target)
     if mode != "static" or engine != "ort":
@@ -765,7 +765,7 @@ def _measure(
     allow_drop: bool,
 ) -> QuantizeReport:
     """Both models on the evaluation images and timed in turn: the report."""
-    from zoo.deploy.runtime import run_padded, static_batch_of
+    from zoo.deploy.runtimes.loader import run_padded, static_batch_of
 
     s32, s8 = make_session(fp32, threads=threads), make_session(q, threads=threads)
     name = s32.get_inputs()[0].name

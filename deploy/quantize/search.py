@@ -145,7 +145,7 @@ class SearchResult:
 
     def to_dict(self, ci95: list[float]) -> dict[str, Any]:
         """The report's ``search`` section; ``ci95``: the interval of :attr:`agreement` on
-        :attr:`n_held_out` images (``zoo.deploy.quantize.wilson``)."""
+        :attr:`n_held_out` images (``zoo.deploy.quantize.int8.wilson``)."""
         return {
             "target": self.target,
             "calibration": {
@@ -459,7 +459,7 @@ def logits(model: Path, x: np.ndarray, threads: int | None) -> np.ndarray:
     """The model's outputs on ``x``, run as the report measures them (``quantize._measure``:
     one image a call, or the graph's fixed batch, padded), so the agreement the search stops
     at is the one the report gives."""
-    from zoo.deploy.runtime import make_session, run_padded, static_batch_of
+    from zoo.deploy.runtimes.loader import make_session, run_padded, static_batch_of
 
     session = make_session(model, threads=threads)
     name = session.get_inputs()[0].name

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.deploy.classifier import Classifier
+from zoo.deploy.runtimes.classifier import Classifier
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
 
@@ -149,7 +149,7 @@ class OpenVinoClassifier(Classifier):
         if self.path.suffix == ".xml":
             self.meta = read_ir_metadata(model, self.path)
         else:
-            from zoo.deploy.onnx_meta import read_metadata
+            from zoo.onnx_meta import read_metadata
 
             self.meta = read_metadata(self.path)
             if self.meta.get("precision", "fp32") != "fp32" or "quantization" in self.meta:

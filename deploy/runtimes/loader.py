@@ -1,5 +1,5 @@
 """onnxruntime sessions with explicit threads and an asserted provider, the ONNX Runtime
-:class:`~zoo.deploy.classifier.Classifier`, and :func:`load_classifier`, which picks the runtime
+:class:`~zoo.deploy.runtimes.classifier.Classifier`, and :func:`load_classifier`, which picks the runtime
 for a model file."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from zoo.deploy.classifier import Classifier, Prediction, run_padded
-from zoo.deploy.embeddings import flat, with_feature_output
-from zoo.deploy.onnx_meta import read_metadata
+from zoo.deploy.predict.embeddings import flat, with_feature_output
+from zoo.deploy.runtimes.classifier import Classifier, Prediction, run_padded
 from zoo.errors import BackendUnavailableError, InputError
+from zoo.onnx_meta import read_metadata
 from zoo.system import available_cpus
 
 
@@ -132,7 +132,7 @@ def load_classifier(
     embeddings: bool = False,
 ) -> Classifier:
     """The runtime for a model file: an ``.xml`` IR (or ``runtime="openvino"``) in OpenVINO
-    (:mod:`zoo.deploy.openvino_runtime`), an ``.onnx`` file in ONNX Runtime.
+    (:mod:`zoo.deploy.runtimes.openvino`), an ``.onnx`` file in ONNX Runtime.
 
     Raises:
         InputError: an IR with ``runtime="onnxruntime"``, or embeddings asked of OpenVINO.
@@ -151,7 +151,7 @@ def load_classifier(
                 "--embeddings reads a second output that zoo adds to ONNX graphs, in ONNX "
                 "Runtime: give the .onnx file the IR was exported from (zoo export MODEL)."
             )
-        from zoo.deploy.openvino_runtime import OpenVinoClassifier
+        from zoo.deploy.runtimes.openvino import OpenVinoClassifier
 
         return OpenVinoClassifier(path, device=device, threads=threads)
     return OnnxClassifier(path, device=device, threads=threads, spin=spin, embeddings=embeddings)

@@ -1,13 +1,13 @@
 """``zoo predict MODEL INPUTS --out FILE``: score any number of images into a CSV, JSONL or
 Parquet file, in bounded memory, resumable after a kill.
 
-The inputs are listed lazily (:mod:`zoo.deploy.predict_inputs`); a thread pool opens and
+The inputs are listed lazily (:mod:`zoo.deploy.predict.inputs`); a thread pool opens and
 preprocesses them ahead of the model (the same :func:`zoo.images.open_image` and the model's
 own preprocessing as ``zoo predict`` and ``zoo serve``; PIL's decoding and resizing release the
 GIL); the model scores them in batches; every ``chunk_size`` inputs the results are committed
-atomically (:class:`zoo.deploy.predict_store.ChunkStore`). A file that cannot be opened goes to
+atomically (:class:`zoo.deploy.predict.store.ChunkStore`). A file that cannot be opened goes to
 ``FILE.errors.jsonl`` with its reason, unless ``strict``. With ``engine="ray"`` the decoding and
-scoring run on Ray Data actors instead (:mod:`zoo.deploy.ray_engine`); the batches, rows, chunks
+scoring run on Ray Data actors instead (:mod:`zoo.deploy.predict.ray_engine`); the batches, rows, chunks
 and resume are the same.
 """
 
@@ -27,10 +27,10 @@ import numpy as np
 from PIL import Image
 
 from zoo.deploy.choices import ENGINES
-from zoo.deploy.predict import Scorer, load_scorer
-from zoo.deploy.predict_inputs import check_inputs, describe_inputs, iter_inputs
-from zoo.deploy.predict_rows import Decoded, Result, decode, score_decoded
-from zoo.deploy.predict_store import ChunkStore, columns, digest, format_of
+from zoo.deploy.predict.inputs import check_inputs, describe_inputs, iter_inputs
+from zoo.deploy.predict.rows import Decoded, Result, decode, score_decoded
+from zoo.deploy.predict.scoring import Scorer, load_scorer
+from zoo.deploy.predict.store import ChunkStore, columns, digest, format_of
 from zoo.errors import InputError
 from zoo.ref import ModelRef
 from zoo.system import available_cpus
@@ -143,8 +143,8 @@ def predict_to_file(
     """Score every image ``inputs`` name into ``out``, resuming an interrupted job.
 
     Args:
-        model: a model reference (see :func:`zoo.deploy.predict.load_scorer`), or a loaded
-            :class:`~zoo.deploy.predict.Scorer` (local engine only).
+        model: a model reference (see :func:`zoo.deploy.predict.scoring.load_scorer`), or a loaded
+            :class:`~zoo.deploy.predict.scoring.Scorer` (local engine only).
         inputs: image files, folders (recursive), globs and text files listing paths.
         out: ``.csv``, ``.jsonl`` or ``.parquet``: one row per scored image (``path``, then
             ``label_i``, ``index_i``, ``score_i`` for the ``top_k`` best classes; a
@@ -161,9 +161,9 @@ def predict_to_file(
         embeddings: add ``embedding``, the penultimate-layer features as a list of float32
             (``.parquet`` or ``.jsonl`` only).
         engine: ``local`` (this process) or ``ray`` (Ray Data, see
-            :mod:`zoo.deploy.ray_engine`; the file is written here, in the same chunks).
+            :mod:`zoo.deploy.predict.ray_engine`; the file is written here, in the same chunks).
         address: the Ray cluster to join (default: a local Ray started for the job).
-        tta: test-time augmentation (:mod:`zoo.deploy.tta`; a model reference only).
+        tta: test-time augmentation (:mod:`zoo.tta`; a model reference only).
         on_progress: called as ``(handled_this_run, skipped)`` after each batch.
 
     Returns:
@@ -176,7 +176,7 @@ def predict_to_file(
             inputs, a bad input spec, an option below 1, or (``strict``) an input that
             cannot be scored.
         BackendUnavailableError: ``engine="ray"`` without Ray installed.
-        Everything :func:`zoo.deploy.predict.load_scorer` raises.
+        Everything :func:`zoo.deploy.predict.scoring.load_scorer` raises.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -224,7 +224,7 @@ def predict_to_file(
     if on_progress:
         on_progress(0, skipped)
     if engine == "ray":
-        from zoo.deploy.ray_engine import ray_results
+        from zoo.deploy.predict.ray_engine import ray_results
 
         ref = ModelRef.parse(model)  # type: ignore[arg-type]  # a Scorer was refused above
         results = ray_results(

@@ -1,6 +1,6 @@
 """One batch of ``zoo predict --out``: decode an input, score a batch of them in one model
-call, and the rows they give. The local engine (:mod:`zoo.deploy.batch_predict`) and the Ray
-actors (:mod:`zoo.deploy.ray_engine`) both run exactly this, so their rows agree."""
+call, and the rows they give. The local engine (:mod:`zoo.deploy.predict.batch`) and the Ray
+actors (:mod:`zoo.deploy.predict.ray_engine`) both run exactly this, so their rows agree."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from zoo.deploy.predict import Scorer
+from zoo.deploy.predict.scoring import Scorer
 from zoo.images import open_image
 
 Decoded = tuple[str, np.ndarray | None, str | None]  # path, array or None, reason or None

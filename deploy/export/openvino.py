@@ -5,7 +5,7 @@ gate against PyTorch at the precision it will run in, and written atomically.
 The folder is built beside its destination and swapped in whole (:func:`zoo.durable.replace_dir`):
 a kill leaves the old IR, none, or the new one, never a new ``.bin`` under an old ``.xml``.
 Weights are saved in fp32 (``compress_to_fp16=False``): the precision is the runtime's, set
-explicitly (:mod:`zoo.deploy.openvino_runtime`), never a side effect of saving.
+explicitly (:mod:`zoo.deploy.runtimes.openvino`), never a side effect of saving.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import numpy as np
 
 from zoo import durable
 from zoo.deploy.choices import OPENVINO_PRECISIONS
-from zoo.deploy.export import ExportResult, export_onnx, load_for_export, parity_summary
-from zoo.deploy.openvino_runtime import (
+from zoo.deploy.export.onnx_export import ExportResult, export_onnx, load_for_export, parity_summary
+from zoo.deploy.export.parity import TOLERANCES, check_parity, gate_images, real_images
+from zoo.deploy.runtimes.openvino import (
     HINTS,
     META_KEY,
     compile_cpu,
     openvino,
     require_precision,
 )
-from zoo.deploy.parity import TOLERANCES, check_parity, gate_images, real_images
 from zoo.errors import ChoiceError, InputError, ParityError
 from zoo.ref import ModelRef
 
@@ -41,9 +41,9 @@ GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5
 
 def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: int) -> list[Any]:
     """Calibration batches for int8, from images none of which the gate judges with."""
-    from zoo.deploy.preprocess import preprocess
-    from zoo.deploy.quantize_search import check_disjoint
+    from zoo.deploy.quantize.search import check_disjoint
     from zoo.images import open_image
+    from zoo.preprocess import preprocess
 
     if calib is None:
         raise InputError(
@@ -93,16 +93,16 @@ def export_openvino(
     ``precision``, proven against PyTorch by the parity gate at that precision.
 
     Args:
-        name: what to export (a model reference, as for :func:`zoo.deploy.export.export_onnx`).
+        name: what to export (a model reference, as for :func:`zoo.deploy.export.onnx_export.export_onnx`).
         out: the IR folder to write (replaced whole; it must hold only an IR if it exists).
         precision: ``fp32``, ``bf16`` (on a CPU that runs it) or ``int8`` (NNCF, needs
-            ``calib``); judged by :data:`zoo.deploy.parity.TOLERANCES` of that precision.
+            ``calib``); judged by :data:`zoo.deploy.export.parity.TOLERANCES` of that precision.
         data: real images for the gate (default: the bundled samples).
         calib: int8: a folder of calibration images, disjoint from ``data``.
         calib_size: int8: at most this many calibration images.
         min_agreement: bf16/int8: the share of the gate's real images whose top-1 must agree
             with PyTorch (default 0.98); fp32 always needs all of them.
-        allow_mismatch, weights, model: as for :func:`zoo.deploy.export.export_onnx` (``model``:
+        allow_mismatch, weights, model: as for :func:`zoo.deploy.export.onnx_export.export_onnx` (``model``:
             this instance, not a fresh one: a randomly initialised entry differs each time).
 
     Returns:
@@ -114,7 +114,7 @@ def export_openvino(
         InputError: ``out`` holds other files; int8 without (disjoint) calibration images.
         BackendUnavailableError: OpenVINO (or NNCF) missing, or a precision this CPU cannot run.
         ParityError: the IR does not match PyTorch at its precision (nothing is written).
-        Everything :func:`zoo.deploy.export.export_onnx` raises.
+        Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises.
     """
     ChoiceError.check("precision", precision, OPENVINO_PRECISIONS)
     tolerances = TOLERANCES[precision]
@@ -151,7 +151,7 @@ def export_openvino(
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.onnx.") as work:
         onnx_file = Path(work) / "model.onnx"
         step = export_onnx(ref, onnx_file, data=data, weights=weights, model=model)
-        from zoo.deploy.onnx_meta import read_metadata
+        from zoo.onnx_meta import read_metadata
 
         meta = read_metadata(onnx_file)
         ir = ov.convert_model(str(onnx_file))

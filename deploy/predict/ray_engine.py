@@ -7,7 +7,7 @@ preprocessing, one model call per batch, the same row fields), so the rows agree
 your own pipelines too::
 
     import ray
-    from zoo.deploy.ray_engine import ZooPredictor
+    from zoo.deploy.predict.ray_engine import ZooPredictor
 
     ds = ray.data.read_binary_files("s3://bucket/images/", include_paths=True)
     ds = ds.map_batches(ZooPredictor, fn_constructor_kwargs={"model": "resnet18.onnx"},
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from zoo.deploy.predict import load_scorer
-from zoo.deploy.predict_rows import Result, decode, score_decoded
-from zoo.deploy.predict_store import columns
+from zoo.deploy.predict.rows import Result, decode, score_decoded
+from zoo.deploy.predict.scoring import load_scorer
+from zoo.deploy.predict.store import columns
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
 
@@ -52,7 +52,7 @@ class ZooPredictor:
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         threads: the runtime's threads in this actor (default: its CPUs; 1 suits one actor
             per core).
-        tta: test-time augmentation (:mod:`zoo.deploy.tta`).
+        tta: test-time augmentation (:mod:`zoo.tta`).
     """
 
     def __init__(

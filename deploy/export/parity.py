@@ -17,10 +17,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from zoo.deploy.preprocess import preprocess
-from zoo.deploy.runtime import run_padded
+from zoo.deploy.runtimes.loader import run_padded
 from zoo.images import list_images, open_image
 from zoo.metadata import ModelInfo
+from zoo.preprocess import preprocess
 from zoo.ref import ModelRef
 from zoo.transforms import eval_transform
 
@@ -415,7 +415,7 @@ def check_embedded_parity(
     Returns:
         The report (``passed``, ``failures()``), as :func:`check_parity`'s.
     """
-    from zoo.deploy.graph_preprocess import pixels
+    from zoo.deploy.export.graph_preprocess import pixels
 
     gate = images if isinstance(images, GateImages) else GateImages.given(images)
     tol = {k: v for k, v in asdict(tolerances).items() if k != "min_agreement"}

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from zoo.deploy.export import ExportResult, export_onnx
+from zoo.deploy.export.onnx_export import ExportResult, export_onnx
 from zoo.errors import ExportError, InputError
 from zoo.ref import ModelRef
 
@@ -80,8 +80,8 @@ def export_triton(
     embed_preprocessing: bool = False,
 ) -> ExportResult:
     """A Triton repository of the model's ONNX export (``embed_preprocessing``: clients send
-    uint8 pixels of any size; :mod:`zoo.deploy.graph_preprocess`)."""
-    from zoo.deploy.onnx_meta import read_metadata, read_preprocessing
+    uint8 pixels of any size; :mod:`zoo.deploy.export.graph_preprocess`)."""
+    from zoo.onnx_meta import read_metadata, read_preprocessing
 
     repo.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo) as tmp:

@@ -11,14 +11,18 @@ probabilities (softmax, or one sigmoid per class), the usual TTA.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 from PIL import Image
 
-from zoo.deploy.choices import TTAS
-from zoo.deploy.preprocess import center_box, normalised, resized
 from zoo.errors import InputError
+from zoo.preprocess import center_box, normalised, resized
 from zoo.preprocessing import Preprocessing
 
+Tta = Literal["none", "flip", "five-crop", "ten-crop"]
+"""Test-time augmentation of ``zoo eval`` and ``zoo predict``."""
+TTAS: tuple[str, ...] = get_args(Tta)
 VIEWS = {"none": 1, "flip": 2, "five-crop": 5, "ten-crop": 10}
 
 

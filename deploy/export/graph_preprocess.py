@@ -2,7 +2,7 @@
 the graph, so a client sends decoded pixels — ``uint8 (N, H, W, C)``, any height and width,
 in the model's channel count — and never re-implements resize, crop and normalisation.
 
-The nodes do what :func:`zoo.deploy.preprocess.preprocess` does, step for step: the short
+The nodes do what :func:`zoo.preprocess.preprocess` does, step for step: the short
 side resized to ``resize_size`` with the long side truncated as torchvision's ``Resize(int)``
 (integer arithmetic on the input's shape), ONNX ``Resize`` with ``antialias`` (PIL's
 reducing filters; opset 18) and the result rounded back to uint8 levels as PIL's is; the
@@ -157,8 +157,8 @@ def pixels(image: Any, channels: int) -> np.ndarray:
     Raises:
         InputError: an image too thin to resize (``preprocess.check_aspect``).
     """
-    from zoo.deploy.preprocess import check_aspect
     from zoo.images import to_channels
+    from zoo.preprocess import check_aspect
 
     check_aspect(*image.size)  # the graph would resize a thin strip to gigabytes
     a = np.asarray(to_channels(image, channels), dtype=np.uint8)

@@ -27,8 +27,8 @@ from zoo.deploy.choices import (
     JitMode,
     Precision,
 )
-from zoo.deploy.lint import lint_graph
-from zoo.deploy.parity import (
+from zoo.deploy.export.lint import lint_graph
+from zoo.deploy.export.parity import (
     TOLERANCES,
     ParityReport,
     check_embedded_parity,
@@ -200,16 +200,16 @@ def export_onnx(
         dynamic_size: dynamic height and width too.
         slim: simplify the graph with onnxslim first; the checks judge the slimmed graph.
         precision: ``fp32`` or ``fp16`` (weights and compute; inputs and outputs stay fp32),
-            judged by that precision's parity tolerances (:data:`zoo.deploy.parity.FP16`).
+            judged by that precision's parity tolerances (:data:`zoo.deploy.export.parity.FP16`).
         embed_preprocessing: the graph takes decoded ``uint8 (N, H, W, C)`` pixels of any
             size and resizes, crops and normalises them itself
-            (:mod:`zoo.deploy.graph_preprocess`); judged end to end from pixels to logits
-            (:func:`zoo.deploy.parity.check_embedded_parity`).
+            (:mod:`zoo.deploy.export.graph_preprocess`); judged end to end from pixels to logits
+            (:func:`zoo.deploy.export.parity.check_embedded_parity`).
         fp16_io: with ``precision="fp16"``, float16 inputs and outputs too (the gate and
-            :class:`zoo.deploy.runtime.OnnxClassifier` cast at the boundary).
+            :class:`zoo.deploy.runtimes.loader.OnnxClassifier` cast at the boundary).
         data: real images for the gate (``--data DIR``); None: the bundled photos and, for a
             run or its model folder, a seeded sample of the run's own validation images
-            (:func:`zoo.deploy.parity.gate_images`; the report's ``images`` names them).
+            (:func:`zoo.deploy.export.parity.gate_images`; the report's ``images`` names them).
         opset, exporter, allow_mismatch, model, weights: see ``zoo export --help``.
 
     Returns:
@@ -226,7 +226,7 @@ def export_onnx(
     import onnx
     import onnxruntime as ort
 
-    from zoo.deploy.onnx_meta import set_metadata
+    from zoo.onnx_meta import set_metadata
 
     if static_batch is not None and static_batch < 1:
         raise InputError(f"--static-batch {static_batch}: use a batch size of 1 or more.")
@@ -290,15 +290,15 @@ def export_onnx(
         def write(exporter: str) -> dict[str, Any]:  # the graph every check below judges
             done: dict[str, Any] = {"warnings": export_once(exporter=exporter)}
             if slim:
-                from zoo.deploy.slim import slim_file
+                from zoo.deploy.export.slim import slim_file
 
                 done["slim"] = slim_file(tmp)
             if precision == "fp16":
-                from zoo.deploy.fp16 import to_fp16_file
+                from zoo.deploy.export.fp16 import to_fp16_file
 
                 done["fp16"] = to_fp16_file(tmp, fp16_io=fp16_io)
             if embed_preprocessing:
-                from zoo.deploy.graph_preprocess import embed_file
+                from zoo.deploy.export.graph_preprocess import embed_file
 
                 done["input"] = embed_file(tmp, info.preprocessing())
             return done
@@ -451,7 +451,7 @@ def export_torch(
         ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
         ParityError: the exported module differs from eager (nothing is written).
     """
-    from zoo.deploy.parity import compare
+    from zoo.deploy.export.parity import compare
 
     ChoiceError.check("format", fmt, ("torchscript", "pt2"))
     ChoiceError.check("jit", jit, JIT_MODES)

@@ -1,8 +1,8 @@
 """What predict and serve run, whatever the runtime (:class:`Classifier`): preprocessing and
 class names from the model file's zoo metadata, top-k, and fixed-batch graphs padded and
 chunked in one place (``run_padded``) for predict, serve, parity and bench. The runtimes are
-:class:`zoo.deploy.runtime.OnnxClassifier` and
-:class:`zoo.deploy.openvino_runtime.OpenVinoClassifier`."""
+:class:`zoo.deploy.runtimes.loader.OnnxClassifier` and
+:class:`zoo.deploy.runtimes.openvino.OpenVinoClassifier`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from zoo.deploy.onnx_meta import read_preprocessing
-from zoo.deploy.preprocess import preprocess, scores
 from zoo.images import open_image
+from zoo.onnx_meta import read_preprocessing
+from zoo.preprocess import preprocess, scores
 from zoo.variants import warn_if_stale
 
 
@@ -92,7 +92,7 @@ class Classifier:
         """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
         or the ``(H, W, C)`` uint8 pixels a graph with embedded preprocessing resizes itself."""
         if self.embedded:
-            from zoo.deploy.graph_preprocess import pixels
+            from zoo.deploy.export.graph_preprocess import pixels
 
             return pixels(image, self.pre.channels)
         return preprocess(image, self.pre)

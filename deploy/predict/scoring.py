@@ -3,7 +3,7 @@ registry entry / run through PyTorch.
 
 :func:`load_scorer` loads a model once into a :class:`Scorer`: the per-image preprocessing
 (thread-safe, so decode workers run it) and the batched scoring. :func:`predict` (a few files,
-in memory) and :func:`zoo.deploy.batch_predict.predict_to_file` (millions, streamed to a file)
+in memory) and :func:`zoo.deploy.predict.batch.predict_to_file` (millions, streamed to a file)
 both use it, so they give the same scores."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from zoo.deploy.preprocess import scores
-from zoo.deploy.tta import average, check_tta, check_views, views
 from zoo.errors import InputError
 from zoo.images import open_image
+from zoo.preprocess import scores
 from zoo.preprocessing import Preprocessing
 from zoo.ref import RUNTIME_KINDS, ModelRef
+from zoo.tta import average, check_tta, check_views, views
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,9 @@ def load_scorer(
             ``.xml`` IR in OpenVINO, each from its embedded metadata alone; anything else is
             built with :func:`zoo.create_model`.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
-        embeddings: also offer :attr:`Scorer.embed` (see :mod:`zoo.deploy.embeddings`).
+        embeddings: also offer :attr:`Scorer.embed` (see :mod:`zoo.deploy.predict.embeddings`).
         threads: ONNX Runtime's threads (default: the CPUs available); PyTorch keeps its own.
-        tta: test-time augmentation (:mod:`zoo.deploy.tta`): ``prepare`` then gives each
+        tta: test-time augmentation (:mod:`zoo.tta`): ``prepare`` then gives each
             image's views and ``score`` averages their probabilities.
         spin: let ONNX Runtime's idle threads busy-wait between runs (fastest when nothing
             else needs the cores; ``False`` when decoding threads run beside it).
@@ -155,7 +155,7 @@ def load_scorer(
 
 def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spin: bool) -> Scorer:
     if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, from its metadata alone
-        from zoo.deploy.runtime import OnnxClassifier, load_classifier
+        from zoo.deploy.runtimes.loader import OnnxClassifier, load_classifier
 
         clf = load_classifier(
             ref.path, device=device, threads=threads, spin=spin, embeddings=embeddings
@@ -184,7 +184,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         )
     import torch
 
-    from zoo.deploy.embeddings import torch_features
+    from zoo.deploy.predict.embeddings import torch_features
     from zoo.device import pick_device
     from zoo.factory import create_model, info_of
     from zoo.transforms import eval_transform

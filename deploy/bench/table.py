@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from zoo.deploy.bench_harness import time_session
+from zoo.deploy.bench.harness import time_session
 from zoo.deploy.choices import BACKENDS
-from zoo.deploy.quantize import wilson
+from zoo.deploy.quantize.int8 import wilson
 from zoo.errors import BackendUnavailableError, ChoiceError, InputError
 from zoo.ref import ModelRef
 
@@ -73,7 +73,7 @@ class _Builder:
         if precision not in self._ir and f"ov_{precision}" in self.prebuilt:
             self._ir[precision] = self.prebuilt[f"ov_{precision}"]
         if precision not in self._ir:
-            from zoo.deploy.openvino_export import export_openvino
+            from zoo.deploy.export.openvino import export_openvino
 
             self.model.cpu()
             folder = self.workdir / f"ov-{precision}"
@@ -94,7 +94,7 @@ class _Builder:
         if kind not in self._onnx and f"ort_{kind}" in self.prebuilt:
             self._onnx[kind] = self.prebuilt[f"ort_{kind}"]
         if kind not in self._onnx:
-            from zoo.deploy.export import export_onnx
+            from zoo.deploy.export.onnx_export import export_onnx
 
             self.model.cpu()  # exported from this very instance (random init differs each time)
             fp32 = self.workdir / "fp32.onnx"
@@ -110,7 +110,7 @@ class _Builder:
                 )
                 self._onnx["fp16"] = fp16
             if kind == "int8":
-                from zoo.deploy.quantize import quantize
+                from zoo.deploy.quantize.int8 import quantize
 
                 calib = self.calib
                 if calib is None:
@@ -143,7 +143,7 @@ class _Builder:
             torch.jit.save(ts, str(path))
             return ts, round(path.stat().st_size / 2**20, 2)
         if backend in OV_PRECISIONS:
-            from zoo.deploy.openvino_runtime import OpenVinoClassifier
+            from zoo.deploy.runtimes.openvino import OpenVinoClassifier
 
             ir = self.ir_file(OV_PRECISIONS[backend])
             if device.type != "cpu":
@@ -151,7 +151,7 @@ class _Builder:
             clf = OpenVinoClassifier(ir, threads=self.threads)
             size = sum(f.stat().st_size for f in (ir, ir.with_suffix(".bin"))) / 2**20
             return (lambda t: clf.run(t.cpu().numpy())), round(size, 2)
-        from zoo.deploy.runtime import make_session
+        from zoo.deploy.runtimes.loader import make_session
 
         if backend == "ort_int8" and device.type == "cuda":
             raise BackendUnavailableError(
@@ -280,8 +280,8 @@ def run_bench(
             raise InputError(
                 "ov_int8 needs --calib DIR: real calibration images, disjoint from --data."
             )
-        from zoo.deploy.parity import real_images
-        from zoo.deploy.quantize_search import check_disjoint
+        from zoo.deploy.export.parity import real_images
+        from zoo.deploy.quantize.search import check_disjoint
 
         check_disjoint(real_images(calib, limit=300), real_images(data, limit=AGREEMENT_IMAGES))
     ref = ModelRef.parse(name)
@@ -385,9 +385,9 @@ def _real_batch(info: Any, data: str | None) -> torch.Tensor:
     """The agreement images, preprocessed as every exported backend's users feed them."""
     import numpy as np
 
-    from zoo.deploy.parity import real_images
-    from zoo.deploy.preprocess import preprocess
+    from zoo.deploy.export.parity import real_images
     from zoo.images import open_image
+    from zoo.preprocess import preprocess
 
     pre = info.preprocessing()
     images = real_images(data, limit=AGREEMENT_IMAGES)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.deploy.parity import compare
+from zoo.deploy.export.parity import compare
 
 NOTE = (
     "TorchScript (trace/script) is deprecated upstream; torch.export is the path forward "
