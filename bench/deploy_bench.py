@@ -46,6 +46,7 @@ from zoo.deploy.export.onnx_export import export_onnx
 from zoo.deploy.export.parity import real_images
 from zoo.deploy.quantize.int8 import quantize as quantize_report
 from zoo.deploy.quantize.int8 import wilson
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.system import available_cpus
 
@@ -56,7 +57,7 @@ CALIB_PHOTOS = PHOTOS[1::2]
 
 def quantize(*args: Any, **kw: Any) -> dict[str, Any]:
     """``zoo quantize --allow-drop --json``'s report: every setting is measured, none refused."""
-    return quantize_report(*args, allow_drop=True, **kw).to_dict()
+    return quantize_report(QuantizeOptions(*args, allow_drop=True, **kw)).to_dict()
 
 
 def stratified_split(data: Path, out: Path, val_per_class: int, seed: int) -> Path:

@@ -25,6 +25,7 @@ from bench_path import ROOT  # noqa: F401
 from common import PHOTOS, photo_crops
 from provenance import Recording, headline
 
+from zoo.deploy.bench.options import BenchOptions
 from zoo.deploy.bench.table import run_bench
 from zoo.system import available_cpus
 
@@ -56,18 +57,18 @@ def main() -> None:
         eval_dir, calib_dir = Path(tmp) / "eval", Path(tmp) / "calib"
         eval_counts = photo_crops(eval_dir, EVAL_PHOTOS, 24, seed=0)
         calib_counts = photo_crops(calib_dir, CALIB_PHOTOS, 16, seed=1)
-        common = {
-            "backends": BACKENDS,
-            "devices": ["cpu"],
-            "batch_sizes": [1, 16],
+        common: dict[str, Any] = {
+            "backends": tuple(BACKENDS),
+            "devices": ("cpu",),
+            "batch_sizes": (1, 16),
             "threads": threads,
             "calib": str(calib_dir),
             "data": str(eval_dir),
             "min_seconds": args.seconds,
             "min_agreement": FLOOR,
         }
-        mnv2 = run_bench("mobilenet_v2", **common)
-        r18 = run_bench("resnet18", weights="none", **common)
+        mnv2 = run_bench(BenchOptions("mobilenet_v2", **common)).to_dict()
+        r18 = run_bench(BenchOptions("resnet18", weights="none", **common)).to_dict()
     for report in (mnv2, r18):
         report["ratio_vs_ort_fp32"] = _ratios(report["rows"])
     rows = {(r["backend"], r["batch"]): r for r in mnv2["rows"]}

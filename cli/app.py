@@ -11,11 +11,13 @@ import logging
 import os
 import pkgutil
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 import zoo.cli as cli_pkg
-from zoo.errors import ZooError
+from zoo.errors import UsageError, ZooError
 
 DEBUG_ENV = "ZOO_DEBUG"
 
@@ -31,25 +33,59 @@ app = typer.Typer(
 
 
 # The order of `zoo --help`: the user's path first; any other module follows alphabetically.
-_ORDER = ["models", "train", "export", "predict", "quantize", "bench", "serve", "hub"]
+_ORDER = [
+    "models",
+    "finetune",
+    "eval",
+    "data",
+    "export",
+    "compare_jit",
+    "predict",
+    "quantize",
+    "bench",
+    "serve",
+    "hub",
+]
 
 
 def _register_all() -> None:
     mods = pkgutil.iter_modules(cli_pkg.__path__)
     rank = {name: i for i, name in enumerate(_ORDER)}
     for mod in sorted(mods, key=lambda m: (rank.get(m.name, len(_ORDER)), m.name)):
-        if mod.name in {"app", "common"}:
+        if mod.name in {"app", "common", "train_options"}:
             continue
         module = importlib.import_module(f"zoo.cli.{mod.name}")
         if hasattr(module, "register"):
             module.register(app)
 
 
+class _Command(TyperCommand):
+    """Every command: a library :class:`~zoo.errors.UsageError` exits 2 with the command's
+    usage, like the usage errors typer finds itself (the one place this mapping is made)."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context (typer._click is private)
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc), ctx, param_hint=exc.param_hint) from None
+
+
+def _usage_errors_exit_2(group: typer.Typer) -> None:
+    for info in group.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = _Command
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _usage_errors_exit_2(sub.typer_instance)
+
+
 _register_all()
+_usage_errors_exit_2(app)
 
 
 def main() -> None:
-    """Console-script entry point: known errors → message on stderr, exit 1."""
+    """Console-script entry point: known errors → message on stderr, exit 1 (usage errors
+    exit 2 inside the command, :class:`_Command`)."""
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING,

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from zoo.cli.common import JsonOpt, err, interrupt_exits, out, print_json
-from zoo.cli.train import finetune_cmd, train_config
+from zoo.cli.finetune import finetune_cmd
+from zoo.cli.train_options import train_config
 
 # finetune's options that change a step; the ones about a whole run (epochs, schedule,
 # checkpoints, resume, ...) have no meaning for a range test and are not offered

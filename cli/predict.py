@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -21,6 +21,7 @@ from zoo.cli.common import (
     with_variant,
 )
 from zoo.deploy.choices import PredictEngine
+from zoo.deploy.predict.options import PredictFileOptions, option_defaults
 from zoo.tta import Tta
 
 InputsArg = Annotated[
@@ -32,12 +33,15 @@ InputsArg = Annotated[
     ),
 ]
 
+# Every default comes from PredictFileOptions; only the help text and spelling live here.
+D = option_defaults()
+
 
 def predict_cmd(
     model: ModelOrOnnxArg,
     inputs: InputsArg,
-    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = 5,
-    device: str = "cpu",
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1)] = D["top_k"],
+    device: str = D["device"],
     out_file: Annotated[
         Path | None,
         typer.Option(
@@ -55,33 +59,33 @@ def predict_cmd(
             help="--out: images per model call (about three batches of decoded images are "
             "held in memory: the one scored, and the next decoding)",
         ),
-    ] = 32,
+    ] = D["batch_size"],
     chunk_size: Annotated[
         int,
         typer.Option(
             "--chunk-size", min=1, help="--out: inputs per committed chunk (what a kill can cost)"
         ),
-    ] = 1024,
+    ] = D["chunk_size"],
     workers: Annotated[
         int | None,
         typer.Option(
             "--workers", min=1, help="--out: decoding threads; default: the CPUs available"
         ),
-    ] = None,
+    ] = D["workers"],
     strict: Annotated[
         bool, typer.Option("--strict", help="--out: stop at the first file that cannot be read")
-    ] = False,
+    ] = D["strict"],
     overwrite: Annotated[
         bool,
         typer.Option("--overwrite", help="--out: replace the file and discard an interrupted job"),
-    ] = False,
+    ] = D["overwrite"],
     embeddings: Annotated[
         bool,
         typer.Option(
             "--embeddings",
             help="--out: add `embedding`, the penultimate-layer features (.parquet/.jsonl)",
         ),
-    ] = False,
+    ] = D["embeddings"],
     engine: Annotated[
         PredictEngine,
         choice(
@@ -89,11 +93,11 @@ def predict_cmd(
             "--engine",
             help="--out: score here, or on Ray Data (pip install 'zoo[ray]'; --workers: actors)",
         ),
-    ] = "local",
+    ] = D["engine"],
     address: Annotated[
         str | None,
         typer.Option("--address", help="--engine ray: the cluster to join (default: a local Ray)"),
-    ] = None,
+    ] = D["address"],
     tta: Annotated[
         Tta,
         choice(
@@ -102,7 +106,7 @@ def predict_cmd(
             help="test-time augmentation: average the scores of the eval crop and its mirror "
             "(flip), of five crops, or of those and their mirrors",
         ),
-    ] = "none",
+    ] = D["tta"],
     variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -115,13 +119,14 @@ def predict_cmd(
         raise typer.BadParameter("--address applies to --engine ray only.")
     model = with_variant(model, variant)
     if out_file is not None:
-        _predict_to_file(
+        options = PredictFileOptions(
             model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
             chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
-            embeddings=embeddings, engine=engine, address=address, tta=tta, as_json=as_json,
+            embeddings=embeddings, engine=engine, address=address, tta=tta,
         )  # fmt: skip
+        _predict_to_file(options, as_json=as_json)
         return
-    if strict or overwrite or embeddings or engine != "local" or address:
+    if strict or overwrite or embeddings or engine != D["engine"] or address:
         raise typer.BadParameter(
             "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
         )
@@ -131,17 +136,14 @@ def predict_cmd(
     check_inputs(inputs)
     results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
     if as_json:
-        print_json(results)
+        print_json([r.to_dict() for r in results])
         return
     for r in results:
-        out.print(f"{r['image']}:")
-        for p in r["top"]:
-            out.print(f"  {p['score']:.4f}  {p['label']}")
+        for line in r.lines():
+            out.print(line)
 
 
-def _predict_to_file(
-    model: str, inputs: list[str], out_file: Path, *, as_json: bool, **options: Any
-) -> None:
+def _predict_to_file(options: PredictFileOptions, *, as_json: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from zoo.deploy.predict.batch import predict_to_file
@@ -157,32 +159,22 @@ def _predict_to_file(
     def advance(handled: int, skipped: int) -> None:
         nonlocal task, t0
         if task is None:  # after the resumed part is skipped: the rate counts this run only
-            total = count_inputs(inputs)
+            total = count_inputs(options.inputs)
             t0 = time.perf_counter()
             task = bar.add_task("predict", total=total, completed=skipped, rate="")
         rate = handled / max(time.perf_counter() - t0, 1e-9)
         bar.update(task, completed=skipped + handled, rate=f"{rate:,.1f} img/s")
 
     stopped = (  # Ctrl-C: the committed chunks stay, and the same command resumes
-        f"interrupted: {out_file} keeps every chunk written so far; run the same command again "
+        f"interrupted: {options.out} keeps every chunk written so far; run the same command again "
         "to finish (what is written is skipped)"
     )
     with interrupt_exits(stopped), bar if err.is_terminal else nullcontext():
-        s = predict_to_file(
-            model, inputs, out_file, on_progress=advance if err.is_terminal else None, **options
-        )
+        s = predict_to_file(options, on_progress=advance if err.is_terminal else None)
     if as_json:
         print_json(s.to_dict())
         return
-    errors = (
-        f"{s.errors:,} unreadable (listed in {s.errors_file})"
-        if s.errors_file
-        else "none unreadable"
-    )
-    err.print(
-        f"predicted {s.done:,} inputs → {s.out}: {s.rows:,} rows, {s.skipped:,} skipped as "
-        f"already done, {errors}; {s.seconds:.1f} s, {s.images_per_s:,.1f} images/s"
-    )
+    err.print(s.line())
 
 
 def register(app: typer.Typer) -> None:

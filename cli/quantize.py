@@ -19,16 +19,20 @@ from zoo.deploy.choices import (
     QuantEngine,
     QuantMode,
 )
+from zoo.deploy.quantize.options import option_defaults
+
+# Every default comes from QuantizeOptions; only the help text and spelling live here.
+D = option_defaults()
 
 
 def quantize_cmd(
     model: Annotated[Path, typer.Argument(help="an exported fp32 .onnx file")],
     mode: Annotated[
         QuantMode, choice(QuantMode, "--mode", help="weights only, or calibrated activations too")
-    ] = "static",
+    ] = D["mode"],
     calib: Annotated[
         str | None, typer.Option(help="static: folder of real calibration images")
-    ] = None,
+    ] = D["calib"],
     method: Annotated[
         CalibMethod | None,
         choice(
@@ -36,7 +40,7 @@ def quantize_cmd(
             "--method",
             help="static, --engine ort: activation ranges (default: minmax, the measured best)",
         ),
-    ] = None,
+    ] = D["method"],
     engine: Annotated[
         QuantEngine,
         choice(
@@ -45,24 +49,24 @@ def quantize_cmd(
             help="static: auto = NNCF where installed (pip install 'zoo[nncf]'; it kept the "
             "most accuracy measured), else onnxruntime's quantizer; or either by name",
         ),
-    ] = "auto",
+    ] = D["engine"],
     per_channel: Annotated[
         bool | None,
         typer.Option(
             "--per-channel/--no-per-channel",
             help="per-channel weight scales (default on; better for conv nets)",
         ),
-    ] = None,
+    ] = D["per_channel"],
     data: Annotated[
         str | None,
         typer.Option(
             "--data",
             help="real images (class folders give accuracy); default: the run's validation images",
         ),
-    ] = None,
+    ] = D["eval_data"],
     max_accuracy_drop: Annotated[
         float | None, typer.Option(help="fail above this drop, e.g. 0.01")
-    ] = None,
+    ] = D["max_accuracy_drop"],
     allow_drop: Annotated[
         bool,
         typer.Option(
@@ -70,7 +74,7 @@ def quantize_cmd(
             help="write the int8 file and exit 0 even below the floor (1 point of accuracy, or "
             "agreement's interval under 98%)",
         ),
-    ] = False,
+    ] = D["allow_drop"],
     target_agreement: Annotated[
         float | None,
         typer.Option(
@@ -81,32 +85,22 @@ def quantize_cmd(
             "nodes float until top-1 agreement with fp32 on the evaluation images (held out: "
             "no calibration image in them) reaches this, e.g. 0.98",
         ),
-    ] = None,
-    threads: int | None = None,
+    ] = D["target_agreement"],
+    threads: int | None = D["threads"],
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="default: a run's model/variants/int8-MODE.onnx"),
-    ] = None,
+    ] = D["output"],
     as_json: JsonOpt = False,
 ) -> None:
     """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32 on the
     model's own images."""
     from zoo.deploy.quantize.int8 import quantize
+    from zoo.deploy.quantize.options import QuantizeOptions
 
-    if mode == "dynamic" and calib is not None:
-        raise typer.BadParameter(
-            "--calib applies to --mode static (dynamic quantization calibrates nothing)",
-            param_hint="--calib",
-        )
-    if target_agreement is not None and not target_agreement > 0.0:  # 0 or nan
-        raise typer.BadParameter(
-            f"{target_agreement} is not in (0, 1]: give the share of top-1 answers to keep, "
-            "e.g. 0.98",
-            param_hint="--target-agreement",
-        )
-    report = quantize(
-        model,
-        output,
+    options = QuantizeOptions(
+        model=model,
+        output=output,
         mode=mode,
         calib=calib,
         method=method,
@@ -117,8 +111,8 @@ def quantize_cmd(
         engine=engine,
         target_agreement=target_agreement,
         allow_drop=allow_drop,
-        on_plan=lambda line: err.print(line),
     )
+    report = quantize(options, on_plan=lambda line: err.print(line))
     for line in report.advice_before:
         err.print(f"advice: {line}")
     if as_json:

@@ -8,28 +8,36 @@ import typer
 
 from zoo.cli.common import ModelOrOnnxArg, VariantOpt, choice, with_variant
 from zoo.deploy.choices import Runtime
+from zoo.deploy.serve.config import option_defaults
+
+# Every default comes from ServeConfig; only the help text and spelling live here.
+D = option_defaults()
 
 
 def serve_cmd(
     model: ModelOrOnnxArg,
-    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    host: Annotated[str, typer.Option(help="bind address")] = D["host"],
+    port: Annotated[int, typer.Option(min=0, max=65535)] = D["port"],
     name: Annotated[
         str | None, typer.Option(help="model name in the URL (default: arch.tag)")
     ] = None,
-    max_batch: Annotated[int, typer.Option(min=1, help="samples per ONNX Runtime call")] = 16,
+    max_batch: Annotated[int, typer.Option(min=1, help="samples per ONNX Runtime call")] = D[
+        "max_batch"
+    ],
     max_delay_ms: Annotated[
         float, typer.Option(min=0, help="wait this long for fuller batches (0: never wait)")
-    ] = 0.0,
-    max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = 256,
-    timeout_ms: Annotated[
-        float, typer.Option(min=1, help="504 after waiting this long")
-    ] = 10_000.0,
+    ] = D["max_delay_ms"],
+    max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = D[
+        "max_queue"
+    ],
+    timeout_ms: Annotated[float, typer.Option(min=1, help="504 after waiting this long")] = D[
+        "timeout_ms"
+    ],
     threads: Annotated[
         int | None,
         typer.Option(min=1, help="inference threads: ORT intra-op, or OpenVINO (default: CPUs)"),
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    ] = D["threads"],
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = D["device"],
     runtime: Annotated[
         Runtime,
         choice(
@@ -38,13 +46,13 @@ def serve_cmd(
             help="auto: OpenVINO for an .xml IR, ONNX Runtime for .onnx; openvino compiles an "
             "fp32 .onnx in OpenVINO (pip install 'zoo[openvino]')",
         ),
-    ] = "auto",
-    max_body_mb: Annotated[
-        float, typer.Option(min=0.001, help="413 above this request size")
-    ] = 32.0,
+    ] = D["runtime"],
+    max_body_mb: Annotated[float, typer.Option(min=0.001, help="413 above this request size")] = D[
+        "max_body_mb"
+    ],
     max_image_pixels: Annotated[
         int, typer.Option(min=1, help="413 above this many decoded pixels")
-    ] = 40_000_000,
+    ] = D["max_image_pixels"],
     variant: VariantOpt = None,
 ) -> None:
     """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching.

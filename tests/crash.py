@@ -23,7 +23,7 @@ import torch
 PRELOAD = [
     "tests.crash",
     "zoo.cli.app",
-    "zoo.cli.train",
+    "zoo.cli.finetune",
     "zoo.train.trainer",
     "zoo.train.finish",
     "zoo.train.plots",

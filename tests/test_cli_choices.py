@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import run_zoo
 from zoo.deploy import choices
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.errors import ChoiceError, ConfigError
 
 BAD_CHOICES = [
@@ -74,28 +75,29 @@ def test_every_defined_value_passes_the_parser() -> None:
 
 
 def test_library_calls_are_checked_too(tmp_path: Path) -> None:
+    from zoo.deploy.bench.options import BenchOptions
     from zoo.deploy.bench.table import run_bench
-    from zoo.deploy.export.onnx_export import export_onnx, export_torch
+    from zoo.deploy.export.onnx_export import export_onnx
+    from zoo.deploy.export.torch_export import export_torch
 
     with pytest.raises(ChoiceError, match=r"exporter 'dynamoo'.*Did you mean 'dynamo'"):
         export_onnx("mlp", tmp_path / "m.onnx", exporter="dynamoo")  # type: ignore[arg-type]
     with pytest.raises(ChoiceError, match=r"jit 'scrpt'"):
         export_torch("mlp", tmp_path / "m.ts", fmt="torchscript", jit="scrpt")  # type: ignore[arg-type]
     with pytest.raises(ChoiceError, match=r"backend 'ort_fp33'"):
-        run_bench("mlp", backends=["ort_fp33"], devices=["cpu"], batch_sizes=[1])
+        run_bench(BenchOptions("mlp", backends=("ort_fp33",)))
     assert not list(tmp_path.iterdir())
     assert isinstance(ChoiceError("x", "y", ["z"]), ValueError)
 
 
 def test_quantize_library_checks_mode_and_method(tmp_path: Path) -> None:
-    from zoo.deploy.quantize.int8 import quantize
 
     for kwargs, match in (
         ({"mode": "statc"}, "mode 'statc'"),
         ({"mode": "static", "method": "x"}, "method 'x'"),
     ):
         with pytest.raises(ChoiceError, match=match):
-            quantize(tmp_path / "m.onnx", tmp_path / "q.onnx", **kwargs)  # type: ignore[arg-type]
+            QuantizeOptions(tmp_path / "m.onnx", tmp_path / "q.onnx", **kwargs)  # type: ignore[arg-type]
 
 
 def test_train_config_refuses_unknown_keys() -> None:

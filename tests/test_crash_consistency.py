@@ -250,6 +250,85 @@ def test_failing_before_training_leaves_no_run_folder(
     assert not runs.exists() or not any(runs.iterdir())
 
 
+# ------------------------------------------------------------------ artifacts
+# Each artifact command, writing over an old artifact, killed on both sides of each of its
+# durable writes: its folder ART is the old artifact or the new one, byte for byte, never
+# neither (the folder swap, zoo.durable.replace_dir), and only hidden temporaries are left.
+# (setup, old, new) commands run in one folder; the models are built offline.
+ARTIFACTS = {
+    "bundle": (  # a model folder of another model, bundled over the old one
+        ["bundle", "simple_cnn.scratch", "SRC"],
+        ["bundle", "mlp", "ART"],
+        ["bundle", "SRC", "ART"],
+    ),
+    "triton": (
+        [],
+        ["export", "mlp", "-f", "triton", "-o", "ART", "--max-batch", "8"],
+        ["export", "mlp", "-f", "triton", "-o", "ART", "--max-batch", "16"],
+    ),
+    "openvino": (
+        [],
+        ["export", "mlp", "-f", "openvino", "-o", "ART"],
+        ["export", "simple_cnn.scratch", "-f", "openvino", "-o", "ART"],
+    ),
+}
+
+
+def _visible(folder: Path) -> dict[str, bytes] | None:
+    """The files of an artifact folder as a reader sees them (hidden temporaries aside)."""
+    if not folder.is_dir():
+        return None
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ARTIFACTS))
+def test_an_artifact_killed_at_each_write_is_the_old_or_the_new(
+    kind: str, fork_server: Any, tmp_path: Path
+) -> None:
+    if kind == "openvino":
+        pytest.importorskip("openvino")
+    setup, old_cmd, new_cmd = ARTIFACTS[kind]
+
+    def zoo(where: Path, argv: list[str], **env: str) -> None:
+        """``zoo ARGV`` in ``where`` (ART, SRC: its folders); killed exactly when asked."""
+        argv = [str(where / a) if a in ("ART", "SRC") else a for a in argv]
+        log = where.parent / f"{where.name}.log"
+        code = crash.run(fork_server, argv, log, **env)
+        assert code == (KILLED if durable.KILL_ENV in env else 0), log.read_text()
+
+    base = tmp_path / "base"  # the old artifact, copied for every attempt
+    base.mkdir()
+    if setup:
+        zoo(base, setup)
+    zoo(base, old_cmd)
+    old = _visible(base / "ART")
+    ref = tmp_path / "ref"
+    shutil.copytree(base, ref)
+    zoo(ref, new_cmd, ZOO_FAULT_TRACE=str(tmp_path / "trace"))
+    new, labels = _visible(ref / "ART"), crash.trace(tmp_path / "trace")
+    assert old and new and old != new and labels
+
+    def kill(at: str) -> str:
+        where = tmp_path / at.replace(":", "-")
+        shutil.copytree(base, where)
+        zoo(where, new_cmd, ZOO_FAULT_KILL_AT=at)
+        got = _visible(where / "ART")
+        assert got in (old, new), f"killed at {at}: neither the old {kind} nor the new one"
+        durable.remove_stale_temps(where)
+        assert not list(where.rglob(".*")), list(where.rglob(".*"))
+        return "old" if got == old else "new"
+
+    kills = [k for n in range(1, len(labels) + 1) for k in (f"{n}:inside", str(n))]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        outcome = dict(zip(kills, pool.map(kill, kills), strict=True))
+    assert outcome[kills[0]] == "old" and outcome[kills[-1]] == "new", outcome
+
+
 # ------------------------------------------------------------------ the design, on small files
 def _row(epoch: int, acc: float) -> dict[str, Any]:
     return {"epoch": epoch, "step": epoch * 10, "train/loss": 1.0 / epoch, "val/acc": acc}

@@ -17,6 +17,7 @@ from tests.conftest import run_zoo
 from zoo.deploy.export.jit_compare import compare_jit
 from zoo.deploy.export.lint import lint_graph
 from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.errors import ExportError, ParityError
 from zoo.onnx_meta import read_metadata
 from zoo.preprocess import preprocess
@@ -159,11 +160,10 @@ class DataDependent(nn.Module):
 def test_compare_jit_catches_trace_divergence() -> None:
     torch.manual_seed(0)
     report = compare_jit(DataDependent(), [(2, 3), (1, 3), (4, 3)])
-    paths = {p["path"]: p for p in report["paths"]}
-    assert paths["script"]["passed"]
-    assert not paths["trace"]["passed"], "trace must diverge on the other branch"
-    assert any("TracerWarning" in w for w in paths["trace"]["warnings"])
-    assert "deprecated" in report["note"]
+    assert report.path("script").passed
+    assert not report.path("trace").passed, "trace must diverge on the other branch"
+    assert any("TracerWarning" in w for w in report.path("trace").warnings)
+    assert "deprecated" in report.note
 
 
 def test_compare_jit_cli_on_registry_model(mobilenet_weights) -> None:
@@ -238,9 +238,11 @@ def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_p
     from zoo.errors import InputError
 
     with pytest.raises(InputError, match="--engine nncf quantizes statically"):
-        quantize(mobilenet_onnx, tmp_path / "d.onnx", mode="dynamic", engine="nncf")
+        quantize(
+            QuantizeOptions(mobilenet_onnx, tmp_path / "d.onnx", mode="dynamic", engine="nncf")
+        )
     with pytest.raises(InputError, match="is already quantized"):
-        quantize(out, tmp_path / "again.onnx", mode="dynamic")
+        quantize(QuantizeOptions(out, tmp_path / "again.onnx", mode="dynamic"))
 
 
 def test_quantize_accuracy_gate(mobilenet_onnx: Path, tmp_path: Path) -> None:

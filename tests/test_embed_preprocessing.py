@@ -19,6 +19,7 @@ from PIL import Image
 from tests.conftest import run_zoo
 from tests.serving import json_infer, server
 from zoo.deploy.export.graph_preprocess import embed_file, pixels, preprocessing_graph
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.deploy.serve.run import default_name
 from zoo.errors import InputError
 from zoo.images import open_image
@@ -162,7 +163,7 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
     scorer = load_scorer(str(out))
     assert scorer.pixels_in
     tops = predict(scorer, [str(chelsea), str(coffee)], k=1)
-    assert [x["top"][0]["label"] for x in tops] == ["Egyptian cat", "espresso"]
+    assert [x.top[0].label for x in tops] == ["Egyptian cat", "espresso"]
     with pytest.raises(InputError, match="--embed-preprocessing"):
         load_scorer(str(out), tta="flip")
 
@@ -193,4 +194,4 @@ def test_the_real_mobilenet_takes_pixels_in_predict_serve_and_triton(
     from zoo.deploy.quantize.int8 import quantize
 
     with pytest.raises(InputError, match="takes uint8 pixels"):
-        quantize(out, tmp_path / "q.onnx", mode="dynamic")
+        quantize(QuantizeOptions(out, tmp_path / "q.onnx", mode="dynamic"))

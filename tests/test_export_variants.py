@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from tests.conftest import run_zoo
 from zoo.deploy.export import parity
 from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.errors import ExportError, ParityError
 from zoo.images import open_image
@@ -98,7 +99,7 @@ def test_int8_quantization_refuses_an_fp16_export(tmp_path: Path) -> None:
     half = tmp_path / "sc16.onnx"
     export_onnx("simple_cnn", half, precision="fp16", exporter="legacy")
     with pytest.raises(InputError, match="is a fp16 export; int8 quantization starts from fp32"):
-        quantize(half, tmp_path / "q.onnx", mode="dynamic")
+        quantize(QuantizeOptions(half, tmp_path / "q.onnx", mode="dynamic"))
     assert not (tmp_path / "q.onnx").exists()
 
 

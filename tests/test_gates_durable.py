@@ -390,10 +390,66 @@ def test_replace_dir_onto_nothing_and_onto_an_old_folder(
     assert _trace(trace) == ["1\tmodel", "2\tmodel"]
 
 
-@pytest.mark.parametrize("at", ["inside", "between", "after"])
-def test_replace_dir_leaves_old_none_or_new(
+@pytest.mark.parametrize("at", ["inside", "after"])
+def test_replace_dir_swaps_old_for_new_in_one_step(
     at: str, tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Where the file system swaps (Linux's RENAME_EXCHANGE): a kill leaves the old complete
+    folder or the new complete one, never neither; the old one waits under the new one's
+    temporary name until it is deleted."""
+    run = tmp_path / "run"
+    _folder(run / "model", w="old")
+    _folder(run / ".new.tmp", w="new")
+    swaps: list[dict[str, str]] = []
+    real_exchange = durable._exchange
+
+    def exchange(a: Path, b: Path) -> bool:
+        assert real_exchange(a, b)
+        swaps.append(_snapshot(run))
+        return True
+
+    def kill(pid: int, sig: int) -> None:
+        raise Killed
+
+    monkeypatch.setattr(durable, "_exchange", exchange)
+    monkeypatch.setattr(durable.os, "kill", kill)
+    monkeypatch.setenv(durable.KILL_ENV, {"inside": "1:inside", "after": "1"}[at])
+    with pytest.raises(Killed):
+        durable.replace_dir(run / ".new.tmp", run / "model", label="model")
+    if at == "inside":  # nothing moved yet: the old complete folder
+        assert swaps == []
+        assert _snapshot(run) == {
+            ".new.tmp/": "",
+            ".new.tmp/w": "new",
+            "model/": "",
+            "model/w": "old",
+        }
+    else:  # the new complete one, the old one already gone
+        assert swaps == [{".new.tmp/": "", ".new.tmp/w": "old", "model/": "", "model/w": "new"}]
+        assert _snapshot(run) == {"model/": "", "model/w": "new"}
+    removed = durable.remove_stale_temps(run)
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]
+    assert len(removed) == {"inside": 1, "after": 0}[at]
+
+
+def test_exchange_swaps_two_folders_and_says_when_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = _folder(tmp_path / "a", w="a"), _folder(tmp_path / "b", w="b", x="x")
+    assert durable._exchange(a, b) is True
+    assert _snapshot(tmp_path) == {"a/": "", "a/w": "b", "a/x": "x", "b/": "", "b/w": "a"}
+    with pytest.raises(FileNotFoundError):
+        durable._exchange(tmp_path / "missing", a)
+    monkeypatch.setattr(durable.sys, "platform", "darwin")
+    assert durable._exchange(a, b) is False
+    assert _snapshot(tmp_path) == {"a/": "", "a/w": "b", "a/x": "x", "b/": "", "b/w": "a"}
+
+
+@pytest.mark.parametrize("at", ["inside", "between", "after"])
+def test_replace_dir_without_a_swap_leaves_old_none_or_new(
+    at: str, tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the file system cannot swap: two renames, with no folder between them."""
     run = tmp_path / "run"
     _folder(run / "model", w="old")
     _folder(run / ".new.tmp", w="new")
@@ -409,6 +465,7 @@ def test_replace_dir_leaves_old_none_or_new(
     def kill(pid: int, sig: int) -> None:
         raise Killed
 
+    monkeypatch.setattr(durable, "_exchange", lambda a, b: False)
     monkeypatch.setattr(durable.os, "replace", replace)
     monkeypatch.setattr(durable.os, "kill", kill)
     monkeypatch.setenv(durable.KILL_ENV, {"inside": "1:inside", "between": "", "after": "1"}[at])
@@ -576,4 +633,4 @@ def test_a_temporary_removed_by_someone_else_meanwhile_is_no_error(
     _folder(run / "model", w="old")
     durable.replace_dir(_folder(run / ".new.tmp", w="new"), run / "model", label="model")
     assert _snapshot(run) == {"model/": "", "model/w": "new"}
-    assert sorted(gone) == [".last.pt.5678.tmp", ".model.1234.tmp", ".model.old.tmp"]
+    assert sorted(gone) == [".last.pt.5678.tmp", ".model.1234.tmp", ".new.tmp"]  # the old model

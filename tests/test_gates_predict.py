@@ -14,6 +14,7 @@ import pytest
 
 from zoo.deploy.predict.batch import _skip
 from zoo.deploy.predict.inputs import expand_glob, iter_inputs
+from zoo.deploy.predict.options import PredictFileOptions
 from zoo.deploy.predict.scoring import Scorer
 from zoo.deploy.predict.store import ChunkStore, columns, digest, format_of
 from zoo.errors import InputError
@@ -141,7 +142,7 @@ def test_scorer_top_k_and_multilabel_decisions() -> None:
     )
     row = np.array([0.6, 0.8, 0.2, 0.8])
     # ties: the lower index first; a class without a name is named by its index
-    assert [(t["label"], t["score"]) for t in s.top(row, 3)] == [("b", 0.8), ("3", 0.8), ("a", 0.6)]
+    assert [(t.label, t.score) for t in s.top(row, 3)] == [("b", 0.8), ("3", 0.8), ("a", 0.6)]
     assert s.decided(row) == ["a", "c", "3"]  # b is under its own threshold, c reaches its own
     assert Scorer(**{**s.__dict__, "thresholds": None}).decided(row) == ["a", "b", "3"]
 
@@ -161,7 +162,7 @@ def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:
         with pytest.raises(InputError, match=message):
             check_inputs(specs)
         with pytest.raises(InputError, match=message):
-            predict_to_file("no-model-needed.onnx", specs, tree / "out.parquet")
+            predict_to_file(PredictFileOptions("no-model-needed.onnx", specs, tree / "out.parquet"))
         assert not (tree / "out.parquet.parts").exists()
 
 
@@ -231,5 +232,7 @@ def test_the_local_engine_loads_ort_without_spinning(
         )
 
     monkeypatch.setattr(bp, "load_scorer", load_scorer)
-    summary = bp.predict_to_file("m.onnx", [str(tmp_path / "a.png")], tmp_path / "o.jsonl")
+    summary = bp.predict_to_file(
+        PredictFileOptions("m.onnx", [str(tmp_path / "a.png")], tmp_path / "o.jsonl")
+    )
     assert summary.rows == 1 and asked["spin"] is False

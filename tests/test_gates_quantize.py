@@ -12,8 +12,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from zoo.deploy.quantize import images as qi
 from zoo.deploy.quantize import int8 as q
-from zoo.deploy.quantize.search import CalibReader
+from zoo.deploy.quantize import verdict as qv
+from zoo.deploy.quantize.calibration import CalibReader
+from zoo.deploy.quantize.options import QuantizeOptions
 from zoo.errors import QuantizationError
 
 
@@ -44,13 +47,13 @@ def _fp32(tmp_path: Path) -> Path:
 
 
 def test_op_counts_and_conv_heavy(tmp_path: Path) -> None:
-    counts = q.op_counts(_fp32(tmp_path))
+    counts = qv.op_counts(_fp32(tmp_path))
     assert counts == Counter({"Conv": 2, "Relu": 1, "Flatten": 1, "Gemm": 1})
-    assert q.conv_heavy(counts)
-    assert not q.conv_heavy(Counter({"Conv": 2, "Gemm": 1, "MatMul": 1}))  # 2 vs 2: not heavy
-    assert not q.conv_heavy(Counter({"Conv": 2, "MatMul": 2}))
-    assert q.conv_heavy(Counter({"Conv": 3, "Gemm": 1, "MatMul": 1}))
-    assert not q.conv_heavy(Counter({"Gemm": 1}))
+    assert qv.conv_heavy(counts)
+    assert not qv.conv_heavy(Counter({"Conv": 2, "Gemm": 1, "MatMul": 1}))  # 2 vs 2: not heavy
+    assert not qv.conv_heavy(Counter({"Conv": 2, "MatMul": 2}))
+    assert qv.conv_heavy(Counter({"Conv": 3, "Gemm": 1, "MatMul": 1}))
+    assert not qv.conv_heavy(Counter({"Gemm": 1}))
 
 
 def test_graphs_are_read_without_their_external_weights(tmp_path: Path) -> None:
@@ -73,12 +76,12 @@ def test_graphs_are_read_without_their_external_weights(tmp_path: Path) -> None:
         size_threshold=0,
     )
     (tmp_path / "ext.bin").unlink()
-    assert q.op_counts(path) == Counter({"Conv": 1})
-    assert q.coverage(Counter({"Conv": 1}), path, "static").heavy_ops == 1
+    assert qv.op_counts(path) == Counter({"Conv": 1})
+    assert qv.coverage(Counter({"Conv": 1}), path, "static").heavy_ops == 1
 
 
 def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
-    fp32 = q.op_counts(_fp32(tmp_path))
+    fp32 = qv.op_counts(_fp32(tmp_path))
     dyn = _save(
         tmp_path,
         [
@@ -87,7 +90,7 @@ def test_coverage_dynamic_counts_integer_ops(tmp_path: Path) -> None:
             helper.make_node("MatMulInteger", ["c2", "w3"], ["y"]),
         ],
     )
-    assert q.coverage(fp32, dyn, "dynamic").to_dict() == {
+    assert qv.coverage(fp32, dyn, "dynamic").to_dict() == {
         "heavy_ops": 3,
         "quantized": 2,
         "fp32_left": 1,
@@ -115,9 +118,9 @@ def test_coverage_static_counts_heavy_ops_fed_by_dequantize(tmp_path: Path) -> N
             helper.make_node("Gemm", ["c2d", "w5"], ["y"]),  # int8
         ],
     )
-    assert q.coverage(fp32, qdq, "static") == q.Coverage(heavy_ops=6, quantized=3)
-    assert q.coverage(fp32, qdq, "static").fp32_left == 3
-    assert q.coverage(fp32, qdq, "dynamic").quantized == 0
+    assert qv.coverage(fp32, qdq, "static") == qv.Coverage(heavy_ops=6, quantized=3)
+    assert qv.coverage(fp32, qdq, "static").fp32_left == 3
+    assert qv.coverage(fp32, qdq, "dynamic").quantized == 0
 
 
 def test_calibration_reader_yields_each_batch_once_by_input_name() -> None:
@@ -132,10 +135,10 @@ def test_calibration_reader_yields_each_batch_once_by_input_name() -> None:
 
 def test_labels_from_folder_names_only_when_every_folder_is_a_class(tmp_path: Path) -> None:
     imgs = [tmp_path / "cat" / "1.jpg", tmp_path / "dog" / "2.jpg", tmp_path / "cat" / "3.jpg"]
-    assert q._labels_for(imgs, ["dog", "cat"]).tolist() == [1, 0, 1]
-    assert q._labels_for(imgs, ["cat"]) is None  # 'dog' is not a class of the model
-    assert q._labels_for(imgs, []) is None
-    assert q._labels_for([], []) is None
+    assert qi.labels_for(imgs, ["dog", "cat"]).tolist() == [1, 0, 1]
+    assert qi.labels_for(imgs, ["cat"]) is None  # 'dog' is not a class of the model
+    assert qi.labels_for(imgs, []) is None
+    assert qi.labels_for([], []) is None
 
 
 def _logits(top: list[int], n: int = 3) -> np.ndarray:
@@ -145,70 +148,70 @@ def _logits(top: list[int], n: int = 3) -> np.ndarray:
 
 
 def test_accuracy_report_without_labels_is_agreement_only() -> None:
-    r = q.accuracy_report(_logits([0, 1, 2, 2]), _logits([0, 1, 1, 2]), None)
-    assert r == {"top1_agreement": 0.75, "agreement_ci95": q.wilson(0.75, 4)}
+    r = qv.accuracy_report(_logits([0, 1, 2, 2]), _logits([0, 1, 1, 2]), None)
+    assert r == {"top1_agreement": 0.75, "agreement_ci95": qv.wilson(0.75, 4)}
 
 
 def test_accuracy_report_with_labels() -> None:
     y32, y8 = _logits([0, 1, 2, 2, 1]), _logits([0, 1, 1, 2, 0])
-    r = q.accuracy_report(y32, y8, np.array([0, 1, 2, 0, 0]))
+    r = qv.accuracy_report(y32, y8, np.array([0, 1, 2, 0, 0]))
     assert r == {
         "top1_agreement": 0.6,
-        "agreement_ci95": q.wilson(0.6, 5),
+        "agreement_ci95": qv.wilson(0.6, 5),
         "accuracy": {"fp32": 0.6, "int8": 0.6},
         "accuracy_drop": 0.0,
     }
-    r = q.accuracy_report(y32, y8, np.array([0, 1, 2, 2, 1]))
+    r = qv.accuracy_report(y32, y8, np.array([0, 1, 2, 2, 1]))
     assert r["accuracy"] == {"fp32": 1.0, "int8": 0.6} and r["accuracy_drop"] == 0.4
-    r = q.accuracy_report(_logits([0, 0, 0]), _logits([0, 1, 0]), np.array([1, 1, 1]))
+    r = qv.accuracy_report(_logits([0, 0, 0]), _logits([0, 1, 0]), np.array([1, 1, 1]))
     assert r["accuracy_drop"] == pytest.approx(-1 / 3, abs=1e-4)  # int8 better: negative drop
     assert r["accuracy_drop"] == round(-1 / 3, 4)
 
 
 def test_gate_uses_the_accuracy_drop_when_labels_exist() -> None:
-    assert q.accuracy_gate(0.5, 0.01, 0.01) == {
+    assert qv.accuracy_gate(0.5, 0.01, 0.01) == {
         "max_accuracy_drop": 0.01,
         "measured": 0.01,
         "passed": True,
     }
     with pytest.raises(QuantizationError) as exc:
-        q.accuracy_gate(0.5, 0.01, 0.009)
+        qv.accuracy_gate(0.5, 0.01, 0.009)
     assert str(exc.value) == (
         "Accuracy drop 1.00% exceeds --max-accuracy-drop 0.90% (top-1 agreement with fp32 "
         "50.0%). Nothing was written; try --engine nncf, or --target-agreement 0.98."
     )
-    assert q.accuracy_gate(0.5, 0.0, 0.0)["passed"]
+    assert qv.accuracy_gate(0.5, 0.0, 0.0)["passed"]
 
 
 def test_gate_without_labels_counts_changed_predictions() -> None:
-    assert q.accuracy_gate(0.75, None, 0.25)["measured"] == 0.25
+    assert qv.accuracy_gate(0.75, None, 0.25)["measured"] == 0.25
     with pytest.raises(QuantizationError, match=r"^Accuracy drop 25\.00% exceeds"):
-        q.accuracy_gate(0.75, None, 0.2)
+        qv.accuracy_gate(0.75, None, 0.2)
     with pytest.raises(QuantizationError):  # a negative limit refuses even a perfect model
-        q.accuracy_gate(1.0, None, -1.0)
-    assert q.accuracy_gate(1.0, None, 0.0)["measured"] == 0.0
+        qv.accuracy_gate(1.0, None, -1.0)
+    assert qv.accuracy_gate(1.0, None, 0.0)["measured"] == 0.0
 
 
 def test_advice_before_and_after() -> None:
     heavy, light = Counter({"Conv": 52, "Gemm": 1}), Counter({"Conv": 1, "MatMul": 4})
-    assert q.advice_before("m.onnx", heavy, "dynamic") == [
+    assert qv.advice_before("m.onnx", heavy, "dynamic") == [
         "m.onnx is conv-heavy (52 Conv vs 1 Gemm/MatMul): onnxruntime dynamic quantization runs "
         "convs as ConvInteger, which is often several times slower than fp32 on CPU. Static QDQ "
         "(--mode static --calib DIR) is usually faster."
     ]
-    assert q.advice_before("m.onnx", Counter({"Conv": 5, "Gemm": 1, "MatMul": 3}), "dynamic")[
+    assert qv.advice_before("m.onnx", Counter({"Conv": 5, "Gemm": 1, "MatMul": 3}), "dynamic")[
         0
     ].startswith("m.onnx is conv-heavy (5 Conv vs 4 Gemm/MatMul)")
-    assert q.advice_before("m.onnx", heavy, "static") == []
-    assert q.advice_before("m.onnx", light, "dynamic") == []
-    assert q.advice_after(heavy, "dynamic", 2.5) == (
+    assert qv.advice_before("m.onnx", heavy, "static") == []
+    assert qv.advice_before("m.onnx", light, "dynamic") == []
+    assert qv.advice_after(heavy, "dynamic", 2.5) == (
         "measured: dynamic int8 is 2.50× the fp32 latency (slower). Recommend --mode static "
         "with --calib DIR."
     )
-    assert q.advice_after(heavy, "dynamic", 1.01).startswith("measured: dynamic int8 is 1.01×")
-    assert q.advice_after(heavy, "dynamic", 1.0) is None  # not slower: nothing to say
-    assert q.advice_after(heavy, "static", 2.5) is None
-    assert q.advice_after(light, "dynamic", 2.5) is None
+    assert qv.advice_after(heavy, "dynamic", 1.01).startswith("measured: dynamic int8 is 1.01×")
+    assert qv.advice_after(heavy, "dynamic", 1.0) is None  # not slower: nothing to say
+    assert qv.advice_after(heavy, "static", 2.5) is None
+    assert qv.advice_after(light, "dynamic", 2.5) is None
 
 
 def test_nncf_int8_activations_become_uint8_with_the_same_values() -> None:
@@ -266,5 +269,5 @@ def test_calib_with_dynamic_mode_is_refused_not_ignored(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["quantize", str(model), "--mode", "dynamic", "--calib", "x"])
     assert res.exit_code == 2 and "--calib applies to --mode static" in res.output
     with pytest.raises(InputError, match="which --mode dynamic does not quantize"):
-        q.quantize(model, tmp_path / "q.onnx", mode="dynamic", calib="x")
+        q.quantize(QuantizeOptions(model, tmp_path / "q.onnx", mode="dynamic", calib="x"))
     assert not list(tmp_path.iterdir())

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import numpy as np
@@ -20,7 +21,8 @@ from typer.testing import CliRunner
 from tests.conftest import run_zoo
 from tests.serving import server
 from zoo.cli.app import app
-from zoo.deploy.bench.table import fastest_within
+from zoo.deploy.bench.options import BenchOptions
+from zoo.deploy.bench.report import BenchRow, fastest_within
 from zoo.deploy.export import parity
 from zoo.errors import BackendUnavailableError, InputError, ModelRefError, ParityError
 from zoo.ref import ModelRef
@@ -110,16 +112,9 @@ def test_bf16_and_int8_pass_through_the_agreement_check() -> None:
 
 
 # ---- zoo bench --min-agreement: the fastest backend that keeps the answers ----------------
-def _row(backend: str, p50: float, agreement: float | None, **kw: object) -> dict:
-    return {
-        "backend": backend,
-        "device": "cpu",
-        "batch": 1,
-        "status": "✅",
-        "p50_ms": p50,
-        "agreement": agreement,
-        **kw,
-    }
+def _row(backend: str, p50: float, agreement: float | None, **kw: Any) -> BenchRow:
+    batch = kw.pop("batch", 1)
+    return BenchRow(backend, "cpu", batch, timing={"p50_ms": p50}, agreement=agreement, **kw)
 
 
 def test_fastest_within_the_floor_per_device_and_batch() -> None:
@@ -133,23 +128,23 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
         _row("ort_fp32", 90.0, 1.0, batch=16),
     ]
     picked = fastest_within(rows, 0.99)
-    assert [(f["batch"], f["backend"]) for f in picked] == [(1, "ov_fp32"), (16, "ort_fp32")]
-    assert picked[0]["agreement"] == 0.99 and picked[0]["min_agreement"] == 0.99  # >= floor
-    assert [f["backend"] for f in fastest_within(rows, 0.8)] == ["ov_int8", "ov_int8"]
-    assert fastest_within(rows, 1.0)[0]["backend"] == "ort_fp32"
+    assert [(f.batch, f.backend) for f in picked] == [(1, "ov_fp32"), (16, "ort_fp32")]
+    assert picked[0].agreement == 0.99 and picked[0].min_agreement == 0.99  # >= floor
+    assert [f.backend for f in fastest_within(rows, 0.8)] == ["ov_int8", "ov_int8"]
+    assert fastest_within(rows, 1.0)[0].backend == "ort_fp32"
 
 
 def test_fastest_within_says_whether_the_sample_proves_the_floor() -> None:
-    from zoo.deploy.bench.table import floor_notes
+    from zoo.deploy.bench.report import floor_notes
     from zoo.deploy.quantize.int8 import wilson
 
-    def row(agreement: float, n: int, backend: str = "ov_int8", **kw: object) -> dict:
+    def row(agreement: float, n: int, backend: str = "ov_int8", **kw: Any) -> BenchRow:
         return _row(backend, 3.0, agreement, agreement_ci95=wilson(agreement, n), **kw)
 
-    assert fastest_within([row(1.0, 400)], 0.99)[0]["proven"]  # lower bound 0.9905
-    assert not fastest_within([row(1.0, 300)], 0.99)[0]["proven"]  # lower bound 0.9874
-    assert not fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5)[0]["proven"]  # no interval
-    assert fastest_within([row(1.0, 2, "eager")], 0.99)[0]["proven"]  # the reference itself
+    assert fastest_within([row(1.0, 400)], 0.99)[0].proven  # lower bound 0.9905
+    assert not fastest_within([row(1.0, 300)], 0.99)[0].proven  # lower bound 0.9874
+    assert not fastest_within([_row("ov_int8", 3.0, 1.0)], 0.5)[0].proven  # no interval
+    assert fastest_within([row(1.0, 2, "eager")], 0.99)[0].proven  # the reference itself
     # one note per backend and device, whatever the batch sizes; none for a proven pick
     picks = fastest_within([row(1.0, 300), row(1.0, 300, batch=16)], 0.99)
     (note,) = floor_notes(picks, 300)
@@ -188,11 +183,13 @@ def test_a_broken_ir_is_named_plainly(tmp_path: Path) -> None:
 def test_bench_refuses_ov_int8_input_before_timing(tmp_path: Path) -> None:
     from zoo.deploy.bench.table import run_bench
 
-    common = {"devices": ["cpu"], "batch_sizes": [1], "backends": ["ov_int8"]}
+    common: dict[str, Any] = {"devices": ("cpu",), "batch_sizes": (1,), "backends": ("ov_int8",)}
     with pytest.raises(InputError, match="ov_int8 needs --calib DIR"):
-        run_bench("simple_cnn.scratch", **common)
+        run_bench(BenchOptions("simple_cnn.scratch", **common))
     with pytest.raises(InputError, match=r"are also --calib images"):
-        run_bench("simple_cnn.scratch", calib=str(SAMPLES), data=str(SAMPLES), **common)
+        run_bench(
+            BenchOptions("simple_cnn.scratch", calib=str(SAMPLES), data=str(SAMPLES), **common)
+        )
 
 
 @pytest.mark.parametrize(
@@ -365,16 +362,18 @@ def test_bench_rows_for_openvino_with_agreement_and_the_fastest_within_a_floor(
     from zoo.deploy.bench.table import run_bench
 
     report = run_bench(
-        "simple_cnn.scratch",
-        backends=["eager", "ort_fp32", "ov_fp32", "ov_int8", "ov_bf16"],
-        devices=["cpu"],
-        batch_sizes=[1],
-        threads=2,
-        calib=str(small_digits / "digit_0"),
-        data=str(small_digits / "digit_1"),
-        min_seconds=0.05,
-        min_agreement=1.0,
-    )
+        BenchOptions(
+            "simple_cnn.scratch",
+            backends=("eager", "ort_fp32", "ov_fp32", "ov_int8", "ov_bf16"),
+            devices=("cpu",),
+            batch_sizes=(1,),
+            threads=2,
+            calib=str(small_digits / "digit_0"),
+            data=str(small_digits / "digit_1"),
+            min_seconds=0.05,
+            min_agreement=1.0,
+        )
+    ).to_dict()
     rows = {r["backend"]: r for r in report["rows"]}
     assert report["agreement_images"] == 30
     assert rows["eager"]["agreement"] == 1.0 and rows["ov_fp32"]["agreement"] == 1.0

@@ -18,6 +18,7 @@ import pytest
 from tests import crash
 from zoo import create_model
 from zoo.deploy.predict.batch import predict_to_file
+from zoo.deploy.predict.options import PredictFileOptions
 from zoo.deploy.predict.scoring import load_scorer, predict
 from zoo.errors import InputError
 from zoo.samples import sample_image_paths
@@ -120,11 +121,13 @@ def test_each_format_holds_what_predict_gives(
     # the PyTorch model is built once for both (its own test is predict's)
     ref = str(mobilenet_onnx) if model == "onnx" else load_scorer(model)
     out = tmp_path / f"p.{ext}"
-    s = predict_to_file(ref, [str(photos)], out, top_k=5, batch_size=4, chunk_size=5, workers=2)
+    s = predict_to_file(
+        PredictFileOptions(ref, [str(photos)], out, top_k=5, batch_size=4, chunk_size=5, workers=2)
+    )
     assert (s.done, s.rows, s.errors, s.skipped) == (8, 6, 2, 0)
     expected = [
-        {"path": p["image"]}
-        | {f"{f}_{i}": t[f] for i, t in enumerate(p["top"], 1) for f in ("label", "index", "score")}
+        {"path": p.image}
+        | {f"{f}_{i}": v for i, t in enumerate(p.top, 1) for f, v in t.to_dict().items()}
         for p in predict(ref, good_images(photos), k=5)
     ]
     assert_same_rows(read_rows(out), expected)
@@ -196,8 +199,8 @@ def test_embeddings_from_onnx_and_pytorch_are_the_classifier_input(
     scorer = load_scorer("mobilenet_v2", embeddings=True)
     onnx_out, torch_out = tmp_path / "o.parquet", tmp_path / "t.jsonl"
     common = {"top_k": 3, "batch_size": 4, "chunk_size": 5, "workers": 2, "embeddings": True}
-    predict_to_file(str(mobilenet_onnx), [str(photos)], onnx_out, **common)  # type: ignore[arg-type]
-    predict_to_file(scorer, [str(photos)], torch_out, **common)  # type: ignore[arg-type]
+    predict_to_file(PredictFileOptions(str(mobilenet_onnx), [str(photos)], onnx_out, **common))  # type: ignore[arg-type]
+    predict_to_file(PredictFileOptions(scorer, [str(photos)], torch_out, **common))  # type: ignore[arg-type]
     from_onnx, from_torch = read_rows(onnx_out), read_rows(torch_out)
     assert [r["path"] for r in from_onnx] == good_images(photos)
     net = create_model("mobilenet_v2").eval()
@@ -210,7 +213,9 @@ def test_embeddings_from_onnx_and_pytorch_are_the_classifier_input(
         assert int(probs.argmax()) == t["index_1"] == o["index_1"]
         assert abs(probs.max() - t["score_1"]) < 1e-5 and abs(o["score_1"] - t["score_1"]) < 1e-5
     with pytest.raises(InputError, match=r"CSV has no list type: name the output p\.parquet"):
-        predict_to_file(scorer, [str(photos)], tmp_path / "p.csv", embeddings=True)
+        predict_to_file(
+            PredictFileOptions(scorer, [str(photos)], tmp_path / "p.csv", embeddings=True)
+        )
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.csv.parts").exists()
 
 
@@ -266,11 +271,11 @@ def test_the_actor_class_on_a_users_own_batches(mobilenet_onnx: Path, photos: Pa
         assert "Cannot decode" in bad["error"] and bad["index_1"] == -1 and bad["label_1"] == ""
         assert np.isnan(bad["score_1"])
     for p in predict(str(mobilenet_onnx), good_images(photos), k=2):
-        row = rows[p["image"]]
+        row = rows[p.image]
         assert row["error"] == "" and "embedding" not in row
-        for i, t in enumerate(p["top"], 1):
-            assert (row[f"label_{i}"], row[f"index_{i}"]) == (t["label"], t["index"])
-            assert abs(row[f"score_{i}"] - t["score"]) <= 1e-5
+        for i, t in enumerate(p.top, 1):
+            assert (row[f"label_{i}"], row[f"index_{i}"]) == (t.label, t.index)
+            assert abs(row[f"score_{i}"] - t.score) <= 1e-5
 
 
 def test_predict_with_tta_is_the_mean_over_views(mobilenet_onnx: Path) -> None:
@@ -282,9 +287,9 @@ def test_predict_with_tta_is_the_mean_over_views(mobilenet_onnx: Path) -> None:
     plain = load_scorer(str(mobilenet_onnx))
     files = [str(p) for p in sample_image_paths()]
     got = predict(str(mobilenet_onnx), files, k=3, tta="ten-crop")
-    assert [r["top"][0]["label"] for r in got] == ["Egyptian cat", "espresso"]
+    assert [r.top[0].label for r in got] == ["Egyptian cat", "espresso"]
     for r, f in zip(got, files, strict=True):
         assert plain.pre is not None
         mean = plain.score(views(open_image(f), plain.pre, "ten-crop")).mean(0)
-        for t in r["top"]:
-            assert abs(t["score"] - mean[t["index"]]) < 1e-6
+        for t in r.top:
+            assert abs(t.score - mean[t.index]) < 1e-6

@@ -15,7 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import run_zoo
-from zoo.deploy.quantize import int8 as q
+from zoo.deploy.quantize import images as qi
+from zoo.deploy.quantize import options as qo
+from zoo.deploy.quantize import verdict as qv
 from zoo.deploy.quantize.search import estimate_seconds
 
 
@@ -76,7 +78,7 @@ def test_below_the_floor_exits_1_unless_allowed(
     and writes nothing; ``--allow-drop`` writes the file and exits 0."""
     from zoo.cli.app import app
 
-    monkeypatch.setattr(q, "FLOOR_ACCURACY_DROP", -1.0)
+    monkeypatch.setattr(qv, "FLOOR_ACCURACY_DROP", -1.0)
     model = run / "model" / "model.onnx"
     out = tmp_path / "q.onnx"
     args = ["quantize", str(model), "--mode", "dynamic", "-o", str(out)]
@@ -102,46 +104,46 @@ def test_a_registry_model_says_its_two_photos_prove_nothing(tmp_path: Path) -> N
 # --- the decisions, on given numbers ----------------------------------------------------------
 
 
-def _images(source: str = "run") -> q.EvalImages:
-    return q.EvalImages((Path("a.png"),) * 359, None, source, "359 images")  # type: ignore[arg-type]
+def _images(source: str = "run") -> qi.EvalImages:
+    return qi.EvalImages((Path("a.png"),) * 359, None, source, "359 images")  # type: ignore[arg-type]
 
 
 def test_floor_on_accuracy_and_on_agreement() -> None:
-    assert q.check_floor(0.01, [0.9, 1.0], _images()).passed  # exactly 1 point: at the floor
-    low = q.check_floor(0.209, [0.6, 0.8], _images())
+    assert qv.check_floor(0.01, [0.9, 1.0], _images()).passed  # exactly 1 point: at the floor
+    low = qv.check_floor(0.209, [0.6, 0.8], _images())
     assert not low.passed and low.reason.startswith("int8 loses 20.9 points of accuracy (over")
-    assert q.check_floor(None, [0.95, 0.98], _images()).passed  # interval reaches 98 %
-    assert not q.check_floor(None, [0.9, 0.979], _images()).passed
-    builtin = q.check_floor(0.5, [0.0, 0.66], _images("builtin"))
+    assert qv.check_floor(None, [0.95, 0.98], _images()).passed  # interval reaches 98 %
+    assert not qv.check_floor(None, [0.9, 0.979], _images()).passed
+    builtin = qv.check_floor(0.5, [0.0, 0.66], _images("builtin"))
     assert builtin.passed and not builtin.applies and "proves nothing" in builtin.reason
 
 
 def test_int8_does_not_pay_with_few_int8_nodes_or_no_speed_up() -> None:
-    assert q.does_not_pay(q.Coverage(53, 53), 0.7) is None
-    few = q.does_not_pay(q.Coverage(53, 1), 0.7)
+    assert qv.does_not_pay(qv.Coverage(53, 53), 0.7) is None
+    few = qv.does_not_pay(qv.Coverage(53, 1), 0.7)
     assert few is not None and "only 1 of 53 Conv/Gemm/MatMul nodes run in int8" in few
-    slow = q.does_not_pay(q.Coverage(53, 53), 1.0)
+    slow = qv.does_not_pay(qv.Coverage(53, 53), 1.0)
     assert slow is not None and "1.00× the fp32 latency" in slow
     assert "fp16" in slow and "OpenVINO" in slow and "Keep the fp32 model" in slow
-    both = q.does_not_pay(q.Coverage(53, 20), 1.3)
+    both = qv.does_not_pay(qv.Coverage(53, 20), 1.3)
     assert both is not None and "only 20 of 53" in both and "1.30×" in both
-    assert q.does_not_pay(q.Coverage(0, 0), 0.9) is None
+    assert qv.does_not_pay(qv.Coverage(0, 0), 0.9) is None
 
 
 def test_reduce_range_only_without_vnni() -> None:
-    assert q.default_calibration(flags=frozenset({"avx2"})).reduce_range
+    assert qo.default_calibration(flags=frozenset({"avx2"})).reduce_range
     for vnni in ("avx512_vnni", "avx_vnni", "amx_int8"):
-        assert not q.default_calibration(flags=frozenset({"avx2", vnni})).reduce_range
-    c = q.default_calibration(flags=frozenset())
-    assert (c.method, c.per_channel, c.int8_activations) == (q.DEFAULT_METHOD, True, False)
-    assert q.default_calibration("entropy", False, frozenset()).method == "entropy"
+        assert not qo.default_calibration(flags=frozenset({"avx2", vnni})).reduce_range
+    c = qo.default_calibration(flags=frozenset())
+    assert (c.method, c.per_channel, c.int8_activations) == (qo.DEFAULT_METHOD, True, False)
+    assert qo.default_calibration("entropy", False, frozenset()).method == "entropy"
 
 
 def test_one_naming_rule() -> None:
-    assert q.variant_name("static") == "int8-static"
-    assert q.variant_name("dynamic") == "int8-dynamic"
-    assert q.variant_name("static", "nncf") == "int8-nncf"
-    assert q.default_output(Path("/x/m.onnx"), "static", "nncf") == Path("/x/m.int8-nncf.onnx")
+    assert qo.variant_name("static") == "int8-static"
+    assert qo.variant_name("dynamic") == "int8-dynamic"
+    assert qo.variant_name("static", "nncf") == "int8-nncf"
+    assert qo.default_output(Path("/x/m.onnx"), "static", "nncf") == Path("/x/m.int8-nncf.onnx")
 
 
 def test_search_estimate_grows_with_nodes_and_images() -> None:
@@ -158,7 +160,7 @@ def test_auto_engine_is_nncf_where_it_applies() -> None:
     (NNCF) unless the options ask for onnxruntime's own settings or a mode NNCF lacks."""
     import importlib.util
 
-    from zoo.deploy.quantize.int8 import resolve_engine
+    from zoo.deploy.quantize.options import resolve_engine
 
     best = "nncf" if importlib.util.find_spec("nncf") else "ort"
     assert resolve_engine("auto", "static", None, None, None) == best

@@ -16,11 +16,16 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import run_zoo
-from zoo.deploy.quantize import search as qs
-from zoo.deploy.quantize.int8 import quantize, wilson
-from zoo.errors import InputError, QuantizationError
+from zoo.deploy.quantize import calibration as qc
 
 # --- choosing k -------------------------------------------------------------------------------
+from zoo.deploy.quantize import images as qi
+from zoo.deploy.quantize import report as qr
+from zoo.deploy.quantize import search as qs
+from zoo.deploy.quantize import verdict as qv
+from zoo.deploy.quantize.int8 import quantize, wilson
+from zoo.deploy.quantize.options import QuantizeOptions
+from zoo.errors import InputError, QuantizationError
 
 
 def test_choose_k_is_the_smallest_measured_k_that_reaches_the_target() -> None:
@@ -68,9 +73,9 @@ def test_sensitivity_order_is_highest_score_first_ties_in_graph_order() -> None:
 
 
 def test_best_calibration_is_the_lowest_logit_error_first_of_equals() -> None:
-    a = qs.Tried(qs.Calibration("minmax", True), 0.2, 0.7)
-    b = qs.Tried(qs.Calibration("percentile", False), 0.1, 0.6)  # fewer answers, closer logits
-    c = qs.Tried(qs.Calibration("entropy", True, symmetric=True), 0.1, 0.9)
+    a = qs.Tried(qc.Calibration("minmax", True), 0.2, 0.7)
+    b = qs.Tried(qc.Calibration("percentile", False), 0.1, 0.6)  # fewer answers, closer logits
+    c = qs.Tried(qc.Calibration("entropy", True, symmetric=True), 0.1, 0.9)
     assert qs.best_calibration([a, b, c]) is b
     assert qs.best_calibration([a]) is a
     with pytest.raises(ValueError):
@@ -93,8 +98,8 @@ def test_logit_error_and_top1_agreement() -> None:
 def test_shared_files_pairs_the_same_content_under_any_name() -> None:
     calib = [("c/a.png", "d1"), ("c/b.png", "d2"), ("c/b2.png", "d2")]
     held = [("h/x.png", "d3"), ("h/y.png", "d2"), ("h/z.png", "d1")]
-    assert qs.shared_files(calib, held) == [("c/b.png", "h/y.png"), ("c/a.png", "h/z.png")]
-    assert qs.shared_files(calib, [("h/x.png", "d3")]) == []
+    assert qc.shared_files(calib, held) == [("c/b.png", "h/y.png"), ("c/a.png", "h/z.png")]
+    assert qc.shared_files(calib, [("h/x.png", "d3")]) == []
 
 
 def test_check_disjoint_refuses_a_copy_a_link_or_the_same_file(tmp_path: Path) -> None:
@@ -105,19 +110,19 @@ def test_check_disjoint_refuses_a_copy_a_link_or_the_same_file(tmp_path: Path) -
         p.write_bytes(b"image %d" % i)
     fresh = tmp_path / "held" / "new.png"
     fresh.write_bytes(b"another image")
-    qs.check_disjoint(calib, [fresh])  # disjoint: nothing to say
+    qc.check_disjoint(calib, [fresh])  # disjoint: nothing to say
     copy, link = tmp_path / "held" / "copy.png", tmp_path / "held" / "link.png"
     copy.write_bytes(calib[1].read_bytes())
     os.link(calib[2], link)
     for held in ([fresh, copy], [link], [calib[0]], [fresh, copy, link, calib[0]]):
         with pytest.raises(InputError, match=r"are also --calib images") as exc:
-            qs.check_disjoint(calib, held)
+            qc.check_disjoint(calib, held)
         assert f"{len(held) - (fresh in held)} --data image(s)" in str(exc.value)
     with pytest.raises(InputError) as exc:
-        qs.check_disjoint(calib, [fresh, copy])
+        qc.check_disjoint(calib, [fresh, copy])
     assert f"{calib[1]} = {copy}" in str(exc.value) and "disjoint folders" in str(exc.value)
     with pytest.raises(InputError) as exc:
-        qs.check_disjoint(calib, [calib[0]])  # the same file: named once
+        qc.check_disjoint(calib, [calib[0]])  # the same file: named once
     assert str(exc.value).startswith(f"1 --data image(s) are also --calib images ({calib[0]}):")
 
 
@@ -157,7 +162,8 @@ def test_quantize_refuses_what_the_search_cannot_do(
         **kwargs,
     }
     with pytest.raises(InputError, match=match):
-        quantize(tmp_path / "m.onnx", tmp_path / "q.onnx", **args)  # type: ignore[arg-type]
+        options = QuantizeOptions(tmp_path / "m.onnx", tmp_path / "q.onnx", **args)  # type: ignore[arg-type]
+        quantize(options)
     assert not list(tmp_path.iterdir()), "nothing read, nothing written"
 
 
@@ -182,8 +188,8 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     ops = {f"n{i}": op for i, op in enumerate(["Add"] * 3 + ["Clip"] * 4 + ["Conv"] * 92)}
     result = qs.SearchResult(
         target=0.98,
-        calibration=qs.Calibration("percentile", False),
-        tried=[qs.Tried(qs.Calibration("minmax", True), 0.1, 0.9)] * 7,
+        calibration=qc.Calibration("percentile", False),
+        tried=[qs.Tried(qc.Calibration("minmax", True), 0.1, 0.9)] * 7,
         n_calibration=80,
         order=[f"n{i}" for i in [*range(3), *range(3, 7), *range(7, 20)]]
         + [f"n{i}" for i in range(20, 99)],
@@ -193,25 +199,25 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         steps=[(0, 0.6), (20, 0.9833)],
         n_held_out=120,
     )
-    images = q.EvalImages((tmp_path / "a.png",) * 120, None, "data", "120 images of val")
+    images = qi.EvalImages((tmp_path / "a.png",) * 120, None, "data", "120 images of val")
 
-    def fake(model: Path, out: Path, **kw: object) -> q.QuantizeReport:
-        seen.update(kw)
-        return q.QuantizeReport(
+    def fake(options: QuantizeOptions, **kw: object) -> qr.QuantizeReport:
+        seen.update(vars(options))
+        return qr.QuantizeReport(
             path=tmp_path / "q.onnx",
             written=True,
             mode="static",
             engine="ort",
             calibration=result.calibration,
             size_mb=(13.6, 4.0),
-            latency=q.Latency(8.0, 7.2, 1, 2),
+            latency=qr.Latency(8.0, 7.2, 1, 2),
             top1_agreement=0.9833,
             agreement_ci95=wilson(0.9833, 120),
             accuracy=None,
             images=images,
             calib_description="80 images of calib",
-            coverage=q.Coverage(53, 40),
-            floor=q.check_floor(None, wilson(0.9833, 120), images),
+            coverage=qv.Coverage(53, 40),
+            floor=qv.check_floor(None, wilson(0.9833, 120), images),
             search=result,
         )
 
@@ -351,12 +357,14 @@ def test_search_refuses_held_out_images_that_are_calibration_images(
     out = tmp_path / "q.onnx"
     with pytest.raises(InputError, match=r"--data image\(s\) are also --calib images"):
         quantize(
-            digits_cnn["model"],
-            out,
-            mode="static",
-            calib=str(digits_cnn["calib"]),
-            eval_data=str(digits_cnn["calib"] / "digit_3"),
-            target_agreement=0.98,
+            QuantizeOptions(
+                digits_cnn["model"],
+                out,
+                mode="static",
+                calib=str(digits_cnn["calib"]),
+                eval_data=str(digits_cnn["calib"] / "digit_3"),
+                target_agreement=0.98,
+            )
         )
     assert not out.exists() and not list(tmp_path.iterdir())
 
@@ -371,11 +379,13 @@ def test_search_that_cannot_reach_the_target_writes_nothing(
     out = tmp_path / "q.onnx"
     with pytest.raises(QuantizationError, match=r"No number of float nodes reaches top-1"):
         quantize(
-            digits_cnn["model"],
-            out,
-            mode="static",
-            calib=str(digits_cnn["calib"]),
-            eval_data=str(digits_cnn["held"]),
-            target_agreement=0.98,
+            QuantizeOptions(
+                digits_cnn["model"],
+                out,
+                mode="static",
+                calib=str(digits_cnn["calib"]),
+                eval_data=str(digits_cnn["held"]),
+                target_agreement=0.98,
+            )
         )
     assert not list(tmp_path.iterdir()), "nothing written, temporary files gone"

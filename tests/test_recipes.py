@@ -221,9 +221,9 @@ def test_out_of_range_rates_are_usage_errors(tmp_path: Path) -> None:
 
 def test_mixed_targets_are_not_smoothed_twice() -> None:
     """timm's Mixup smooths the targets it mixes; the loss then must not smooth them again."""
-    from zoo.train.build import _loss
+    from zoo.train.optim import build_loss
 
     cpu = torch.device("cpu")
-    mixing = _loss(_cfg(mixup=0.2, label_smoothing=0.1), [0, 1], 2, cpu)
-    plain = _loss(_cfg(label_smoothing=0.1), [0, 1], 2, cpu)
+    mixing = build_loss(_cfg(mixup=0.2, label_smoothing=0.1), [0, 1], 2, cpu)
+    plain = build_loss(_cfg(label_smoothing=0.1), [0, 1], 2, cpu)
     assert (mixing.label_smoothing, plain.label_smoothing) == (0.0, 0.1)  # type: ignore[union-attr]

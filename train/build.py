@@ -34,19 +34,14 @@ from zoo.train.console import say
 from zoo.train.ema import Ema
 from zoo.train.features import FeatureDataset, extract_features, head_module
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
-from zoo.train.imbalance import class_weights, imbalance_hint, sample_weights
+from zoo.train.imbalance import imbalance_hint, sample_weights
+from zoo.train.optim import build_loss, build_optimizer
 from zoo.train.recipes import BatchRecipe, batch_recipe, mixes, policy
 from zoo.train.resolve import Resolved
 from zoo.train.rng import seed_everything
 from zoo.train.schedule import build_scheduler
 from zoo.train.state import LoopState
-from zoo.train.strategy import (
-    ParamGroups,
-    layer_groups,
-    param_groups,
-    set_backbone_frozen,
-    split_head,
-)
+from zoo.train.strategy import ParamGroups, set_backbone_frozen, split_head
 from zoo.transforms import eval_transform, train_transform
 
 
@@ -112,7 +107,9 @@ def build_run(resolved: Resolved) -> RunParts:
     if comm.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes
     seed_everything(cfg.seed)
-    spec = cache_spec(cfg.model, cfg.image_size) if cfg.image_cache != "off" else None
+    spec = (
+        _cache_spec(resolved.parent[0].info, cfg.image_size) if cfg.image_cache != "off" else None
+    )
     data, cache = _data(cfg, resolved.run.path if resolved.run else None, spec)
     cfg = replace(cfg, image_cache="on" if cache else "off")  # recorded: a resume keeps it
     model, info, report = create_model_with_report(
@@ -179,14 +176,14 @@ def build_run(resolved: Resolved) -> RunParts:
         + _augmented_where(train_set, comm.device)
     )
 
-    optimizer = _optimizer(cfg, model, groups, pretrained=report is not None)
+    optimizer = build_optimizer(cfg, model, groups, pretrained=report is not None)
     state = LoopState()
     return RunParts(
         cfg=cfg,
         comm=comm,
         data=data,
         info=info,
-        parent=resolve(cfg.model),
+        parent=resolved.parent,
         load_report=report,
         model=model,
         trained=trained,
@@ -202,7 +199,7 @@ def build_run(resolved: Resolved) -> RunParts:
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg, steps, lambda: state.lr_scale),
         scaler=torch.amp.GradScaler("cuda", enabled=cfg.amp == "fp16"),
-        loss_fn=_loss(cfg, labels, len(data.classes), comm.device),
+        loss_fn=build_loss(cfg, labels, len(data.classes), comm.device),
         state=state,
         recipe=batch_recipe(cfg, len(data.classes), comm.device),
         ema=Ema.build(model, cfg.ema_decay, info.classifier if cfg.cache_features else None)
@@ -242,8 +239,11 @@ def loader(
 
 def cache_spec(model: str, image_size: int | None = None) -> CacheSpec | None:
     """How ``model`` (trained at ``image_size``) wants its images stored (its eval resize);
-    None for a model that does not take images."""
-    info = resolve(model)[0].info
+    None for a model that does not take images (``zoo check --cache-for``)."""
+    return _cache_spec(resolve(model)[0].info, image_size)
+
+
+def _cache_spec(info: ModelInfo, image_size: int | None) -> CacheSpec | None:
     if image_size:
         info = replace(info, input_size=(info.input_size[0], image_size, image_size))
     try:
@@ -382,46 +382,3 @@ def _feature_cache(
         f"({tuple(train.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
     )
     return train, val
-
-
-def _loss(cfg: TrainConfig, labels: list[int], n_classes: int, device: torch.device) -> nn.Module:
-    """Raw logits in: softmax/sigmoid live inside the loss, never in the head."""
-    if cfg.multi_label:
-        return nn.BCEWithLogitsLoss()
-    weight = None
-    if cfg.class_weights == "auto":
-        weight = torch.tensor(class_weights(labels, n_classes), dtype=torch.float32, device=device)
-    # Mixed targets arrive soft, smoothed by timm's Mixup: the loss must not smooth them again.
-    smoothing = 0.0 if mixes(cfg) else cfg.label_smoothing
-    return nn.CrossEntropyLoss(weight=weight, label_smoothing=smoothing)
-
-
-def _optimizer(
-    cfg: TrainConfig, model: nn.Module, groups: ParamGroups | None, *, pretrained: bool
-) -> torch.optim.Optimizer:
-    """AdamW or SGD (Nesterov) over the strategy's parameter groups (one group when the whole
-    random-init model trains)."""
-    lr = cfg.lr
-    assert isinstance(lr, int | float)  # resolved: a number, never None or 'auto'
-    if groups is None or (cfg.strategy == "full" and not pretrained):
-        params: list[dict[str, Any]] = [
-            {
-                "params": list(model.parameters()),
-                "lr": lr,
-                "name": "all",
-                "weight_decay": cfg.weight_decay,
-            }
-        ]
-    else:
-        params = param_groups(
-            groups,
-            cfg.strategy or "full",
-            lr,
-            cfg.backbone_lr_mult,
-            cfg.weight_decay,
-            layers=layer_groups(model, groups) if cfg.layer_decay is not None else None,
-            layer_decay=cfg.layer_decay or 1.0,
-        )
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=True)

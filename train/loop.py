@@ -200,23 +200,12 @@ def _nonfinite(parts: RunParts, run: RunDir, idx: torch.Tensor) -> bool:
 def snapshot(parts: RunParts, epoch_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """What ``last.pt`` holds: everything a resume needs (``epoch_stats``: every rank's
     running sums)."""
-    s = parts.state
     return {
         "model": {k: v.detach().cpu() for k, v in parts.model.state_dict().items()},
         "optimizer": parts.optimizer.state_dict(),
         "scheduler": parts.scheduler.state_dict(),
         "scaler": parts.scaler.state_dict(),
-        "epoch": s.epoch,
-        "global_step": s.global_step,
-        "step_in_epoch": s.step_in_epoch,
-        "best": s.best,
-        "epochs_since_best": s.epochs_since_best,
-        "stopped": s.stopped,
-        "lr_scale": s.lr_scale,
-        "nonfinite_skipped": s.nonfinite_skipped,
-        "rollbacks": s.rollbacks,
-        "epoch_stats": epoch_stats,
-        "history": s.history,
+        **parts.state.saved(epoch_stats),
         **({"ema": parts.ema.state_dict()} if parts.ema is not None else {}),
         "rng": get_rng_state(),
         "world_size": parts.comm.world,
@@ -234,18 +223,7 @@ def restore(parts: RunParts, saved: dict[str, Any], where: str) -> None:
     if parts.ema is not None:
         parts.ema.load_state_dict(saved["ema"])
     s, comm, batch = parts.state, parts.comm, parts.cfg.batch_size
-    s.epoch, s.global_step, s.step_in_epoch = (
-        saved["epoch"],
-        saved["global_step"],
-        saved["step_in_epoch"],
-    )
-    s.best, s.epochs_since_best = saved["best"], saved["epochs_since_best"]
-    s.lr_scale, s.nonfinite_skipped = saved["lr_scale"], saved["nonfinite_skipped"]
-    s.rollbacks = saved["rollbacks"]
-    s.epoch_stats = own_epoch_stats(saved["epoch_stats"], comm.rank, comm.world)
-    s.history = list(saved["history"])
-    s.stopped = bool(saved.get("stopped", False))
-    s.consecutive_nonfinite = 0
+    s.load(saved, own_epoch_stats(saved["epoch_stats"], comm.rank, comm.world))
     set_rng_state(saved["rng"])
     saved_world = int(saved.get("world_size", 1))
     if saved_world != comm.world and s.step_in_epoch:

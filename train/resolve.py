@@ -5,11 +5,13 @@ anything is built or written. What comes out is frozen; the rest of the run only
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from zoo.device import pick_device
 from zoo.errors import InputError
 from zoo.factory import require_weights, resolve, weight_source
+from zoo.registry import Entry
 from zoo.train.config import TrainConfig
 from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
@@ -18,9 +20,11 @@ from zoo.train.run_dir import RunDir
 
 @dataclass(frozen=True)
 class Resolved:
-    """A run's resolved configuration and, for ``--resume``, where it continues from."""
+    """A run's resolved configuration, its resolved model and, for ``--resume``, where it
+    continues from."""
 
     cfg: TrainConfig
+    parent: tuple[Entry, Path | None]  # cfg.model resolved once: its entry (and model folder)
     run: RunDir | None = None  # --resume: the run's folder (a new run's appears once it trains)
     checkpoint: dict[str, Any] | None = None  # --resume: its last commit (None: killed before one)
     extended: bool = False  # --resume --extend N: config.json gets the new segment on repair
@@ -35,7 +39,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
 
     Returns:
         The resolved configuration (``--resume``: the run's own, with the runtime options
-        applied) and the run to continue, if any.
+        applied), the model it names (resolved here once, carried through the run) and the
+        run to continue, if any.
 
     Raises:
         InputError: an impossible combination (a frozen backbone with random weights, a
@@ -55,8 +60,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     cfg = options
     if options.resume:
         cfg, run, checkpoint = prepare_resume(options, explicit)
-    entry, _ = resolve(cfg.model)
-    source = weight_source(entry.info, cfg.weights)
+    parent = resolve(cfg.model)  # the only resolution of the model in a run
+    source = weight_source(parent[0].info, cfg.weights)
     require_weights(source)  # here, before the data check: missing weights fail in seconds
     pretrained = source.kind != "none"
     strategy = cfg.strategy or ("gradual" if pretrained else "full")
@@ -91,4 +96,4 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         schedule_segments=cfg.schedule_segments
         or ({"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule},),
     )
-    return Resolved(resolved, run, checkpoint, extended=bool(options.extend))
+    return Resolved(resolved, parent, run, checkpoint, extended=bool(options.extend))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zoo import durable
 from zoo.artifact import ALLOWED_FILES, read_config, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.catalog import get_entry
@@ -47,7 +47,8 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
     Args:
         name: a model reference: a run or model folder is copied (after its contract is
             checked), with its ``variants/``; a registry, ``timm:`` or Hub name is built and saved.
-        out: the model folder to write (replaced if it exists).
+        out: the model folder to write (replaced whole if it exists: a kill leaves the old
+            folder or the new one, :func:`zoo.durable.replace_dir`).
 
     Returns:
         ``out``.
@@ -63,22 +64,24 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
         folder = ref.model_folder
         read_config(folder)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-        for f in folder.iterdir():
-            if f.name in ALLOWED_FILES:
-                shutil.copy2(f, tmp / f.name)
-        if variants_dir(folder).is_dir():  # derived files travel with their weights
-            shutil.copytree(
-                variants_dir(folder), variants_dir(tmp), ignore=shutil.ignore_patterns(".*")
-            )
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        tmp = durable.temp_path(out, folder=True)
+        try:
+            for f in folder.iterdir():
+                if f.name in ALLOWED_FILES:
+                    shutil.copy2(f, tmp / f.name)
+            if variants_dir(folder).is_dir():  # derived files travel with their weights
+                shutil.copytree(
+                    variants_dir(folder), variants_dir(tmp), ignore=shutil.ignore_patterns(".*")
+                )
+            durable.replace_dir(tmp, out, label=out.name)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return out
     model = create_model(ref)
     info = info_of(model)
     config = _config_for(info, base=info.name, lineage=[], extra={"tag": info.tag})
-    return save_model_folder(model, out, config, finetuned_card(info, config))
+    return save_model_folder(model, out, config, finetuned_card(info, config), label=out.name)
 
 
 def convert(

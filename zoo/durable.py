@@ -5,7 +5,9 @@ A write is built in a hidden temporary file (``.<name>.<random>.tmp``) beside it
 flushed and fsynced, given the umask's modes (:func:`share_modes`: 0644 under umask 022,
 whatever the writer created it with), then ``os.replace``-d over it: a kill at any moment leaves either the
 old file or the new one, never a half-written one, plus at most a stale temporary file that
-:func:`remove_stale_temps` deletes on resume.
+:func:`remove_stale_temps` deletes on resume. A folder (a model folder, a bundle, a Triton
+model, an OpenVINO IR) is built the same way in a hidden temporary folder and swapped in whole
+(:func:`replace_dir`): the old folder or the new one, never neither.
 
 Each write passes two *fault points*: inside (the temporary file is complete, the target is
 not yet replaced) and after (the new content is visible). For crash tests,
@@ -18,12 +20,14 @@ killable atomic-write primitive; the atomic write itself is the standard temp + 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import secrets
 import shutil
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -175,21 +179,59 @@ def remove(path: Path, *, label: str) -> None:
         boundary(label)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns:
+        False where the platform or the file system cannot (nothing moved).
+
+    Raises:
+        OSError: the swap was possible but failed (a missing path, a permission).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # a C library older than glibc 2.28
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
 def replace_dir(src: Path, dst: Path, *, label: str | None) -> None:
     """Move the complete folder ``src`` to ``dst``, replacing an old ``dst``.
 
-    Between the two renames there is no ``dst`` at all: a kill leaves either the old
-    complete folder, no folder, or the new complete one. ``label``: as for :func:`write_with`.
+    An old ``dst`` is swapped with ``src`` in one atomic step (:func:`_exchange`), then
+    deleted from ``src``'s hidden name: a kill leaves either the old complete folder or the
+    new complete one, never neither (plus a stale temporary folder). Where the file system
+    cannot swap, the old folder is first renamed to ``.<dst>.old.tmp``: between the two
+    renames there is no ``dst`` at all.
+
+    Args:
+        src: the complete new folder (a hidden temporary one, on ``dst``'s file system).
+        dst: the folder to replace or create.
+        label: as for :func:`write_with`.
     """
     share_modes(src)
     if label is not None:
         inside()
+    parked = dst.with_name(f".{dst.name}.old{TMP_SUFFIX}")  # the fallback's, maybe stale
+    shutil.rmtree(parked, ignore_errors=True)
     old = None
     if dst.exists():
-        old = dst.with_name(f".{dst.name}.old{TMP_SUFFIX}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-    os.replace(src, dst)
+        if _exchange(src, dst):
+            old = src  # now holding the old folder
+        else:
+            old = parked
+            os.replace(dst, old)
+            os.replace(src, dst)
+    else:
+        os.replace(src, dst)
     _sync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -123,6 +123,22 @@ class InputError(ZooError, ValueError):
     of the wrong kind, or an argument or option value that is out of range or inconsistent."""
 
 
+class UsageError(InputError):
+    """An option or argument is out of range or contradicts another (``--calib`` without
+    ``--precision int8``). The CLI exits 2 with the message and the command's usage, as for
+    the usage errors it finds itself; called directly, the library raises it like any
+    :class:`InputError`.
+
+    Args:
+        message: what is wrong and what to pass instead.
+        param_hint: the option or argument to blame (``"--static-batch"``), named by the CLI.
+    """
+
+    def __init__(self, message: str, *, param_hint: str | None = None) -> None:
+        self.param_hint = param_hint
+        super().__init__(message)
+
+
 class ModelRefError(InputError):
     """A model reference is malformed or names nothing (a bad Hub id or revision, a missing
     path); the message quotes it and lists the accepted forms."""

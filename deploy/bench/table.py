@@ -1,7 +1,8 @@
 """``zoo bench``: the same input through eager, torch.compile, TorchScript, ONNX Runtime fp32,
 fp16 and int8, and OpenVINO fp32, bf16 and int8, on CPU and CUDA, with one timing protocol and
 each backend's top-1 agreement with eager on real images. Rows that cannot run say why;
-``min_agreement`` names the fastest backend that keeps the answers."""
+``min_agreement`` names the fastest backend that keeps the answers. The options are
+:mod:`zoo.deploy.bench.options`, the report :mod:`zoo.deploy.bench.report`."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any
 import torch
 
 from zoo.deploy.bench.harness import time_session
-from zoo.deploy.choices import BACKENDS
+from zoo.deploy.bench.options import BenchOptions
+from zoo.deploy.bench.report import FAILED, BenchReport, BenchRow, fastest_within
 from zoo.deploy.quantize.int8 import wilson
-from zoo.errors import BackendUnavailableError, ChoiceError, InputError
+from zoo.errors import BackendUnavailableError, InputError
 from zoo.ref import ModelRef
 
 
@@ -111,6 +113,7 @@ class _Builder:
                 self._onnx["fp16"] = fp16
             if kind == "int8":
                 from zoo.deploy.quantize.int8 import quantize
+                from zoo.deploy.quantize.options import QuantizeOptions
 
                 calib = self.calib
                 if calib is None:
@@ -118,11 +121,13 @@ class _Builder:
 
                     calib = str(sample_image_paths()[0].parent)
                 quantize(
-                    fp32,
-                    self.workdir / "int8.onnx",
-                    mode="static",
-                    calib=calib,
-                    threads=self.threads,
+                    QuantizeOptions(
+                        fp32,
+                        self.workdir / "int8.onnx",
+                        mode="static",
+                        calib=calib,
+                        threads=self.threads,
+                    )
                 )
                 self._onnx["int8"] = self.workdir / "int8.onnx"
         return self._onnx[kind]
@@ -172,138 +177,58 @@ def _top1(out: Any) -> Any:
     return arr.argmax(1)
 
 
-def fastest_within(rows: list[dict[str, Any]], floor: float) -> list[dict[str, Any]]:
-    """Per device and batch size, the fastest row (lowest p50) whose top-1 agreement with
-    eager is at least ``floor``; rows that did not run or were not compared are never picked.
-    The pick is on the measured agreement (what the user asked for); ``proven`` says whether
-    the sample also proves it: the 95 % interval's lower bound is at or above the floor (eager
-    is the reference itself, so always proven)."""
-    best: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        if r.get("status") != "✅" or r.get("agreement") is None or r["agreement"] < floor:
-            continue
-        key = (r["device"], r["batch"])
-        if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
-            best[key] = r
-    return [
-        {
-            "device": d,
-            "batch": b,
-            "backend": r["backend"],
-            "p50_ms": r["p50_ms"],
-            "agreement": r["agreement"],
-            "agreement_ci95": r.get("agreement_ci95"),
-            "proven": r["backend"] == "eager"
-            or (bool(r.get("agreement_ci95")) and r["agreement_ci95"][0] >= floor),
-            "min_agreement": floor,
-        }
-        for (d, b), r in sorted(best.items())
-    ]
-
-
-def floor_notes(fastest: list[dict[str, Any]], n_images: int) -> list[str]:
-    """What the agreement sample does not prove about :func:`fastest_within`'s picks: one
-    line per backend and device (agreement is measured once for all batch sizes)."""
-    notes: dict[tuple[str, str], str] = {}
-    for f in fastest:
-        key = (f["backend"], f["device"])
-        if f["proven"] or key in notes:
-            continue
-        floor, ci = f["min_agreement"], f.get("agreement_ci95")
-        if floor >= 1.0:
-            why = "no finite sample proves an agreement of 100%: choose a floor below 1"
-        elif not ci:
-            why = "its agreement has no interval here"
-        else:
-            why = (
-                f"the 95% interval starts at {ci[0]:.1%}: pass --data with more images like "
-                "yours to prove the floor"
-            )
-        notes[key] = (
-            f"note: {n_images} images do not show {f['backend']} on {f['device']} keeps "
-            f"≥ {floor:.1%} agreement: {why}"
-        )
-    return list(notes.values())
-
-
-def run_bench(
-    name: str | ModelRef,
-    *,
-    backends: list[str],
-    devices: list[str],
-    batch_sizes: list[int],
-    threads: int | None = None,
-    calib: str | None = None,
-    min_seconds: float = 1.0,
-    weights: str | None = None,
-    data: str | None = None,
-    min_agreement: float | None = None,
-    prebuilt: dict[str, Path] | None = None,
-) -> dict[str, Any]:
+def run_bench(options: BenchOptions) -> BenchReport:
     """Time one model through each backend, device and batch size, with one protocol.
 
     Args:
-        name: a model reference (registry, ``timm:`` or Hub name, run or model folder).
-        backends: any of ``eager``, ``compile``, ``torchscript``, ``ort_fp32``, ``ort_fp16``,
-            ``ort_int8``.
-        devices: ``cpu``, ``cuda``, ``cuda:N``.
-        batch_sizes: batch sizes to time.
-        threads: torch and ORT intra-op threads (default: available CPUs).
-        calib: calibration images for ``ort_int8`` (default: the bundled samples) and
-            ``ov_int8`` (which needs them disjoint from ``data``).
-        min_seconds: time each row for at least this long.
-        weights: as for :func:`zoo.create_model`.
-        data: real images (up to 200) on which each backend's top-1 agreement with eager is
-            measured (default: the bundled samples).
-        min_agreement: also name, per device and batch size, the fastest backend whose
-            agreement reaches this floor (``fastest``).
-        prebuilt: backend → a file already made of this model (``zoo bench RUN --variant``),
-            timed instead of one exported or quantized afresh.
+        options: what to time and how (:class:`~zoo.deploy.bench.options.BenchOptions`).
 
     Returns:
-        ``{"model", "fingerprint", "rows", "torch_threads", "ort_threads", "agreement_images",
-        "fastest"}``; each row has latency percentiles, images/s, cold start, the speed-up over
-        eager and the top-1 agreement with eager (with its 95% interval), or status ❌ with
-        the reason it could not run (a missing backend is a row, not an exception).
+        The :class:`~zoo.deploy.bench.report.BenchReport`: each row has latency percentiles,
+        images/s, cold start, the speed-up over eager and the top-1 agreement with eager (with
+        its 95% interval), or status ❌ with the reason it could not run (a missing backend is
+        a row, not an exception); ``fastest`` names the picks within ``min_agreement``.
 
     Raises:
-        ChoiceError: an unknown backend.
-        ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
-        Everything :func:`zoo.create_model` raises while loading the model.
+        InputError: ``ov_int8``'s calibration images are also agreement images.
+        ModelRefError / UnknownModelError: ``model`` does not parse, or is an ONNX file.
+        Everything :meth:`BenchOptions.resolved` and :func:`zoo.create_model` raise.
     """
     from zoo.system import available_cpus
 
-    for b in backends:
-        ChoiceError.check("backend", b, BACKENDS)
+    o = options.resolved()
+    backends, devices, batch_sizes, calib, data = (
+        o.backends,
+        o.devices,
+        o.batch_sizes,
+        o.calib,
+        o.data,
+    )
     if "ov_int8" in backends:  # refused before anything is timed
-        if calib is None:
-            raise InputError(
-                "ov_int8 needs --calib DIR: real calibration images, disjoint from --data."
-            )
         from zoo.deploy.export.parity import real_images
         from zoo.deploy.quantize.search import check_disjoint
 
         check_disjoint(real_images(calib, limit=300), real_images(data, limit=AGREEMENT_IMAGES))
-    ref = ModelRef.parse(name)
-    threads = threads or available_cpus()
+    ref = ModelRef.parse(o.model)
+    threads = o.threads or available_cpus()
     torch.set_num_threads(threads)
-    rows: list[dict[str, Any]] = []
+    rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory() as tmp:
-        builder = _Builder(ref, Path(tmp), threads, calib, weights)
+        builder = _Builder(ref, Path(tmp), threads, calib, o.weights)
         builder.data = data
-        builder.prebuilt = dict(prebuilt or {})
+        builder.prebuilt = dict(o.prebuilt)
         c, h, w = builder.info.input_size
         real = _real_batch(builder.info, data)
         for dev_name in devices:
             if dev_name.startswith("cuda") and not torch.cuda.is_available():
                 rows += [
-                    {
-                        "backend": b,
-                        "device": dev_name,
-                        "batch": bs,
-                        "status": "❌",
-                        "reason": "no CUDA device (torch.cuda.is_available() is False)",
-                    }
+                    BenchRow(
+                        b,
+                        dev_name,
+                        bs,
+                        FAILED,
+                        "no CUDA device (torch.cuda.is_available() is False)",
+                    )
                     for b in backends
                     for bs in batch_sizes
                 ]
@@ -318,7 +243,7 @@ def run_bench(
                     x = torch.randn(bs, c, h, w, generator=torch.Generator().manual_seed(0)).to(
                         device
                     )
-                    row: dict[str, Any] = {"backend": backend, "device": dev_name, "batch": bs}
+                    cold_ms: float | None = None
                     try:
                         if backend in ORT_FILES:  # export/quantize: a build step, not cold start
                             builder.onnx_file(ORT_FILES[backend])
@@ -333,13 +258,13 @@ def run_bench(
                             run(x)
                             if device.type == "cuda":
                                 torch.cuda.synchronize()
-                            row["cold_start_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+                            cold_ms = round((time.perf_counter() - t0) * 1000, 1)
                             cuda_timing = device.type == "cuda" and backend not in FILE_BACKENDS
                             stats = time_session(
                                 lambda: run(x),  # noqa: B023 (called here, in this iteration)
                                 label=backend,
                                 cuda=cuda_timing,
-                                min_seconds=min_seconds,
+                                min_seconds=o.min_seconds,
                             )
                             if backend not in agreement:  # once per backend and device
                                 top1 = _top1(run(real.to(device)))
@@ -347,38 +272,38 @@ def run_bench(
                     except InputError:  # the user's input (calibration, data): not a row
                         raise
                     except Exception as exc:  # any backend may be unavailable here: say why
-                        row.update(
-                            {
-                                "status": "❌",
-                                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}",
-                            }
-                        )
-                        rows.append(row)
+                        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
+                        rows.append(BenchRow(backend, dev_name, bs, FAILED, reason, cold_ms))
                         continue
-                    row.update(
-                        {
-                            "status": "✅",
-                            "size_mb": size,
-                            **stats,
-                            "img_per_s": round(bs * 1000 / stats["p50_ms"], 1),
-                            "agreement": agreement[backend],
-                            "agreement_ci95": wilson(agreement[backend], len(real)),
-                        }
-                    )
                     if backend == "eager":
                         eager_p50[bs] = stats["p50_ms"]
-                    if bs in eager_p50:
-                        row["speedup_vs_eager"] = round(eager_p50[bs] / stats["p50_ms"], 2)
-                    rows.append(row)
-    return {
-        "model": ref.shown,
-        "fingerprint": fingerprint(threads),
-        "rows": rows,
-        "torch_threads": torch.get_num_threads(),
-        "ort_threads": threads,
-        "agreement_images": len(real),
-        "fastest": fastest_within(rows, min_agreement) if min_agreement is not None else None,
-    }
+                    speedup = round(eager_p50[bs] / stats["p50_ms"], 2) if bs in eager_p50 else None
+                    rows.append(
+                        BenchRow(
+                            backend,
+                            dev_name,
+                            bs,
+                            cold_start_ms=cold_ms,
+                            size_mb=size,
+                            timing=stats,
+                            img_per_s=round(bs * 1000 / stats["p50_ms"], 1),
+                            agreement=agreement[backend],
+                            agreement_ci95=wilson(agreement[backend], len(real)),
+                            speedup_vs_eager=speedup,
+                        )
+                    )
+    floor = o.min_agreement
+    return BenchReport(
+        model=ref.shown,
+        fingerprint=fingerprint(threads),
+        rows=tuple(rows),
+        torch_threads=torch.get_num_threads(),
+        ort_threads=threads,
+        agreement_images=len(real),
+        fastest=tuple(fastest_within(rows, floor)) if floor is not None else None,
+        min_agreement=floor,
+        data=data,
+    )
 
 
 def _real_batch(info: Any, data: str | None) -> torch.Tensor:
@@ -392,3 +317,6 @@ def _real_batch(info: Any, data: str | None) -> torch.Tensor:
     pre = info.preprocessing()
     images = real_images(data, limit=AGREEMENT_IMAGES)
     return torch.from_numpy(np.stack([preprocess(open_image(p), pre) for p in images]))
+
+
+__all__ = ["fingerprint", "run_bench"]

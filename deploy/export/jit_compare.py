@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.deploy.export.parity import compare
+from zoo.deploy.export.parity_report import compare
 
 NOTE = (
     "TorchScript (trace/script) is deprecated upstream; torch.export is the path forward "
@@ -24,17 +24,83 @@ NOTE = (
 )
 
 
+@dataclass(frozen=True)
+class ShapeCheck:
+    """One path's output on one input shape against eager (``error``: the path rejected it)."""
+
+    shape: list[int]
+    max_abs: float
+    passed: bool
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return d if self.error is not None else {k: v for k, v in d.items() if k != "error"}
+
+
 @dataclass
 class PathResult:
+    """One way of building a graph (``trace``, ``script`` or ``export``) and how it fared."""
+
     path: str
     built: bool
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[ShapeCheck] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return self.built and all(c["passed"] for c in self.checks)
+        return self.built and all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "built": self.built,
+            "error": self.error,
+            "warnings": list(self.warnings),
+            "checks": [c.to_dict() for c in self.checks],
+            "passed": self.passed,
+        }
+
+    def lines(self) -> list[str]:
+        status = "pass" if self.passed else ("not built" if not self.built else "FAIL")
+        lines = [f"{self.path:<7} {status}" + (f" ({self.error})" if self.error else "")]
+        lines += [
+            f"   shape {c.shape}: max abs {c.max_abs:.2e} {'pass' if c.passed else 'FAIL'}"
+            for c in self.checks
+        ]
+        return lines + [f"   warning: {w}" for w in self.warnings]
+
+
+@dataclass(frozen=True)
+class JitReport:
+    """What ``zoo compare-jit`` found: each path on each shape, and the note on TorchScript.
+
+    Attributes:
+        note: TorchScript's deprecation, said on stderr.
+        shapes: the input shapes compared (the first one built each path).
+        paths: ``trace``, ``script`` and ``export``, in that order.
+    """
+
+    note: str
+    shapes: list[list[int]]
+    paths: tuple[PathResult, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``--json``)."""
+        return {
+            "note": self.note,
+            "shapes": self.shapes,
+            "paths": [p.to_dict() for p in self.paths],
+        }
+
+    def lines(self) -> list[str]:
+        """The summary ``zoo compare-jit`` prints: each path's verdict, shapes and warnings."""
+        return [line for p in self.paths for line in p.lines()]
+
+    def path(self, name: str) -> PathResult:
+        """The result of path ``name`` (``trace``, ``script`` or ``export``)."""
+        return next(p for p in self.paths if p.path == name)
 
 
 def _build(
@@ -72,8 +138,34 @@ def _export_most_dynamic(model: nn.Module, example: torch.Tensor) -> Any:
     return torch.export.export(model, (example,))
 
 
-def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> dict[str, Any]:
-    """Build each path from the first shape, then compare against eager on every shape."""
+def compare_jit_model(name: str) -> JitReport:
+    """:func:`compare_jit` on the model ``name`` (a model reference) at its own input size: a
+    batch of 2, then 1 and 3, and a resolution 32 px larger where the input is an image.
+
+    Raises:
+        Everything :func:`zoo.create_model` raises.
+    """
+    from zoo.factory import create_model, info_of
+
+    net = create_model(name)
+    size = info_of(net).input_size
+    shapes: list[tuple[int, ...]] = [(b, *size) for b in (2, 1, 3)]
+    if len(size) == 3 and size[1] >= 64:  # and another resolution
+        shapes.append((2, size[0], size[1] + 32, size[2] + 32))
+    return compare_jit(net, shapes)
+
+
+def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> JitReport:
+    """Build each path from the first shape, then compare against eager on every shape.
+
+    Args:
+        model: the module (put in eval mode).
+        input_shapes: the shapes to compare on; the first builds each path.
+
+    Returns:
+        Each path's verdict; a path that cannot be built, or rejects a shape, fails without
+        raising.
+    """
     model = model.eval()
     gen = torch.Generator().manual_seed(0)
     inputs = [torch.randn(*s, generator=gen) for s in input_shapes]
@@ -93,21 +185,12 @@ def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> dict[s
                 try:
                     got = fn(x)
                     d = compare(ref.numpy(), got.numpy())
-                    r.checks.append(
-                        {"shape": list(x.shape), "max_abs": d.max_abs, "passed": d.passed}
-                    )
+                    r.checks.append(ShapeCheck(list(x.shape), d.max_abs, d.passed))
                 except Exception as exc:  # e.g. a guard or a baked shape rejects this input
-                    r.checks.append(
-                        {
-                            "shape": list(x.shape),
-                            "max_abs": float("inf"),
-                            "passed": False,
-                            "error": str(exc).strip().splitlines()[0][:200],
-                        }
-                    )
+                    error = str(exc).strip().splitlines()[0][:200]
+                    r.checks.append(ShapeCheck(list(x.shape), float("inf"), False, error))
             results.append(r)
-    return {
-        "note": NOTE,
-        "shapes": [list(s) for s in input_shapes],
-        "paths": [{**asdict(r), "passed": r.passed} for r in results],
-    }
+    return JitReport(NOTE, [list(s) for s in input_shapes], tuple(results))
+
+
+__all__ = ["JitReport", "PathResult", "ShapeCheck", "compare_jit", "compare_jit_model"]

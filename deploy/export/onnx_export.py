@@ -1,6 +1,7 @@
-"""``zoo export``: ONNX (default), TorchScript or torch.export (pt2), always in eval mode under
-no-grad, checked, linted, parity-proven, and written atomically (nothing is left behind on
-failure)."""
+"""``zoo export`` to ONNX: always in eval mode under no-grad, checked, linted, parity-proven,
+stamped with zoo's metadata (:mod:`zoo.deploy.export.graph_metadata`) and written atomically
+(nothing is left behind on failure). TorchScript and torch.export are
+:mod:`zoo.deploy.export.torch_export`; the result is :class:`zoo.deploy.export.result.ExportResult`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from zoo.deploy.choices import (
-    EXPORTERS,
-    FORMATS,
-    JIT_MODES,
-    ONNX_PRECISIONS,
-    Exporter,
-    JitMode,
-    Precision,
-)
+from zoo.deploy.choices import EXPORTERS, ONNX_PRECISIONS, Exporter, Precision
+from zoo.deploy.export.graph_metadata import export_metadata, parity_summary
 from zoo.deploy.export.lint import lint_graph
 from zoo.deploy.export.parity import (
     TOLERANCES,
@@ -35,6 +28,7 @@ from zoo.deploy.export.parity import (
     check_parity,
     gate_images,
 )
+from zoo.deploy.export.result import ExportResult
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
@@ -43,30 +37,6 @@ from zoo.ref import ModelRef
 DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
 MIN_OPSET, MAX_OPSET = 13, 23
 EXPORT_BATCH = 2  # the example batch of a dynamic-batch export (checked again at 1, 2, 5)
-
-
-@dataclass
-class ExportResult:
-    path: str
-    format: str
-    model: str
-    opset: int | None = None
-    exporter: str | None = None
-    dynamic_batch: bool = True
-    static_batch: int | None = None
-    dynamic_size: bool = False
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    lint: list[str] = field(default_factory=list)
-    parity: ParityReport | None = None  # the gate's report (None until it ran)
-    size_mb: float = 0.0
-    slim: dict[str, Any] | None = None  # --slim: node counts and sizes before/after
-    precision: str = "fp32"  # onnx: weights and compute (I/O fp32); openvino: inference
-    embedded_preprocessing: bool = False  # onnx: uint8 NHWC pixels in (graph_preprocess.py)
-    fp16_io: bool = False  # onnx, fp16: float16 inputs and outputs too
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (``--json``); ``parity`` as :meth:`ParityReport.to_dict`."""
-        return {**self.__dict__, "parity": self.parity.to_dict() if self.parity else {}}
 
 
 @contextmanager
@@ -100,7 +70,8 @@ def load_for_export(
     return model.eval(), info, sha
 
 
-def _dummy(info: ModelInfo, batch: int) -> torch.Tensor:
+def dummy_input(info: ModelInfo, batch: int) -> torch.Tensor:
+    """A seeded random batch of the model's input size: what the exporters trace with."""
     return torch.randn(batch, *info.input_size, generator=torch.Generator().manual_seed(0))
 
 
@@ -275,7 +246,7 @@ def export_onnx(
         fp16_io=fp16_io,
     )
     order = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
-    x = _dummy(info, export_batch)
+    x = dummy_input(info, export_batch)
     with atomic_output(out) as tmp:
         export_once = partial(
             _onnx_once,
@@ -356,139 +327,16 @@ def export_onnx(
     return result
 
 
-def export_metadata(
-    info: ModelInfo, ref: ModelRef, result: ExportResult, weights_sha: str | None
-) -> dict[str, Any]:
-    """The metadata embedded in an exported graph: everything ``zoo predict`` and ``zoo serve``
-    need (classes, preprocessing) and the evidence (parity, versions, source weights)."""
-    import onnx
-
-    return {
-        # the name to build it again by: the entry, the Hub reference, or the model folder
-        "registry_id": (
-            str(ref.model_folder)
-            if ref.kind in ("run", "model-folder")
-            else str(ref)
-            if ref.kind == "hf"
-            else info.name
-        ),
-        "arch": info.arch,
-        "tag": info.tag,
-        "parent": info.parent,
-        "class_names": list(info.label_names or []),
-        "num_classes": info.num_classes,
-        "multi_label": info.multi_label,
-        "thresholds": list(info.thresholds) if info.thresholds else None,
-        "preprocessing": info.preprocessing().to_dict(),
-        "opset": result.opset,
-        "exporter": result.exporter,
-        "slim": result.slim,
-        "precision": result.precision,
-        # a graph that resizes, crops and normalises itself takes uint8 (N, H, W, C) pixels
-        "input": (
-            {"dtype": "uint8", "layout": "NHWC", "preprocessing": "in-graph"}
-            if result.embedded_preprocessing
-            else {
-                "dtype": "float16" if result.fp16_io else "float32",
-                "layout": "NCHW",
-                "preprocessing": "client",
-            }
-        ),
-        "dynamic_batch": result.dynamic_batch,
-        "static_batch": result.static_batch,
-        "dynamic_size": result.dynamic_size,
-        "torch_version": torch.__version__,
-        "onnx_version": onnx.__version__,
-        "source_weights_sha256": weights_sha,
-        "source_epoch": _shipped_epoch(ref),
-        "parity": parity_summary(result.parity),
-    }
-
-
-def _shipped_epoch(ref: ModelRef) -> int | None:
-    """The training epoch whose weights a run or model folder holds (None: not recorded)."""
-    if ref.kind not in ("run", "model-folder"):
-        return None
-    from zoo.artifact import read_config
-
-    epoch = read_config(ref.model_folder).get("train", {}).get("shipped_epoch")
-    return int(epoch) if isinstance(epoch, int) else None
-
-
-def parity_summary(report: ParityReport | None) -> dict[str, Any]:
-    """What an exported file says of its gate: the verdict, the headline numbers, the shapes
-    and the real images it was judged on."""
-    if report is None:
-        return {"passed": None}
-    t, p = report.tensors, report.predictions
-    return {
-        "passed": report.passed,
-        "max_abs": t.max_abs if t else None,
-        "cosine": t.cosine if t else None,
-        "top1_agreement": p.agreement if p else None,
-        "dynamic_checked": [[d.batch, d.size] for d in report.dynamic],
-        "images": report.describe_images(),
-    }
-
-
-def export_torch(
-    name: str | ModelRef, out: Path, *, fmt: str, jit: JitMode = "trace", weights: str | None = None
-) -> ExportResult:
-    """TorchScript (trace or script) or torch.export (``.pt2``), with an eager parity check.
-
-    Args:
-        name: what to export, a model reference (as for :func:`export_onnx`).
-        out: the file to write (atomically).
-        fmt: ``torchscript`` or ``pt2``.
-        jit: ``trace`` or ``script`` (TorchScript only).
-        weights: as for :func:`zoo.create_model`.
-
-    Returns:
-        What was written, with the eager-vs-exported comparison.
-
-    Raises:
-        ChoiceError: an unknown ``fmt`` or ``jit``.
-        ModelRefError / UnknownModelError: ``name`` does not parse, or is an ONNX file.
-        ParityError: the exported module differs from eager (nothing is written).
-    """
-    from zoo.deploy.export.parity import compare
-
-    ChoiceError.check("format", fmt, ("torchscript", "pt2"))
-    ChoiceError.check("jit", jit, JIT_MODES)
-    ref = ModelRef.parse(name)
-    name = ref.shown
-    model, info, _ = load_for_export(ref, weights)
-    x = _dummy(info, EXPORT_BATCH)
-    result = ExportResult(
-        path=str(out),
-        format=fmt,
-        model=name,
-        exporter=jit if fmt == "torchscript" else "torch.export",
-    )
-    with atomic_output(out) as tmp, torch.no_grad():
-        if fmt == "torchscript":
-            built = torch.jit.trace(model, x) if jit == "trace" else torch.jit.script(model)
-            torch.jit.save(built, str(tmp))
-            loaded: Any = torch.jit.load(str(tmp))
-        else:
-            ep = torch.export.export(model, (x,))
-            torch.export.save(ep, str(tmp))
-            loaded = torch.export.load(str(tmp)).module()
-        d = compare(model(x).numpy(), loaded(x).numpy())
-        result.parity = ParityReport(tensors=d)  # eager vs exported on seeded noise
-        if not d.passed:
-            raise ParityError(
-                f"{fmt} export of {name} differs from eager: max abs {d.max_abs:.3g}."
-            )
-    result.size_mb = round(out.stat().st_size / 2**20, 2)
-    return result
-
-
+# ExportResult and parity_summary are re-exported for the Triton and OpenVINO exports.
 __all__ = [
     "DEFAULT_OPSET",
-    "FORMATS",
+    "EXPORT_BATCH",
+    "MAX_OPSET",
+    "MIN_OPSET",
     "ExportResult",
+    "atomic_output",
+    "dummy_input",
     "export_onnx",
-    "export_torch",
+    "load_for_export",
     "parity_summary",
 ]

@@ -3,7 +3,7 @@ converted from zoo's parity-proven ONNX export, optionally int8 by NNCF, judged 
 gate against PyTorch at the precision it will run in, and written atomically.
 
 The folder is built beside its destination and swapped in whole (:func:`zoo.durable.replace_dir`):
-a kill leaves the old IR, none, or the new one, never a new ``.bin`` under an old ``.xml``.
+a kill leaves the old IR or the new one, never a new ``.bin`` under an old ``.xml``.
 Weights are saved in fp32 (``compress_to_fp16=False``): the precision is the runtime's, set
 explicitly (:mod:`zoo.deploy.runtimes.openvino`), never a side effect of saving.
 """
@@ -207,7 +207,7 @@ def export_openvino(
     tmp = durable.temp_path(out, folder=True)
     try:
         ov.save_model(ir, str(tmp / IR_FILES[0]), compress_to_fp16=False)
-        durable.replace_dir(tmp, out, label=None)
+        durable.replace_dir(tmp, out, label=out.name)  # a kill: the old IR or the new one
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

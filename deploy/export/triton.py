@@ -10,10 +10,10 @@ that talks to ``zoo serve`` talks to Triton.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from zoo import durable
 from zoo.deploy.export.onnx_export import ExportResult, export_onnx
 from zoo.errors import ExportError, InputError
 from zoo.ref import ModelRef
@@ -80,12 +80,19 @@ def export_triton(
     embed_preprocessing: bool = False,
 ) -> ExportResult:
     """A Triton repository of the model's ONNX export (``embed_preprocessing``: clients send
-    uint8 pixels of any size; :mod:`zoo.deploy.export.graph_preprocess`)."""
+    uint8 pixels of any size; :mod:`zoo.deploy.export.graph_preprocess`).
+
+    ``REPO/<name>/`` is built in a hidden folder beside it and swapped in whole
+    (:func:`zoo.durable.replace_dir`): a kill leaves the old model folder or the new one.
+    """
     from zoo.onnx_meta import read_metadata, read_preprocessing
 
     repo.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=repo) as tmp:
-        onnx_path = Path(tmp) / "model.onnx"
+    # a hidden scratch folder (a kill leaves no model Triton would load; resume-style sweeps
+    # remove it), on the repository's file system so that the model folder swaps in whole
+    scratch = durable.temp_path(repo / (name or "model"), folder=True)
+    try:
+        onnx_path = scratch / "model.onnx"
         result = export_onnx(
             model,
             onnx_path,
@@ -97,7 +104,7 @@ def export_triton(
         )
         meta = read_metadata(onnx_path)
         name = name or f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
-        stage = Path(tmp) / name
+        stage = scratch / name
         (stage / "1").mkdir(parents=True)
         shutil.move(str(onnx_path), stage / "1" / "model.onnx")
         pre = read_preprocessing(meta, onnx_path)
@@ -112,10 +119,9 @@ def export_triton(
         (stage / "config.pbtxt").write_text(text)
         labels = meta["class_names"] or [str(i) for i in range(meta["num_classes"])]
         (stage / "labels.txt").write_text("\n".join(labels) + "\n")
-        target = repo / name
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.move(str(stage), target)
+        durable.replace_dir(stage, repo / name, label=name)  # the old model or the new one
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     result.path, result.format = str(repo / name), "triton"
     result.size_mb = round((repo / name / "1" / "model.onnx").stat().st_size / 2**20, 2)
     return result

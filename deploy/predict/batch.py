@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from zoo.deploy.choices import ENGINES
 from zoo.deploy.predict.inputs import check_inputs, describe_inputs, iter_inputs
+from zoo.deploy.predict.options import PredictFileOptions
 from zoo.deploy.predict.rows import Decoded, Result, decode, score_decoded
 from zoo.deploy.predict.scoring import Scorer, load_scorer
-from zoo.deploy.predict.store import ChunkStore, columns, digest, format_of
+from zoo.deploy.predict.store import ChunkStore, columns, digest
 from zoo.errors import InputError
 from zoo.ref import ModelRef
 from zoo.system import available_cpus
@@ -63,7 +63,21 @@ class BatchSummary:
         return self.done / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """``--json``'s shape."""
         return {**asdict(self), "images_per_s": self.images_per_s}
+
+    def line(self) -> str:
+        """The summary the command prints."""
+        errors = (
+            f"{self.errors:,} unreadable (listed in {self.errors_file})"
+            if self.errors_file
+            else "none unreadable"
+        )
+        return (
+            f"predicted {self.done:,} inputs → {self.out}: {self.rows:,} rows, "
+            f"{self.skipped:,} skipped as already done, {errors}; {self.seconds:.1f} s, "
+            f"{self.images_per_s:,.1f} images/s"
+        )
 
 
 def decoded(
@@ -123,100 +137,50 @@ def local_results(
 
 
 def predict_to_file(
-    model: str | ModelRef | Scorer,
-    inputs: Sequence[str],
-    out: str | Path,
-    *,
-    top_k: int = 5,
-    device: str = "cpu",
-    chunk_size: int = 1024,
-    batch_size: int = 32,
-    workers: int | None = None,
-    strict: bool = False,
-    overwrite: bool = False,
-    embeddings: bool = False,
-    engine: str = "local",
-    address: str | None = None,
-    tta: str = "none",
-    on_progress: Callable[[int, int], None] | None = None,
+    options: PredictFileOptions, *, on_progress: Callable[[int, int], None] | None = None
 ) -> BatchSummary:
-    """Score every image ``inputs`` name into ``out``, resuming an interrupted job.
+    """Score every image ``options.inputs`` names into ``options.out``, resuming an
+    interrupted job.
 
     Args:
-        model: a model reference (see :func:`zoo.deploy.predict.scoring.load_scorer`), or a loaded
-            :class:`~zoo.deploy.predict.scoring.Scorer` (local engine only).
-        inputs: image files, folders (recursive), globs and text files listing paths.
-        out: ``.csv``, ``.jsonl`` or ``.parquet``: one row per scored image (``path``, then
-            ``label_i``, ``index_i``, ``score_i`` for the ``top_k`` best classes; a
-            multi-label model adds ``labels``, its decided classes joined by ``;``).
-        top_k: classes per row (at most the model's number of classes).
-        device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
-        chunk_size: inputs per committed chunk (what a kill can cost; part of the job's
-            identity: a resume needs the same value).
-        batch_size: images per model call.
-        workers: decoding threads (local; default: the CPUs available), or model replicas
-            (Ray actors; default: the cluster's CPUs).
-        strict: stop at the first input that cannot be scored instead of listing it.
-        overwrite: replace an existing ``out`` and discard an interrupted job.
-        embeddings: add ``embedding``, the penultimate-layer features as a list of float32
-            (``.parquet`` or ``.jsonl`` only).
-        engine: ``local`` (this process) or ``ray`` (Ray Data, see
-            :mod:`zoo.deploy.predict.ray_engine`; the file is written here, in the same chunks).
-        address: the Ray cluster to join (default: a local Ray started for the job).
-        tta: test-time augmentation (:mod:`zoo.tta`; a model reference only).
+        options: the job (checked on construction: :class:`PredictFileOptions`).
         on_progress: called as ``(handled_this_run, skipped)`` after each batch.
 
     Returns:
         The :class:`BatchSummary`.
 
     Raises:
-        InputError: inputs that do not exist or name no image, an unknown output extension
-            or engine, embeddings into CSV, an existing
-            output (without ``overwrite``), an interrupted job with other settings or
-            inputs, a bad input spec, an option below 1, or (``strict``) an input that
-            cannot be scored.
+        InputError: inputs that do not exist or name no image, an existing output (without
+            ``overwrite``), an interrupted job with other settings or inputs, a bad input
+            spec, or (``strict``) an input that cannot be scored.
         BackendUnavailableError: ``engine="ray"`` without Ray installed.
         Everything :func:`zoo.deploy.predict.scoring.load_scorer` raises.
     """
     t0 = time.perf_counter()
-    out = Path(out)
-    fmt = format_of(out)
-    for name, value in (("top_k", top_k), ("chunk_size", chunk_size), ("batch_size", batch_size)):
-        if value < 1:
-            raise InputError(f"{name} must be at least 1, got {value}.")
-    if engine not in ENGINES:
-        raise InputError(f"Unknown engine {engine!r}: use {' or '.join(ENGINES)}.")
-    if embeddings and fmt == "csv":
-        raise InputError(
-            f"Embeddings are a list of floats per row and CSV has no list type: name the output "
-            f"{out.with_suffix('.parquet').name} or {out.with_suffix('.jsonl').name}."
-        )
+    o = options
+    model, inputs, out, embeddings, engine = o.model, o.inputs, o.out, o.embeddings, o.engine
     check_inputs(inputs)  # before the sidecar exists: a typo never leaves a job to resume
-    if isinstance(model, Scorer) and (
-        engine != "local" or tta != "none" or (embeddings and model.embed is None)
-    ):
-        raise InputError("Pass a model reference, not a loaded Scorer, for this engine/option.")
     scorer = (
         model
         if isinstance(model, Scorer)
         else load_scorer(
             model,
-            device=device,
+            device=o.device,
             embeddings=embeddings and engine == "local",
-            tta=tta,
+            tta=o.tta,
             spin=False,  # the decoding threads share the cores ORT's idle threads would spin on
         )
     )
-    k = min(top_k, scorer.num_classes)
+    k = min(o.top_k, scorer.num_classes)
     store = ChunkStore(out, columns(k, scorer.multi_label, embeddings))
     manifest = {
         "model": scorer.identity,
         "inputs": describe_inputs(inputs),
         "top_k": k,
-        "chunk_size": chunk_size,
+        "chunk_size": o.chunk_size,
         "embeddings": embeddings,
     }
-    committed = store.open(manifest, overwrite=overwrite)
+    committed = store.open(manifest, overwrite=o.overwrite)
     paths = iter_inputs(inputs)
     skipped = _skip(paths, committed, store.parts)
     rows = sum(m["rows"] for m in committed)
@@ -229,22 +193,22 @@ def predict_to_file(
         ref = ModelRef.parse(model)  # type: ignore[arg-type]  # a Scorer was refused above
         results = ray_results(
             paths, str(ref.path.resolve()) if ref.is_path else str(ref), k,
-            embeddings=embeddings, device=device, batch_size=batch_size, actors=workers,
-            address=address, multi_label=scorer.multi_label, tta=tta,
+            embeddings=embeddings, device=o.device, batch_size=o.batch_size, actors=o.workers,
+            address=o.address, multi_label=scorer.multi_label, tta=o.tta,
         )  # fmt: skip
     else:
         results = local_results(
-            paths, scorer, k, embeddings=embeddings, batch_size=batch_size,
-            workers=workers or available_cpus(),
+            paths, scorer, k, embeddings=embeddings, batch_size=o.batch_size,
+            workers=o.workers or available_cpus(),
         )  # fmt: skip
     with closing(results):
         while True:
             chunk_paths: list[str] = []
             chunk_rows: list[dict[str, Any]] = []
             errors: list[dict[str, str]] = []
-            for p, row, reason in islice(results, chunk_size):
+            for p, row, reason in islice(results, o.chunk_size):
                 chunk_paths.append(p)
-                if reason is not None and strict:
+                if reason is not None and o.strict:
                     raise InputError(
                         f"{reason} --strict stops at the first input that cannot be read: "
                         f"fix or remove {p!r}, or drop --strict to list such inputs in "
@@ -254,7 +218,7 @@ def predict_to_file(
                     errors.append({"path": p, "reason": reason})
                 else:
                     chunk_rows.append(row)  # type: ignore[arg-type]  # scored: a row
-                if on_progress and len(chunk_paths) % batch_size == 0:
+                if on_progress and len(chunk_paths) % o.batch_size == 0:
                     on_progress(handled + len(chunk_paths), skipped)
             if not chunk_paths:
                 break

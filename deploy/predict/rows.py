@@ -31,7 +31,7 @@ def decode(
 def _row(scorer: Scorer, path: str, scores: np.ndarray, k: int) -> dict[str, Any]:
     row: dict[str, Any] = {"path": path}
     for i, t in enumerate(scorer.top(scores, k), 1):
-        row.update({f"label_{i}": t["label"], f"index_{i}": t["index"], f"score_{i}": t["score"]})
+        row.update({f"label_{i}": t.label, f"index_{i}": t.index, f"score_{i}": t.score})
     if scorer.multi_label:
         row["labels"] = ";".join(scorer.decided(scores))
     return row

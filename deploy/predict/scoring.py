@@ -25,6 +25,34 @@ from zoo.tta import average, check_tta, check_views, views
 
 
 @dataclass(frozen=True)
+class ClassScore:
+    """One class of an image's top-k: its name, index and score."""
+
+    label: str
+    index: int
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "index": self.index, "score": self.score}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """An image's top-k classes, best first (what :func:`predict` gives for each image)."""
+
+    image: str
+    top: tuple[ClassScore, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``zoo predict --json``'s shape: ``{"image", "top": [{"label", "index", "score"}]}``."""
+        return {"image": self.image, "top": [t.to_dict() for t in self.top]}
+
+    def lines(self) -> list[str]:
+        """The image, then a ``score  label`` line per class."""
+        return [f"{self.image}:", *(f"  {t.score:.4f}  {t.label}" for t in self.top)]
+
+
+@dataclass(frozen=True)
 class Scorer:
     """A model loaded for prediction.
 
@@ -66,12 +94,12 @@ class Scorer:
     def label(self, i: int) -> str:
         return self.labels[i] if i < len(self.labels) else str(i)
 
-    def top(self, row: np.ndarray, k: int) -> list[dict[str, Any]]:
+    def top(self, row: np.ndarray, k: int) -> tuple[ClassScore, ...]:
         """The ``k`` best classes of one score row, best first (ties: lower index first)."""
-        return [
-            {"label": self.label(int(i)), "index": int(i), "score": float(row[i])}
+        return tuple(
+            ClassScore(self.label(int(i)), int(i), float(row[i]))
             for i in np.argsort(-row, kind="stable")[:k]
-        ]
+        )
 
     def decided(self, row: np.ndarray) -> list[str]:
         """Multi-label: the classes whose score reaches their threshold, in class order."""
@@ -227,7 +255,7 @@ def predict(
     k: int = 5,
     device: str = "cpu",
     tta: str = "none",
-) -> list[dict[str, Any]]:
+) -> list[Prediction]:
     """Top-``k`` labels of each image.
 
     Args:
@@ -238,7 +266,7 @@ def predict(
         tta: test-time augmentation (a reference only; a loaded Scorer keeps its own).
 
     Returns:
-        One ``{"image", "top": [{"label", "index", "score"}, ...]}`` per image, in order.
+        One :class:`Prediction` per image, in order.
 
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse.
@@ -250,6 +278,4 @@ def predict(
         return []
     x = scorer.batch([scorer.prepare(open_image(p)) for p in images])
     probs = scorer.score(x)
-    return [
-        {"image": img, "top": scorer.top(row, k)} for img, row in zip(images, probs, strict=True)
-    ]
+    return [Prediction(img, scorer.top(row, k)) for img, row in zip(images, probs, strict=True)]

@@ -22,9 +22,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.artifact import zoo_version
-from zoo.deploy.runtimes.loader import Classifier, load_classifier
+from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
-from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.config import ServeConfig, load_served
+from zoo.deploy.serve.inputs import check_tensor, read_body, read_upload
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.openapi import openapi_document
 from zoo.deploy.serve.protocol import (
@@ -33,7 +34,6 @@ from zoo.deploy.serve.protocol import (
     OutputSpec,
     TensorMetadata,
     classification,
-    datatype_of,
     encode_response,
     parse_request,
 )
@@ -44,10 +44,9 @@ from zoo.errors import (
     UnsupportedMediaTypeError,
 )
 from zoo.images import open_image
-from zoo.preprocess import check_aspect, scores
+from zoo.preprocess import scores
 
 log = logging.getLogger("zoo.serve")
-HALF_MAX = float(np.finfo(np.float16).max)  # 65504: the largest input an --fp16-io graph holds
 
 
 _OUTCOMES = {404: "unknown_model", 503: "not_ready"}
@@ -76,31 +75,46 @@ async def _unguarded_error(request: Request, exc: Exception) -> Response:
 
 
 class ModelServer:
-    def __init__(self, cfg: ServeConfig) -> None:
+    """One model behind the endpoints of :func:`create_app`: its classifier, the batcher
+    that feeds it, and what the endpoints answer from (readiness, metrics).
+
+    Args:
+        cfg: the server settings (model file, name in the URL, batching and limits).
+        clf: the model, already loaded (``zoo serve`` loads it before binding, to refuse
+            a model it cannot run); None: loaded from ``cfg.model_path`` in the lifespan.
+
+    Attributes:
+        cfg: the settings.
+        metrics: the Prometheus counters and histograms of ``/metrics``.
+        ready: the model is loaded and has answered a warm-up batch.
+        load_error: why the model failed to load or warm up (then never ready).
+        clf: the classifier once ready (None before).
+        batcher: the dynamic batcher, from the lifespan's start.
+        sample_shape: one sample's shape as the graph takes it (without the batch).
+    """
+
+    def __init__(self, cfg: ServeConfig, clf: Classifier | None = None) -> None:
         self.cfg = cfg
         self.metrics = ServerMetrics()
         self.ready = False
         self.load_error: str | None = None
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
+        self.sample_shape: tuple[int, ...] = ()
+        self._loaded = clf
         self._openapi: bytes | None = None
         self._page: str | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def _load(self) -> None:
-        """Create the session and warm it up at batch 1 and max batch (in a thread)."""
+        """Load the model (unless it was handed over) and warm it up at batch 1 and max
+        batch (in a thread)."""
         try:
-            clf = load_classifier(  # no spinning: the same cores decode and answer HTTP
-                self.cfg.model_path,
-                runtime=self.cfg.runtime,
-                device=self.cfg.device,
-                threads=self.cfg.threads,
-                spin=False,
-            )
+            clf = self._loaded or load_served(self.cfg)
             shape = clf.input_shape
             if clf.embedded:  # pixels of any size: warmed up at the crop size
                 crop = clf.pre.crop_size
-                self.sample_shape: tuple[int, ...] = (crop, crop, clf.pre.channels)
+                self.sample_shape = (crop, crop, clf.pre.channels)
             else:
                 sample = [
                     d if isinstance(d, int) else clf.pre.input_size[i - 1]
@@ -156,33 +170,6 @@ class ModelServer:
     def _limit(self) -> int:
         return int(self.cfg.max_body_mb * 2**20)
 
-    def _check_encoding(self, request: Request) -> None:
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise UnsupportedMediaTypeError(
-                f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
-            )
-
-    @staticmethod
-    def _declared_length(request: Request) -> int | None:
-        declared = request.headers.get("content-length", "").strip()
-        return int(declared) if declared.isascii() and declared.isdigit() else None
-
-    async def _body(self, request: Request) -> bytes:
-        self._check_encoding(request)
-        limit, declared = self._limit, self._declared_length(request)
-        if declared is not None and declared > limit:
-            raise PayloadTooLargeError(
-                f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
-            )
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLargeError(f"request body is over the {limit:,}-byte limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     def _check_model(self, name: str) -> JSONResponse | None:
         if name != self.cfg.name:
             return _error(404, f"unknown model {name!r}; this server serves {self.cfg.name!r}")
@@ -191,58 +178,6 @@ class ModelServer:
                 503, "model is not ready yet" + (f": {self.load_error}" if self.load_error else "")
             )
         return None
-
-    def _validate(self, inputs: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        assert self.clf is not None
-        if len(inputs) != 1:
-            raise InputError(
-                f"this model takes exactly one input ({self.clf.input_name!r}), got {len(inputs)}"
-            )
-        name, x = inputs[0]
-        if name != self.clf.input_name:
-            raise InputError(
-                f"unknown input {name!r}; the model's input is {self.clf.input_name!r}"
-            )
-        if self.clf.embedded:
-            return self._validate_pixels(name, x)
-        if x.dtype != np.float32:
-            raise InputError(f"input {name!r} must be FP32, got {datatype_of(x.dtype)}")
-        if x.ndim != 1 + len(self.sample_shape) or x.shape[1:] != self.sample_shape:
-            raise InputError(
-                f"input {name!r} has shape {list(x.shape)}; expected [batch, "
-                f"{', '.join(map(str, self.sample_shape))}]"
-            )
-        if not 1 <= len(x) <= self.cfg.max_batch:
-            raise InputError(f"batch of {len(x)} is outside 1..{self.cfg.max_batch} (--max-batch)")
-        if not np.isfinite(x).all():
-            raise InputError(f"input {name!r} contains NaN or infinite values")
-        if self.clf.half_io and float(np.abs(x).max()) > HALF_MAX:
-            raise InputError(
-                f"input {name!r} has values beyond float16's range (±{HALF_MAX:g}), which this "
-                "model (exported with --fp16-io) takes"
-            )
-        return x
-
-    def _validate_pixels(self, name: str, x: np.ndarray) -> np.ndarray:
-        """A graph that preprocesses itself takes decoded pixels: uint8 ``[batch, height,
-        width, channels]``, any size within ``--max-image-pixels``."""
-        assert self.clf is not None
-        c = self.clf.pre.channels
-        if x.dtype != np.uint8:
-            raise InputError(f"input {name!r} must be UINT8 pixels, got {datatype_of(x.dtype)}")
-        if x.ndim != 4 or x.shape[-1] != c or 0 in x.shape:
-            raise InputError(
-                f"input {name!r} has shape {list(x.shape)}; expected [batch, height, width, {c}]"
-            )
-        check_aspect(x.shape[2], x.shape[1])
-        if x.shape[1] * x.shape[2] > self.cfg.max_image_pixels:
-            raise InputError(
-                f"input {name!r}: {x.shape[2]}x{x.shape[1]} pixels is over the limit of "
-                f"{self.cfg.max_image_pixels} (--max-image-pixels)"
-            )
-        if not 1 <= len(x) <= self.cfg.max_batch:
-            raise InputError(f"batch of {len(x)} is outside 1..{self.cfg.max_batch} (--max-batch)")
-        return x
 
     async def _infer_array(self, x: np.ndarray) -> np.ndarray:
         assert self.batcher is not None
@@ -327,9 +262,17 @@ class ModelServer:
                 return err
             assert self.clf is not None
             req = parse_request(
-                await self._body(request), request.headers.get(HEADER), max_elements=self._limit
+                await read_body(request, self._limit),
+                request.headers.get(HEADER),
+                max_elements=self._limit,
             )
-            x = self._validate(req.inputs)
+            x = check_tensor(
+                req.inputs,
+                self.clf,
+                self.sample_shape,
+                max_batch=self.cfg.max_batch,
+                max_image_pixels=self.cfg.max_image_pixels,
+            )
             y = await self._infer_array(x)
             specs = req.outputs or [OutputSpec(self.clf.output_name, binary=req.binary_default)]
             outs = []
@@ -365,9 +308,9 @@ class ModelServer:
                 raise InputError(f"top_k={k}: ask for 1 or more classes (default 5)")
             ctype = request.headers.get("content-type", "").lower()
             if ctype.startswith("multipart/form-data"):
-                data = await self._upload(request)
+                data = await read_upload(request, self._limit)
             else:
-                data = await self._body(request)
+                data = await read_body(request, self._limit)
             if not data:
                 raise InputError(
                     "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"
@@ -398,28 +341,6 @@ class ModelServer:
         image = open_image(data, max_pixels=self.cfg.max_image_pixels)
         return self.clf.prepare(image)[None]
 
-    async def _upload(self, request: Request) -> bytes:
-        """The bytes of the multipart field ``file``, within the body limit."""
-        self._check_encoding(request)
-        limit, declared = self._limit, self._declared_length(request)
-        if declared is None:
-            raise InputError("multipart uploads need a Content-Length header")
-        if declared > limit:
-            raise PayloadTooLargeError(
-                f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
-            )
-        try:
-            form = await request.form(max_files=1, max_fields=16)
-        except HTTPException as exc:  # Starlette's own 400 (bad or missing boundary, ...)
-            raise InputError(
-                f"multipart body cannot be parsed: {exc.detail} (send multipart/form-data "
-                "with a boundary and a 'file' field)"
-            ) from exc
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise InputError("multipart upload needs a 'file' field")
-        return await upload.read()
-
     async def demo_page(self, request: Request) -> Response:
         """``GET /``: a page where a person drops an image and sees the top labels."""
         if self._page is None:
@@ -436,13 +357,15 @@ class ModelServer:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def create_app(cfg: ServeConfig) -> Starlette:
+def create_app(cfg: ServeConfig, clf: Classifier | None = None) -> Starlette:
     """The ASGI app serving ``cfg.model_path`` (Open Inference Protocol v2 + ``/predict``).
 
     Args:
         cfg: the server settings; the ONNX session is created and warmed up in the app's
             lifespan (in a thread), so the app answers ``/v2/health/live`` at once and
             ``/v2/health/ready`` with 503 until the model is loaded.
+        clf: the model of ``cfg.model_path``, already loaded (:func:`load_served`); it is
+            then only warmed up in the lifespan.
 
     Returns:
         A Starlette app; ``app.state.server`` is its :class:`ModelServer`.
@@ -451,7 +374,7 @@ def create_app(cfg: ServeConfig) -> Starlette:
         Nothing: a model that fails to load is logged, ``/v2/health/ready`` stays 503 and
         the model endpoints answer 503 with the reason, and the server keeps answering.
     """
-    s = ModelServer(cfg)
+    s = ModelServer(cfg, clf)
     routes = [
         Route("/", s.demo_page),
         Route("/v2", s.server_meta),

@@ -9,10 +9,11 @@ import logging
 import signal
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from zoo.artifact import ONNX_FILE
-from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.config import ServeConfig, load_served
 from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
@@ -98,7 +99,7 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
-            once before the server binds, so a model it cannot run is refused, not served 503.
+            once, before the server binds, so a model it cannot run is refused, not served 503.
     """
     import uvicorn
 
@@ -111,18 +112,13 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
     with tempfile.TemporaryDirectory() as tmp:
         path = resolve_onnx(model, Path(tmp))
-        from zoo.deploy.runtimes.loader import load_classifier
-
-        # refused here, exit 1, rather than a server that answers 503 for ever
-        load_classifier(
-            path,
-            runtime=str(cfg_kwargs.get("runtime", "auto")),
-            device=str(cfg_kwargs.get("device", "cpu")),
-            threads=1,
-        )
-        name = cfg_kwargs.pop("name", None) or default_name(path)
-        cfg = ServeConfig(model_path=str(path), name=str(name), **cfg_kwargs)  # type: ignore[arg-type]
-        app = create_app(cfg)
+        name = cfg_kwargs.pop("name", None)
+        cfg = ServeConfig(model_path=str(path), name="", **cfg_kwargs)  # type: ignore[arg-type]
+        # loaded once, here: a model it cannot run is refused (exit 1) before the server
+        # binds, rather than a server that answers 503 for ever; the app only warms it up
+        clf = load_served(cfg)
+        cfg = replace(cfg, name=str(name or default_name(path)))
+        app = create_app(cfg, clf)
         # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"

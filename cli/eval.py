@@ -1,0 +1,127 @@
+"""``zoo eval``: a model's metrics on an image folder, optionally scored by a derived file
+(``--variant``) and written up as ``report.html``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
+from zoo.tta import Tta
+
+
+def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:
+    """``--variant``: the derived file run by its runtime as the evaluation's forward pass
+    (the same preprocessed batches as the PyTorch model), and its path for the result."""
+    if variant is None:
+        return None, None
+    import torch
+
+    from zoo.deploy.runtimes.loader import load_classifier
+
+    path = with_variant(model, variant)
+    clf = load_classifier(path)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(clf.run(x.cpu().numpy()))
+
+    return forward, path
+
+
+def eval_cmd(
+    model: Annotated[str, typer.Argument(help="run folder, model folder or registry name")],
+    data: Annotated[
+        str | None, typer.Option("--data", help="image folder (default: the run's own data)")
+    ] = None,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="train | val | test | all (a folder the model did not train on: all its images)"
+        ),
+    ] = "val",
+    batch_size: int = 64,
+    device: str = "auto",
+    num_workers: int = 0,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="also write report.html: per-class metrics, confusion matrix with its images, "
+            "top losses with Grad-CAM, calibration, training curves (into a run folder)",
+        ),
+    ] = False,
+    tta: Annotated[
+        Tta,
+        choice(
+            Tta,
+            "--tta",
+            help="test-time augmentation: the metrics of the views' mean, and the gain over "
+            "the plain crop (measured in the same pass)",
+        ),
+    ] = "none",
+    report_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--report-out", help="--report: where (default: RUN/report.html, or ./report.html)"
+        ),
+    ] = None,
+    variant: VariantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
+    from zoo.ref import ModelRef
+    from zoo.train.evaluate import evaluate_split
+
+    if report_out is not None and not report:
+        raise typer.BadParameter("--report-out applies to --report only.")
+    forward, scored_by = _variant_forward(model, variant)
+    ev = evaluate_split(
+        model, data=data, split=split, batch_size=batch_size, device=device,
+        num_workers=num_workers, tta=tta, forward=forward, scored_by=scored_by,
+    )  # fmt: skip
+    result = ev.result
+    if report:
+        from zoo.train.report import write_report
+
+        ref = ModelRef.parse(model)
+        run = ref.path if ref.kind == "run" else None
+        dest = report_out or (run / "report.html" if run is not None else Path("report.html"))
+        result = {**result, "report": write_report(ev, dest, run)}
+        err.print(f"report: {dest} ({result['report']['images']} images embedded)")
+    if as_json:
+        print_json(result)
+        return
+    out.print(
+        f"{result['model']} on {result['data']} [{result['split']}]: {result['n']} images"
+        + (f", scored by {result['scored_by']}" if "scored_by" in result else ""),
+        markup=False,
+    )
+    names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
+        "acc": "top-1" if "top5" in result else "exact-match",
+        "balanced_acc": "balanced",
+        "top5": "top-5",
+        "loss": "loss",
+        "macro_f1": "macro-F1",
+    }
+    out.print("  ".join(f"{label} {result[k]:.4f}" for k, label in names.items() if k in result))
+    if "tta" in result:
+        t, plain = result["tta"], result["tta"]["without"]
+        out.print(
+            f"test-time augmentation {t['mode']} ({t['views']} views): {names['acc']} "
+            f"{result['acc']:.4f} vs {plain['acc']:.4f} without ({result['acc'] - plain['acc']:+.4f})"
+        )
+    met = [r for r in result["per_class"] if r["support"] or r.get("predicted", 1)]
+    for row in met:
+        pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""
+        out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}", markup=False)
+    if len(met) < len(result["per_class"]):
+        out.print(
+            f"  ({len(result['per_class']) - len(met)} of the model's classes neither occur "
+            "here nor were predicted: not listed, and not in macro-F1)"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)

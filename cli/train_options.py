@@ -1,0 +1,168 @@
+"""The options of a training run, shared by ``zoo finetune`` and ``zoo lr-find``.
+
+Every default and choice comes from :class:`~zoo.train.config.TrainConfig` (``D``, and a test
+fails on drift); only the help text, the spelling and the command-line checks live here, as an
+``Annotated`` alias per option that has more than a type. :func:`train_config` maps a
+command's options to the config.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from zoo.cli.common import choice
+from zoo.train.config import (
+    AmpDtype,
+    ClassWeights,
+    ImageCacheMode,
+    Strategy,
+    option_defaults,
+)
+
+if TYPE_CHECKING:
+    from zoo.train.config import TrainConfig
+
+# Every default and choice comes from TrainConfig; only the help text and spelling live here.
+D = option_defaults()
+
+# Option names whose CLI spelling differs from the TrainConfig field.
+FIELD = {"arch": "model"}
+
+
+def check_lr(value: str | None) -> float | str | None:
+    """``--lr``: a positive number or ``auto`` (a usage error otherwise)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        lr = float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is neither a number nor 'auto'") from None
+    if not (math.isfinite(lr) and lr > 0):
+        raise typer.BadParameter(f"{value} must be a finite number above 0")
+    return lr
+
+
+def check_unit(value: float | None, *, closed: bool) -> float | None:
+    """A rate in (0, 1) (``closed``: (0, 1]); a usage error otherwise."""
+    if value is not None and not (0 < value < 1 or (closed and value == 1)):
+        raise typer.BadParameter(f"{value} must be in (0, 1{']' if closed else ')'}")
+    return value
+
+
+def check_policy(value: str | None) -> str | None:
+    """``--auto-augment``: a shorthand or a policy timm knows (a usage error otherwise)."""
+    if value is not None:
+        from zoo.errors import InputError
+        from zoo.train.recipes import policy
+
+        try:
+            policy(value, 32, (0.5, 0.5, 0.5), "bilinear")
+        except InputError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def train_config(params: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of a command's training options (CLI spellings mapped to the
+    fields, the data folder and a model folder made absolute)."""
+    from zoo.train.config import TrainConfig
+
+    values = {FIELD.get(k, k): v for k, v in params.items()}
+    values["model"] = values.get("model") or ""
+    values["data"] = values.get("data") or ""
+    if values["data"]:
+        values["data"] = str(Path(values["data"]).expanduser().resolve())
+    if values["model"]:
+        from zoo.ref import ModelRef
+
+        ref = ModelRef.parse(values["model"])  # the same precedence as every other command
+        if ref.is_path:
+            values["model"] = str(ref.path.resolve())
+    return TrainConfig.from_dict(values)
+
+
+WeightsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="'none' for random init, or a safetensors file/folder; default: the entry's own"
+    ),
+]
+StrategyOpt = Annotated[
+    Strategy | None,
+    choice(
+        Strategy,
+        "--strategy",
+        help="default: gradual when pretrained, full from scratch (random weights)",
+    ),
+]
+FreezeEpochsOpt = Annotated[
+    int, typer.Option(min=0, help="gradual: epochs with the backbone frozen")
+]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="per process")]
+LrOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="<float|auto>",
+        callback=lambda v: check_lr(v),
+        help="head learning rate (default 1e-3 AdamW, 0.1 SGD); auto: zoo lr-find's "
+        "suggestion, found first and kept in the run's lr_find.json",
+    ),
+]
+BackboneLrMultOpt = Annotated[float, typer.Option(help="backbone LR = lr × this")]
+ClassWeightsOpt = Annotated[
+    ClassWeights,
+    choice(ClassWeights, "--class-weights", help="auto: weigh the loss by inverse class frequency"),
+]
+MultiLabelOpt = Annotated[
+    bool,
+    typer.Option(help="DIR/labels.csv (path,labels) → BCEWithLogits, per-class thresholds"),
+]
+AmpOpt = Annotated[AmpDtype | None, choice(AmpDtype, "--amp", help="mixed precision on CUDA")]
+ValFractionOpt = Annotated[float, typer.Option(help="flat folders: share held out for validation")]
+NumWorkersOpt = Annotated[int | None, typer.Option(help="DataLoader workers (default: auto)")]
+AutoAugmentOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="<randaugment|trivialaugment|timm policy>",
+        callback=lambda v: check_policy(v),
+        help="timm's auto-augment on each crop (no colour jitter beside it), e.g. "
+        "randaugment or rand-m7-mstd0.5",
+    ),
+]
+RandomErasingOpt = Annotated[
+    float, typer.Option(min=0.0, max=1.0, help="timm's Random Erasing: probability per image")
+]
+MixupOpt = Annotated[float, typer.Option(min=0.0, help="timm's Mixup α (e.g. 0.2); 0: off")]
+CutmixOpt = Annotated[
+    float, typer.Option(min=0.0, help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch")
+]
+EmaDecayOpt = Annotated[
+    float, typer.Option(callback=lambda v: check_unit(v, closed=False), help="with --ema")
+]
+LayerDecayOpt = Annotated[
+    float | None,
+    typer.Option(
+        callback=lambda v: check_unit(v, closed=True),
+        help="backbone layer-wise LR decay (e.g. 0.75): each layer down, LR × this",
+    ),
+]
+CacheFeaturesOpt = Annotated[
+    bool, typer.Option(help="linear: train the head on cached backbone features")
+]
+ImageCacheOpt = Annotated[
+    ImageCacheMode,
+    choice(
+        ImageCacheMode,
+        "--image-cache",
+        help="decode each image once into a shared uint8 cache ($ZOO_CACHE, default "
+        "~/.cache/zoo; zoo cache ls|clear); auto: when it fits half the free disk",
+    ),
+]
+StrictDataOpt = Annotated[
+    bool, typer.Option(help="unreadable images are fatal instead of quarantined")
+]
+ImageSizeOpt = Annotated[int | None, typer.Option(help="override the model's input size")]

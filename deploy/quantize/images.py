@@ -1,0 +1,91 @@
+"""The images int8 is judged and calibrated on: ``--data`` (labels from class folders), else
+the validation (judged) or training (calibrated) split of the run the model belongs to
+(:mod:`zoo.run_images`), else, for judging only, the two bundled photos, which prove nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from zoo.deploy.export.parity import real_images
+from zoo.errors import InputError
+from zoo.run_images import find_run, run_validation_images
+
+EVAL_LIMIT = 500
+"""At most this many evaluation images (a run's validation split, or ``--data``)."""
+ImageSource = Literal["data", "run", "builtin"]
+
+
+@dataclass(frozen=True)
+class EvalImages:
+    """The images int8 is judged on, where they came from, and their labels (class indices,
+    None when unknown or multi-label)."""
+
+    paths: tuple[Path, ...]
+    labels: np.ndarray | None
+    source: ImageSource
+    description: str
+
+    @property
+    def proves_nothing(self) -> bool:
+        """The bundled photos: two ImageNet images say nothing about a model's own domain."""
+        return self.source == "builtin"
+
+
+def eval_images(model: Path, data: str | None, classes: list[str]) -> EvalImages:
+    """``--data`` (labels from class folders), else the run's validation images (labels from
+    its split), else the bundled photos."""
+    if data is not None:
+        paths = real_images(data, limit=EVAL_LIMIT)
+        if not paths:
+            raise InputError(f"No images found in --data {data}: give a folder of real images.")
+        return EvalImages(
+            tuple(paths), labels_for(paths, classes), "data", f"{len(paths)} images of {data}"
+        )
+    run = find_run(model)
+    if run is not None:
+        imgs = run_validation_images(run, limit=EVAL_LIMIT)
+        index = {c: i for i, c in enumerate(classes)}
+        labels = (
+            np.array([index[label] for label in imgs.labels])
+            if all(label in index for label in imgs.labels)
+            else None
+        )
+        return EvalImages(imgs.paths, labels, "run", imgs.describe())
+    paths = real_images(None)
+    return EvalImages(
+        tuple(paths),
+        labels_for(paths, classes),
+        "builtin",
+        f"the {len(paths)} bundled sample photos",
+    )
+
+
+def calibration_images(model: Path, calib: str | None, limit: int) -> tuple[list[Path], str]:
+    """``--calib`` (up to ``limit``), else a seeded sample of the model's run's training split;
+    with a description.
+
+    Raises:
+        InputError: neither (or no images in ``calib``).
+    """
+    if calib is not None:
+        paths = real_images(calib, limit=limit)
+        if not paths:
+            raise InputError(f"No images found for calibration in {calib}.")
+        return paths, f"{len(paths)} images of {calib}"
+    run = find_run(model)
+    if run is None:
+        raise InputError("--mode static needs --calib DIR with representative real images.")
+    imgs = run_validation_images(run, limit=limit, split="train")
+    return list(imgs.paths), imgs.describe()
+
+
+def labels_for(images: list[Path], classes: list[str]) -> np.ndarray | None:
+    """Labels from the parent folder names, when every folder is a class of the model."""
+    index = {c: i for i, c in enumerate(classes)}
+    if not classes or not all(p.parent.name in index for p in images):
+        return None
+    return np.array([index[p.parent.name] for p in images])

@@ -1,0 +1,229 @@
+"""``zoo quantize``'s options: :class:`QuantizeOptions`, the one place their defaults and
+checks live, and the choices made from them before anything is read (the engine ``auto``
+stands for, the output path, onnxruntime's calibration setting).
+
+The defaults come from bench/quantize_defaults.py on a fine-tuned MobileNetV2 (digits, 96 px;
+docs/bench/quantize_defaults.json): onnxruntime's best there was U8S8 QDQ, minmax, per-channel
+(−2.5 points), with ``reduce_range`` decided here from the CPU's flags (on only without VNNI);
+NNCF kept the most (−0.8 points), so a drop below the floor points to ``--engine nncf``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from zoo.deploy.choices import (
+    CALIB_METHODS,
+    QUANT_ENGINES,
+    QUANT_MODES,
+    CalibMethod,
+    QuantEngine,
+    QuantMode,
+)
+from zoo.deploy.quantize.calibration import Calibration
+from zoo.errors import ChoiceError, InputError, UsageError
+
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+"""CPU flags of integer dot-product instructions: with one, uint8 × int8 products cannot
+saturate in onnxruntime's kernels, so weights keep all 8 bits (no ``reduce_range``)."""
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The flags of this machine's first CPU (empty where ``/proc/cpuinfo`` is not there)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+DEFAULT_CALIB_SIZE = 300
+"""Calibration images by default (the bench's setting; its winner used them all)."""
+DEFAULT_METHOD: CalibMethod = "minmax"
+"""onnxruntime's activation ranges by default: bench/quantize_defaults.py's best onnxruntime
+setting (U8S8 minmax; S8S8 symmetric lost 4–7 points where this lost 2.5)."""
+
+
+def resolve_engine(
+    engine: QuantEngine,
+    mode: QuantMode,
+    method: CalibMethod | None,
+    per_channel: bool | None,
+    target_agreement: float | None,
+) -> QuantEngine:
+    """``auto`` → ``nncf`` where NNCF is installed and nothing asked for onnxruntime's own
+    settings (it kept the most accuracy: docs/bench/quantize_defaults.json), else ``ort``."""
+    if engine != "auto":
+        return engine
+    ort_only = method is not None or per_channel is not None or target_agreement is not None
+    if mode != "static" or ort_only:
+        return "ort"
+    return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
+
+
+def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:
+    """The one naming rule of a quantized file: ``int8-dynamic``, ``int8-static`` (onnxruntime)
+    or ``int8-nncf``."""
+    return "int8-nncf" if mode == "static" and engine == "nncf" else f"int8-{mode}"
+
+
+def default_output(model: Path, mode: QuantMode, engine: QuantEngine = "ort") -> Path:
+    """``FOLDER/variants/NAME.onnx`` for a model in a model folder (a run's ``model/``), which
+    stays readable; else ``NAME`` beside the input (``m.onnx`` → ``m.int8-static.onnx``)."""
+    from zoo.variants import default_variant_path
+
+    name = variant_name(mode, engine)
+    return default_variant_path(model, name) or model.with_name(f"{model.stem}.{name}.onnx")
+
+
+def default_calibration(
+    method: CalibMethod | None = None,
+    per_channel: bool | None = None,
+    flags: frozenset[str] | None = None,
+) -> Calibration:
+    """onnxruntime's static setting: U8S8 QDQ (uint8 asymmetric activations, int8 weights),
+    per-channel weights, :data:`DEFAULT_METHOD` ranges, unless given; ``reduce_range`` (7-bit
+    weights) only on a CPU without VNNI (``flags``: this machine's by default), where uint8 ×
+    int8 sums could saturate. Measured on the digits run (docs/bench/quantize_defaults.json):
+    S8S8 symmetric ranges lost more accuracy with every method, and ``reduce_range`` on a VNNI
+    CPU lost more again."""
+    vnni = bool((cpu_flags() if flags is None else flags) & VNNI_FLAGS)
+    return Calibration(
+        method=method or DEFAULT_METHOD,
+        per_channel=True if per_channel is None else per_channel,
+        reduce_range=not vnni,
+    )
+
+
+def check_target(target: float) -> float:
+    """``target`` if it is a share in (0, 1].
+
+    Raises:
+        UsageError: it is not (NaN, ≤ 0 or > 1), quoting it.
+    """
+    if not (math.isfinite(target) and 0.0 < target <= 1.0):
+        raise UsageError(
+            f"--target-agreement must be in (0, 1], a share of top-1 answers: got {target!r}. "
+            "e.g. 0.98",
+            param_hint="--target-agreement",
+        )
+    return target
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """What ``zoo quantize`` is asked to do; made once, checked on construction.
+
+    Args:
+        model: an fp32 ``.onnx`` file exported by zoo (its metadata gives preprocessing and
+            class names).
+        output: the int8 ``.onnx`` file to write; default :func:`default_output` (a run's
+            ``model/variants/int8-static.onnx``, or beside the input).
+        mode: ``dynamic`` (weights only) or ``static`` (QDQ, activations calibrated).
+        calib: static: a folder of representative real images; default: the training split
+            of the run ``model`` belongs to (required for any other model).
+        method: static, ``ort``: how activation ranges are calibrated; default
+            :data:`DEFAULT_METHOD` (:func:`default_calibration`).
+        per_channel: per-channel weight scales (default on).
+        eval_data: images (class folders give labels) for the accuracy comparison; default:
+            the run's validation images, else the bundled samples (which prove nothing).
+        max_accuracy_drop: fail if accuracy drops (or, without labels, top-1 changes) by
+            more than this fraction.
+        threads: ORT intra-op threads for the timing (default: available CPUs).
+        calib_size: static: at most this many calibration images.
+        engine: static: ``ort`` (onnxruntime's ``quantize_static``), ``nncf`` (NNCF's
+            post-training quantization: :mod:`zoo.deploy.quantize.nncf_engine`), or ``auto``
+            (:func:`resolve_engine`: NNCF, the measured best, where it is installed).
+        target_agreement: static, ``ort``: search for the calibration and the fewest nodes
+            kept float such that top-1 agreement with fp32 on the evaluation images (which
+            must be disjoint from the calibration images) reaches this share, in (0, 1]
+            (:mod:`zoo.deploy.quantize.search`). ``max_accuracy_drop`` still applies.
+        allow_drop: write the file even when it is below the floor
+            (:func:`~zoo.deploy.quantize.verdict.check_floor`).
+
+    Raises:
+        ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
+        UsageError: ``calib`` with dynamic mode; ``target_agreement`` out of (0, 1].
+        InputError: ``engine`` nncf without static mode or with a ``method``;
+            ``target_agreement`` without static ``ort`` mode, or with a ``method`` or
+            ``per_channel`` of its own.
+    """
+
+    model: Path
+    output: Path | None = None
+    mode: QuantMode = "static"
+    calib: str | None = None
+    method: CalibMethod | None = None
+    per_channel: bool | None = None
+    eval_data: str | None = None
+    max_accuracy_drop: float | None = None
+    threads: int | None = None
+    calib_size: int = DEFAULT_CALIB_SIZE
+    engine: QuantEngine = "auto"
+    target_agreement: float | None = None
+    allow_drop: bool = False
+
+    def __post_init__(self) -> None:
+        ChoiceError.check("mode", self.mode, QUANT_MODES)
+        if self.method is not None:
+            ChoiceError.check("method", self.method, CALIB_METHODS)
+        ChoiceError.check("engine", self.engine, QUANT_ENGINES)
+        engine = self.resolved_engine
+        if engine == "nncf" and self.mode != "static":
+            raise InputError("--engine nncf quantizes statically: use --mode static.")
+        if engine == "nncf" and self.method is not None:
+            raise InputError(
+                "--engine nncf picks activation ranges its own way: drop --method (it applies "
+                "to --engine ort)."
+            )
+        if self.target_agreement is not None:
+            self._check_search(self.target_agreement, engine)
+        if self.mode == "dynamic" and self.calib is not None:
+            raise UsageError(
+                "--calib applies to --mode static: it calibrates activations, which --mode "
+                "dynamic does not quantize: drop --calib, or use --mode static.",
+                param_hint="--calib",
+            )
+
+    def _check_search(self, target: float, engine: QuantEngine) -> None:
+        """``target_agreement``'s own checks."""
+        check_target(target)
+        if self.mode != "static" or engine != "ort":
+            raise InputError(
+                "--target-agreement keeps nodes float in onnxruntime's static QDQ int8: use "
+                f"--mode static --engine ort (got --mode {self.mode} --engine {engine})."
+            )
+        if self.method is not None or self.per_channel is not None:
+            raise InputError(
+                "--target-agreement tries every --method and --per-channel/--no-per-channel "
+                "setting itself and reports which won: drop "
+                + (
+                    f"--method {self.method}."
+                    if self.method is not None
+                    else "--per-channel/--no-per-channel."
+                )
+            )
+
+    @property
+    def resolved_engine(self) -> QuantEngine:
+        """The engine that quantizes (``auto`` resolved: :func:`resolve_engine`)."""
+        return resolve_engine(
+            self.engine, self.mode, self.method, self.per_channel, self.target_agreement
+        )
+
+    @property
+    def out(self) -> Path:
+        """Where the int8 model goes: ``output``, else :func:`default_output`."""
+        return self.output or default_output(self.model, self.mode, self.resolved_engine)
+
+
+def option_defaults() -> dict[str, Any]:
+    """Each option's default: the CLI's options read theirs from here."""
+    return {f.name: f.default for f in fields(QuantizeOptions) if f.default is not MISSING}

@@ -1,0 +1,136 @@
+"""What a request brings, read and checked before it reaches the model: the body within the
+size limit (raw or a multipart upload), and the tensor a v2 ``infer`` request sends, against
+the model's input. Every refusal is an error of :mod:`zoo.errors` the app maps to a 4xx."""
+
+from __future__ import annotations
+
+import numpy as np
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from zoo.deploy.runtimes.loader import Classifier
+from zoo.deploy.serve.protocol import datatype_of
+from zoo.errors import InputError, PayloadTooLargeError, UnsupportedMediaTypeError
+from zoo.preprocess import check_aspect
+
+HALF_MAX = float(np.finfo(np.float16).max)  # 65504: the largest input an --fp16-io graph holds
+
+
+def check_encoding(request: Request) -> None:
+    """Refuse a compressed body (UnsupportedMediaTypeError)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaTypeError(
+            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
+        )
+
+
+def declared_length(request: Request) -> int | None:
+    """The Content-Length header's value, None when absent or not a number."""
+    declared = request.headers.get("content-length", "").strip()
+    return int(declared) if declared.isascii() and declared.isdigit() else None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused (PayloadTooLargeError) as soon as it is over ``limit`` bytes."""
+    check_encoding(request)
+    declared = declared_length(request)
+    if declared is not None and declared > limit:
+        raise PayloadTooLargeError(
+            f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"request body is over the {limit:,}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_upload(request: Request, limit: int) -> bytes:
+    """The bytes of the multipart field ``file``, within ``limit`` bytes of body."""
+    check_encoding(request)
+    declared = declared_length(request)
+    if declared is None:
+        raise InputError("multipart uploads need a Content-Length header")
+    if declared > limit:
+        raise PayloadTooLargeError(
+            f"request body of {declared:,} bytes is over the {limit:,}-byte limit"
+        )
+    try:
+        form = await request.form(max_files=1, max_fields=16)
+    except HTTPException as exc:  # Starlette's own 400 (bad or missing boundary, ...)
+        raise InputError(
+            f"multipart body cannot be parsed: {exc.detail} (send multipart/form-data "
+            "with a boundary and a 'file' field)"
+        ) from exc
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise InputError("multipart upload needs a 'file' field")
+    return await upload.read()
+
+
+def check_tensor(
+    inputs: list[tuple[str, np.ndarray]],
+    clf: Classifier,
+    sample_shape: tuple[int, ...],
+    *,
+    max_batch: int,
+    max_image_pixels: int,
+) -> np.ndarray:
+    """The one input tensor of a v2 request, if the model takes it: its name, dtype, shape
+    (``[batch, *sample_shape]``, or any-size uint8 pixels for a graph that preprocesses
+    itself), a batch within ``max_batch``, finite values within the graph's input type.
+
+    Raises:
+        InputError: naming what is wrong and what the model takes.
+    """
+    if len(inputs) != 1:
+        raise InputError(
+            f"this model takes exactly one input ({clf.input_name!r}), got {len(inputs)}"
+        )
+    name, x = inputs[0]
+    if name != clf.input_name:
+        raise InputError(f"unknown input {name!r}; the model's input is {clf.input_name!r}")
+    if clf.embedded:
+        return _check_pixels(name, x, clf.pre.channels, max_batch, max_image_pixels)
+    if x.dtype != np.float32:
+        raise InputError(f"input {name!r} must be FP32, got {datatype_of(x.dtype)}")
+    if x.ndim != 1 + len(sample_shape) or x.shape[1:] != sample_shape:
+        raise InputError(
+            f"input {name!r} has shape {list(x.shape)}; expected [batch, "
+            f"{', '.join(map(str, sample_shape))}]"
+        )
+    if not 1 <= len(x) <= max_batch:
+        raise InputError(f"batch of {len(x)} is outside 1..{max_batch} (--max-batch)")
+    if not np.isfinite(x).all():
+        raise InputError(f"input {name!r} contains NaN or infinite values")
+    if clf.half_io and float(np.abs(x).max()) > HALF_MAX:
+        raise InputError(
+            f"input {name!r} has values beyond float16's range (±{HALF_MAX:g}), which this "
+            "model (exported with --fp16-io) takes"
+        )
+    return x
+
+
+def _check_pixels(
+    name: str, x: np.ndarray, c: int, max_batch: int, max_image_pixels: int
+) -> np.ndarray:
+    """A graph that preprocesses itself takes decoded pixels: uint8 ``[batch, height,
+    width, channels]``, any size within ``--max-image-pixels``."""
+    if x.dtype != np.uint8:
+        raise InputError(f"input {name!r} must be UINT8 pixels, got {datatype_of(x.dtype)}")
+    if x.ndim != 4 or x.shape[-1] != c or 0 in x.shape:
+        raise InputError(
+            f"input {name!r} has shape {list(x.shape)}; expected [batch, height, width, {c}]"
+        )
+    check_aspect(x.shape[2], x.shape[1])
+    if x.shape[1] * x.shape[2] > max_image_pixels:
+        raise InputError(
+            f"input {name!r}: {x.shape[2]}x{x.shape[1]} pixels is over the limit of "
+            f"{max_image_pixels} (--max-image-pixels)"
+        )
+    if not 1 <= len(x) <= max_batch:
+        raise InputError(f"batch of {len(x)} is outside 1..{max_batch} (--max-batch)")
+    return x
