@@ -3,6 +3,7 @@ request bodies clients send (KServe v2 JSON and binary tensors)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -143,3 +145,27 @@ def in_process_server(cfg: ServeConfig) -> Iterator[tuple[str, ModelServer]]:
     finally:
         srv.should_exit = True
         thread.join(60)
+
+
+def kserve_infer(url: str, request: Any, model: str = NAME) -> Any:
+    """One ``InferenceRESTClient.infer`` (the SDK is async), its client closed afterwards."""
+    import kserve  # the test extra's (a missing one fails, not skips); imported late: ~1 s
+
+    async def go() -> Any:
+        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", retries=0))
+        try:
+            return await client.infer(url, request, model_name=model)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def kserve_request(
+    x: np.ndarray, *, binary: bool, datatype: str = "FP32", model: str = NAME
+) -> Any:
+    import kserve
+
+    inp = kserve.InferInput("input", list(x.shape), datatype)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return kserve.InferRequest(model_name=model, infer_inputs=[inp], request_id="sdk-1")

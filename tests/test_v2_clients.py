@@ -6,7 +6,6 @@ the field."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serving import NAME, server, x_of
+from tests.serving import NAME, kserve_infer, kserve_request, server, x_of
 from zoo.deploy.runtimes.loader import make_session
 
 pytestmark = pytest.mark.serve
@@ -34,35 +33,13 @@ def direct(mobilenet_onnx: Path) -> Any:
     return lambda x: sess.run(None, {"input": x})[0]
 
 
-def _kserve_infer(url: str, request: Any, model: str = NAME) -> Any:
-    """One ``InferenceRESTClient.infer`` (the SDK is async), its client closed afterwards."""
-    import kserve  # the test extra's (a missing one fails, not skips); imported late: ~1 s
-
-    async def go() -> Any:
-        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", retries=0))
-        try:
-            return await client.infer(url, request, model_name=model)
-        finally:
-            await client.close()
-
-    return asyncio.run(go())
-
-
-def _kserve_request(x: np.ndarray, *, binary: bool, datatype: str = "FP32") -> Any:
-    import kserve
-
-    inp = kserve.InferInput("input", list(x.shape), datatype)
-    inp.set_data_from_numpy(x, binary_data=binary)
-    return kserve.InferRequest(model_name=NAME, infer_inputs=[inp], request_id="sdk-1")
-
-
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_kserve_sdk_answers_like_onnxruntime(srv: str, direct: Any, binary: bool) -> None:
     x = x_of(3, 2)
-    request = _kserve_request(x, binary=binary)
+    request = kserve_request(x, binary=binary)
     body, _ = request.to_rest()  # what the SDK puts on the wire names the model in the body
     assert (b'"model_name"' in body) if binary else (body["model_name"] == NAME)
-    res = _kserve_infer(srv, request)
+    res = kserve_infer(srv, request)
     assert res.model_name == NAME and res.id == "sdk-1"
     np.testing.assert_allclose(res.outputs[0].as_numpy(), direct(x), rtol=1e-5, atol=1e-5)
 
@@ -72,12 +49,12 @@ def test_kserve_sdk_model_name_in_the_body_is_not_the_judge(srv: str, direct: An
     (KServe's ``InferenceRequest`` declares no such field and its endpoint passes the path's
     name on). A URL naming a model this server lacks is a 404, whatever the body says."""
     x = x_of(4)
-    request = _kserve_request(x, binary=False)
+    request = kserve_request(x, binary=False)
     request.model_name = "a-name-the-server-does-not-have"
-    res = _kserve_infer(srv, request)
+    res = kserve_infer(srv, request)
     np.testing.assert_allclose(res.outputs[0].as_numpy(), direct(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(httpx.HTTPStatusError) as info:
-        _kserve_infer(srv, _kserve_request(x, binary=False), model="nope")
+        kserve_infer(srv, kserve_request(x, binary=False), model="nope")
     assert info.value.response.status_code == 404
 
 
@@ -95,7 +72,7 @@ def test_kserve_sdk_wrong_dtype_or_shape_is_a_400_naming_the_field(
     srv: str, x: np.ndarray, datatype: str, binary: bool, words: list[str]
 ) -> None:
     with pytest.raises(httpx.HTTPStatusError) as info:
-        _kserve_infer(srv, _kserve_request(x, binary=binary, datatype=datatype))
+        kserve_infer(srv, kserve_request(x, binary=binary, datatype=datatype))
     r = info.value.response
     assert r.status_code == 400, r.text
     message = r.json()["error"]

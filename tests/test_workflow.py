@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_zoo
-from tests.serving import server
+from tests.serving import kserve_infer, kserve_request, server
 
 pytestmark = pytest.mark.usefixtures("mobilenet_weights")
 
@@ -65,10 +65,13 @@ def exported(chain: Chain) -> str:
 
 @pytest.fixture(scope="module")
 def quantized(chain: Chain, exported: str) -> tuple[Path, str]:
-    """``zoo quantize RUN/model/model.onnx``, the README's form: calibrated on the run's
-    training split, judged on its validation split, written to the default output."""
+    """``zoo quantize RUN/model/model.onnx --calib DATA``, as a user types it with the folder
+    the run was trained on: judged on the run's validation split, which is left out of the
+    calibration, and written to the default output."""
     before = set(p.name for p in chain.model.iterdir())
-    r = run_zoo("quantize", str(chain.model / "model.onnx"), "--allow-drop")
+    r = run_zoo(
+        "quantize", str(chain.model / "model.onnx"), "--calib", str(chain.data), "--allow-drop"
+    )
     assert r.returncode == 0, r.stderr
     variants = sorted((chain.model / "variants").glob("int8-*.onnx"))
     assert len(variants) == 1, list((chain.model).rglob("*"))
@@ -86,6 +89,7 @@ def test_quantize_measures_on_the_runs_validation_images(
 ) -> None:
     _, summary = quantized
     assert "validation images" in summary
+    assert "left out:" in summary  # --calib DATA held the run's validation images
     assert "on 2 images" not in summary  # never the two bundled ImageNet photos
 
 
@@ -112,12 +116,10 @@ def test_every_consumer_reads_the_run_after_quantize(
 def test_serve_the_run_and_its_int8_variant_to_real_v2_clients(
     chain: Chain, quantized: tuple[Path, str]
 ) -> None:
-    """The run and its variant served by name, called with Triton's and KServe's own clients
-    (binary tensors and JSON), answers equal to ONNX Runtime on the same graph."""
+    """The run and its variant served by name, called with Triton's client (binary tensors)
+    and KServe's SDK (JSON), answers equal to ONNX Runtime on the same graph."""
     import onnxruntime as ort
     import tritonclient.http as th
-    from kserve import InferenceRESTClient, InferInput, InferRequest
-    from kserve.model_server import RESTConfig  # noqa: F401 (the SDK's own request types)
 
     variant, _ = quantized
     for args, graph in (((), chain.model / "model.onnx"), (("--variant", "int8"), variant)):
@@ -131,24 +133,9 @@ def test_serve_the_run_and_its_int8_variant_to_real_v2_clients(
             inp.set_data_from_numpy(x, binary_data=True)
             got = triton.infer("digits", [inp]).as_numpy("logits")
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-            _kserve_infer(url, x, want, InferenceRESTClient, InferInput, InferRequest)
-
-
-def _kserve_infer(url, x, want, client_cls, input_cls, request_cls) -> None:  # type: ignore[no-untyped-def]
-    import asyncio
-
-    async def call() -> np.ndarray:
-        client = client_cls()
-        try:
-            inp = input_cls("input", list(x.shape), "FP32")
-            inp.set_data_from_numpy(x, binary_data=False)
-            req = request_cls(model_name="digits", infer_inputs=[inp])
-            res = await client.infer(url, "digits", req)
-            return np.asarray(res.outputs[0].as_numpy())
-        finally:
-            await client.close()
-
-    np.testing.assert_allclose(asyncio.run(call()), want, rtol=1e-4, atol=1e-4)
+            request = kserve_request(x, binary=False, model="digits")
+            res = kserve_infer(url, request, model="digits")
+            np.testing.assert_allclose(res.outputs[0].as_numpy(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_extend_keeps_the_export_and_says_which_epoch_shipped(

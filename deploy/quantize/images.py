@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 
 from zoo.deploy.export.parity import real_images
+from zoo.deploy.quantize.calibration import file_digest
 from zoo.errors import InputError
 from zoo.run_images import find_run, run_validation_images
 
@@ -64,18 +65,41 @@ def eval_images(model: Path, data: str | None, classes: list[str]) -> EvalImages
     )
 
 
-def calibration_images(model: Path, calib: str | None, limit: int) -> tuple[list[Path], str]:
+def calibration_images(
+    model: Path, calib: str | None, limit: int, *, held_out: EvalImages | None = None
+) -> tuple[list[Path], str]:
     """``--calib`` (up to ``limit``), else a seeded sample of the model's run's training split;
     with a description.
 
+    When int8 is judged on the run's own validation images (``held_out``, chosen by zoo, not
+    by the user) and ``--calib`` is the folder the run was trained on, those images are left
+    out of the calibration, and the description says how many: the user's natural
+    ``--calib ./my-data`` then works, and the agreement is still measured on held-out images.
+    A ``--data`` the user gave is checked instead (:func:`check_disjoint` refuses overlap).
+
     Raises:
-        InputError: neither (or no images in ``calib``).
+        InputError: neither (or no images in ``calib``, or none left once the held-out
+            images are left out).
     """
     if calib is not None:
-        paths = real_images(calib, limit=limit)
+        judged_paths = held_out.paths if held_out is not None and held_out.source == "run" else ()
+        paths = real_images(calib, limit=limit + len(judged_paths))
         if not paths:
             raise InputError(f"No images found for calibration in {calib}.")
-        return paths, f"{len(paths)} images of {calib}"
+        if not judged_paths:
+            return paths, f"{len(paths)} images of {calib}"
+        judged = {file_digest(p) for p in judged_paths}
+        kept = [p for p in paths if file_digest(p) not in judged]
+        if not kept:
+            raise InputError(
+                f"Every image of --calib {calib} is one of the run's validation images int8 "
+                "is judged on: give --calib other images like them (or omit it: zoo then "
+                "calibrates on the run's training split)."
+            )
+        left_out = len(paths) - len(kept)
+        kept = kept[:limit]
+        note = f" (left out: {left_out} of the run's validation images)" if left_out else ""
+        return kept, f"{len(kept)} images of {calib}{note}"
     run = find_run(model)
     if run is None:
         raise InputError("--mode static needs --calib DIR with representative real images.")

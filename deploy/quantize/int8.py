@@ -121,7 +121,9 @@ def quantize(
     calib_description = None
     calibration = None
     if mode == "static":
-        calib_imgs, calib_description = calibration_images(model, o.calib, o.calib_size)
+        calib_imgs, calib_description = calibration_images(
+            model, o.calib, o.calib_size, held_out=images
+        )
         if not images.proves_nothing:
             check_disjoint(calib_imgs, list(images.paths))
         if engine == "ort":
