@@ -101,3 +101,19 @@ def test_tritonclient_http_answers_like_onnxruntime(srv: str, direct: Any, binar
     with pytest.raises(th.InferenceServerException) as info:
         client.infer(NAME, [bad])
     assert "400" in str(info.value.status()) and "INT64" in info.value.message()
+
+
+def test_kserve_sdk_imports_after_a_triton_repository_was_written() -> None:
+    """Writing a Triton repository loads Triton's config schema; KServe's SDK must still import
+    in the same process (both register gRPC messages named ``inference.*`` with protobuf)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from zoo.deploy.export.triton import _schema\n"
+        "assert _schema().ModelConfig\n"
+        "import kserve\n"
+        "assert kserve.InferenceRESTClient\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

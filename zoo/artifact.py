@@ -153,7 +153,7 @@ def save_model_folder(
     label: str | None = None,
 ) -> Path:
     """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in
-    (:func:`zoo.durable.replace_dir`: a kill leaves the old complete folder, none, or the new).
+    (:func:`zoo.durable.replace_dir`: a kill leaves the old complete folder or the new one).
 
     Args:
         model: its ``state_dict`` becomes ``model.safetensors``.

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from zoo.deploy.choices import EXPORTERS, ONNX_PRECISIONS, Exporter, Precision
-from zoo.deploy.export.graph_metadata import export_metadata, parity_summary
+from zoo.deploy.export.graph_metadata import export_metadata
 from zoo.deploy.export.lint import lint_graph
 from zoo.deploy.export.parity import (
     TOLERANCES,
@@ -325,18 +325,3 @@ def export_onnx(
         onnx.save(graph, str(tmp))
     result.size_mb = round(out.stat().st_size / 2**20, 2)
     return result
-
-
-# ExportResult and parity_summary are re-exported for the Triton and OpenVINO exports.
-__all__ = [
-    "DEFAULT_OPSET",
-    "EXPORT_BATCH",
-    "MAX_OPSET",
-    "MIN_OPSET",
-    "ExportResult",
-    "atomic_output",
-    "dummy_input",
-    "export_onnx",
-    "load_for_export",
-    "parity_summary",
-]

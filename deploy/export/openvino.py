@@ -23,8 +23,10 @@ import numpy as np
 
 from zoo import durable
 from zoo.deploy.choices import OPENVINO_PRECISIONS
-from zoo.deploy.export.onnx_export import ExportResult, export_onnx, load_for_export, parity_summary
+from zoo.deploy.export.graph_metadata import parity_summary
+from zoo.deploy.export.onnx_export import export_onnx, load_for_export
 from zoo.deploy.export.parity import TOLERANCES, check_parity, gate_images, real_images
+from zoo.deploy.export.result import ExportResult
 from zoo.deploy.runtimes.openvino import (
     HINTS,
     META_KEY,

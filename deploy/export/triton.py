@@ -14,19 +14,40 @@ from pathlib import Path
 from typing import Any
 
 from zoo import durable
-from zoo.deploy.export.onnx_export import ExportResult, export_onnx
+from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.export.result import ExportResult
 from zoo.errors import ExportError, InputError
 from zoo.ref import ModelRef
 
+_SCHEMA_MODULE = "zoo_triton_model_config_pb2"
+
 
 def _schema() -> Any:
-    try:
-        from tritonclient.grpc import model_config_pb2
-    except ImportError as exc:
+    """Triton's ``model_config_pb2``, loaded from its file alone. Importing it the usual way
+    (``from tritonclient.grpc import model_config_pb2``) runs ``tritonclient.grpc``'s
+    ``__init__``, which registers Triton's gRPC service messages (``inference.ServerLive…``)
+    in protobuf's process-wide pool; KServe's SDK registers the same names, so a process that
+    then imports ``kserve`` fails with "duplicate symbol". The schema alone clashes with
+    neither."""
+    import importlib.util
+    import sys
+
+    if _SCHEMA_MODULE in sys.modules:
+        return sys.modules[_SCHEMA_MODULE]
+    package = importlib.util.find_spec("tritonclient")
+    locations = list(package.submodule_search_locations or []) if package else []
+    files = [Path(loc) / "grpc" / "model_config_pb2.py" for loc in locations]
+    found = next((f for f in files if f.is_file()), None)
+    if found is None:
         raise InputError(
             "Writing a Triton repository needs Triton's schema: pip install 'tritonclient[http]'"
-        ) from exc
-    return model_config_pb2
+        )
+    spec = importlib.util.spec_from_file_location(_SCHEMA_MODULE, found)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_SCHEMA_MODULE] = module  # before executing: protobuf registers it once
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_config(
