@@ -11,14 +11,15 @@ probabilities (softmax, or one sigmoid per class), the usual TTA.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
-import numpy as np
-from PIL import Image
+from typing import TYPE_CHECKING, Literal, get_args
 
 from zoo.errors import InputError
-from zoo.preprocess import center_box, normalised, resized
-from zoo.preprocessing import Preprocessing
+
+if TYPE_CHECKING:  # the CLI reads the modes at start-up: numpy and PIL load with the views
+    import numpy as np
+    from PIL import Image
+
+    from zoo.preprocessing import Preprocessing
 
 Tta = Literal["none", "flip", "five-crop", "ten-crop"]
 """Test-time augmentation of ``zoo eval`` and ``zoo predict``."""
@@ -52,6 +53,10 @@ def check_views(pre: Preprocessing, mode: str) -> str:
 
 def views(im: Image.Image, pre: Preprocessing, mode: str) -> np.ndarray:
     """``(V, C, H, W)`` float32: the views of one image, the plain eval crop first."""
+    import numpy as np
+
+    from zoo.preprocess import center_box, normalised, resized
+
     check_views(pre, mode)
     big = resized(im, pre)
     w, h, size = *big.size, pre.crop_size

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zoo.deploy.choices import ENGINES, PredictEngine
-from zoo.deploy.predict.store import format_of
 from zoo.errors import InputError
 from zoo.ref import ModelRef
 from zoo.tta import Tta
@@ -67,6 +66,8 @@ class PredictFileOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))  # a str is welcome too
+        from zoo.deploy.predict.store import format_of  # csv/pyarrow: not at CLI start-up
+
         fmt = format_of(self.out)
         for name in ("top_k", "chunk_size", "batch_size"):
             value = getattr(self, name)

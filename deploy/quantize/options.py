@@ -14,7 +14,7 @@ import importlib.util
 import math
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zoo.deploy.choices import (
     CALIB_METHODS,
@@ -24,8 +24,10 @@ from zoo.deploy.choices import (
     QuantEngine,
     QuantMode,
 )
-from zoo.deploy.quantize.calibration import Calibration
 from zoo.errors import ChoiceError, InputError, UsageError
+
+if TYPE_CHECKING:
+    from zoo.deploy.quantize.calibration import Calibration
 
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 """CPU flags of integer dot-product instructions: with one, uint8 × int8 products cannot
@@ -94,6 +96,8 @@ def default_calibration(
     int8 sums could saturate. Measured on the digits run (docs/bench/quantize_defaults.json):
     S8S8 symmetric ranges lost more accuracy with every method, and ``reduce_range`` on a VNNI
     CPU lost more again."""
+    from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
+
     vnni = bool((cpu_flags() if flags is None else flags) & VNNI_FLAGS)
     return Calibration(
         method=method or DEFAULT_METHOD,
