@@ -124,7 +124,7 @@ def staleness(
     if not commit:
         return Staleness(commit, date, None, "the file names no commit")
     if not known_commit(root, commit):
-        return Staleness(commit, date, None, f"commit {commit[:7]} is not in this history")
+        return Staleness(commit, date, None, f"commit `{commit[:7]}` is not in this history")
     label_true = None
     if label is not None:
         at = sources_at(root, commit, label[0])

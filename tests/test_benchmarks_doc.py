@@ -324,7 +324,7 @@ def test_staleness_counts_the_commits_that_touched_the_measured_paths(history: d
     finally:
         (root / "zoo" / "extra.py").unlink()
     unknown = staleness.staleness(root, commit="f" * 40, date="2026-11-30", paths=("zoo",))
-    assert unknown.commits_since is None and unknown.mark().startswith("stale? commit fffffff")
+    assert unknown.commits_since is None and unknown.mark().startswith("stale? commit `fffffff`")
     # a file's commit label is checked against that commit's sources
     label = mark(("zoo",), label=(("deploy", "zoo"), history["digest"]))
     assert label.label_true is True
