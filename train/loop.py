@@ -15,6 +15,7 @@ from zoo.errors import TrainingError
 from zoo.train.build import RunParts
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.console import say
+from zoo.train.epoch_row import TrainPass
 from zoo.train.evaluate import collect_logits, gather_by_index
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.train.recipes import batch_seed
@@ -42,7 +43,7 @@ def commit(parts: RunParts, run: RunDir) -> None:
         run.commit(snapshot(parts, stats))
 
 
-def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float] | None:
+def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> TrainPass | None:
     """Train from the state's position to the epoch's end.
 
     Returns:
@@ -132,13 +133,14 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> dict[str, float]
         [s.epoch_stats["loss"], float(s.epoch_stats["correct"]), float(s.epoch_stats["n"])]
     )
     n = max(1.0, n_sum)
-    return {
-        "train/loss": loss_sum / n,
-        "train/acc": correct_sum / n,
-        "data_wait": wait / max(1e-9, wait + compute),
-        "img_per_s": seen * comm.world / max(1e-9, time.perf_counter() - t_epoch),
-        "epoch_s": time.perf_counter() - t_epoch,
-    }
+    epoch_s = time.perf_counter() - t_epoch
+    return TrainPass(
+        loss=loss_sum / n,
+        acc=correct_sum / n,
+        data_wait=wait / max(1e-9, wait + compute),
+        img_per_s=seen * comm.world / max(1e-9, epoch_s),
+        epoch_s=epoch_s,
+    )
 
 
 def validate(parts: RunParts, module: nn.Module | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ What a kill at any point leaves, and how ``--resume`` completes it, is described
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -28,8 +29,10 @@ from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.ema import better, shipped_weights
+from zoo.train.epoch_row import EpochRow, ValScores
 from zoo.train.finish import RunResult, finish_run
 from zoo.train.loop import commit, restore, train_epoch, validate
+from zoo.train.observe import RunObserver, RunStatus, notify
 from zoo.train.preflight import preflight
 from zoo.train.progress import make_progress
 from zoo.train.resolve import Resolved, resolve_config
@@ -37,12 +40,19 @@ from zoo.train.resume import repair_run
 from zoo.train.run_dir import RunDir, publish_run_dir
 
 
-def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | None:
+def fit(
+    options: TrainConfig,
+    explicit: frozenset[str] = frozenset(),
+    observers: Sequence[RunObserver] = (),
+) -> Path | None:
     """Fine-tune as ``options`` ask: resolve, build, train, finish.
 
     Args:
         options: the training options (``None`` fields: zoo's defaults).
         explicit: the options the user typed; ``--resume`` refuses a change to any of them.
+        observers: told (on rank 0) when the run folder opens, after each epoch's commit and
+            when the run ends (see :mod:`zoo.train.observe`: an MLflow tracker, a search's
+            reporter).
 
     Returns:
         The run folder; None for ``--dry-run``, which writes nothing.
@@ -68,7 +78,7 @@ def fit(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Path | 
         resolved = resolve_config(options, explicit)
         anomaly = torch.autograd.detect_anomaly() if resolved.cfg.detect_anomaly else nullcontext()
         with anomaly:
-            return _train(resolved, build_run(resolved), files)
+            return _train(resolved, build_run(resolved), files, observers)
     except Interrupted:
         raise
     except KeyboardInterrupt:  # before _train: checking options and data, or --lr auto
@@ -91,15 +101,26 @@ def resume_hint(run: Path) -> str:
     )
 
 
-def _train(resolved: Resolved, parts: RunParts, files: dict[str, Any]) -> Path | None:
+def _train(
+    resolved: Resolved, parts: RunParts, files: dict[str, Any], observers: Sequence[RunObserver]
+) -> Path | None:
     opened = _open_run(resolved, parts, files)
     if opened is None:  # --dry-run
         return None
     run, estimate = opened
+    observers = observers if parts.comm.is_main else ()
+    history = [EpochRow.from_dict(r) for r in parts.state.history]
+    notify(observers, "run_started", run.path, parts.cfg, history)
+    status: RunStatus = "failed"
     try:
-        return _loop(parts, run, estimate)
+        path = _loop(parts, run, estimate, observers)
+        status = "done"
+        return path
     except KeyboardInterrupt:  # the run folder exists: what it keeps, and how to go on
+        status = "interrupted"
         raise Interrupted(resume_hint(run.path)) from None
+    finally:
+        notify(observers, "run_ended", run.path, status)
 
 
 def _open_run(
@@ -135,51 +156,46 @@ def _open_run(
     return run, estimate
 
 
-def _loop(parts: RunParts, run: RunDir, estimate: dict[str, Any]) -> Path:
+def _loop(
+    parts: RunParts, run: RunDir, estimate: dict[str, Any], observers: Sequence[RunObserver]
+) -> Path:
     """Train the remaining epochs (train → validate → commit), then finish the run."""
     cfg, comm, state = parts.cfg, parts.comm, parts.state
+    monitor = cfg.monitor or "val/acc"
+    sign = -1 if monitor == "val/loss" else 1  # ValScores.monitored(): higher is better
 
     t_start = time.perf_counter()
     with make_progress(enabled=comm.is_main and cfg.progress) as progress:
         while state.epoch < cfg.epochs and not state.stopped:
-            train_metrics = train_epoch(parts, run, progress)
-            if train_metrics is None:  # rolled back to the last checkpoint: go again
+            train = train_epoch(parts, run, progress)
+            if train is None:  # rolled back to the last checkpoint: go again
                 continue
-            val = validate(parts)
-            row = {
-                "epoch": state.epoch + 1,
-                "step": state.global_step,
-                **train_metrics,
-                "val/loss": val["loss"],
-                "val/acc": val["acc"],
-                "val/balanced_acc": val.get("balanced_acc"),
-                "val/top5": val.get("top5"),
-                "val/macro_f1": val["macro_f1"],
-                "lr": parts.optimizer.param_groups[-1]["lr"],
-                "nonfinite_skipped": state.nonfinite_skipped,
-            }
-            monitor = cfg.monitor or "val/acc"
-            metric = model_metric = ema_metric = monitored(val, monitor)
-            sign = -1 if monitor == "val/loss" else 1  # monitored(): higher is better
+            val = ValScores.of(validate(parts))
+            metric = model_metric = ema_metric = val.monitored(monitor)
+            ema = shipped = None
             if parts.ema is not None:  # the average, judged on the same images
-                ema = validate(parts, parts.ema.trained)
-                row.update(
-                    {
-                        f"ema/val/{k}": ema.get(k)
-                        for k in ("loss", "acc", "macro_f1", "balanced_acc")
-                    }
-                )
-                ema_metric = monitored(ema, monitor)
-                row["shipped"] = better(model_metric, ema_metric)
+                ema = ValScores.of(validate(parts, parts.ema.trained))
+                ema_metric = ema.monitored(monitor)
+                shipped = better(model_metric, ema_metric)
                 metric = max(model_metric, ema_metric)
-            improved = state.end_epoch(row, metric, cfg.patience)
+            row = EpochRow(
+                epoch=state.epoch + 1,
+                step=state.global_step,
+                train=train,
+                val=val,
+                lr=parts.optimizer.param_groups[-1]["lr"],
+                nonfinite_skipped=state.nonfinite_skipped,
+                ema=ema,
+                shipped=shipped,
+            )
+            improved = state.end_epoch(row.to_dict(), metric, cfg.patience)
             if comm.is_main:
-                run.log_epoch_scalars(row)
+                run.log_epoch_scalars(row.to_dict())
             commit(parts, run)  # the epoch's commit: last.pt carries the row, best flag, stop
             say(
-                f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train/loss']:.4f} acc "
-                f"{row['train/acc']:.3f} | val loss {val['loss']:.4f} acc {val['acc']:.3f} "
-                f"| {row['img_per_s']:.0f} img/s, data-wait {row['data_wait']:.0%}"
+                f"epoch {row.epoch}/{cfg.epochs}: train loss {train.loss:.4f} acc "
+                f"{train.acc:.3f} | val loss {val.loss:.4f} acc {val.acc:.3f} "
+                f"| {train.img_per_s:.0f} img/s, data-wait {train.data_wait:.0%}"
                 + (
                     f" | EMA {monitor} {sign * ema_metric:.3f} vs the model's "
                     f"{sign * model_metric:.3f}"
@@ -187,7 +203,7 @@ def _loop(parts: RunParts, run: RunDir, estimate: dict[str, Any]) -> Path:
                     else ""
                 )
                 + (
-                    f" | best so far: the {'EMA' if row['shipped'] == 'ema' else 'model'}'s weights"
+                    f" | best so far: the {'EMA' if shipped == 'ema' else 'model'}'s weights"
                     if improved and parts.ema is not None
                     else " (best)"
                     if improved
@@ -197,30 +213,46 @@ def _loop(parts: RunParts, run: RunDir, estimate: dict[str, Any]) -> Path:
                     else ""
                 )
             )
-            if row["data_wait"] > 0.3 and state.epoch == 1 and not cfg.cache_features:
+            if train.data_wait > 0.3 and state.epoch == 1 and not cfg.cache_features:
                 say(
-                    f"hint: {row['data_wait']:.0%} of the time went to waiting for data: the "
+                    f"hint: {train.data_wait:.0%} of the time went to waiting for data: the "
                     f"loader is the bottleneck. Raise --num-workers (now {parts.workers}) or "
                     "lower the image size."
                 )
-            if state.stopped:
+            if _epoch_ended(parts, run, row, observers):
+                say(f"stopped after epoch {row.epoch}: asked by {_names(observers)}")
+            elif state.stopped:
                 say(f"early stopping: no improvement of {monitor} for {cfg.patience} epoch(s)")
     total_s = time.perf_counter() - t_start
 
     comm.barrier()  # rank 0 has written best.pt
     if run.best_path.exists():  # the best epoch's weights: the model's or its EMA's
         parts.model.load_state_dict(shipped_weights(load_checkpoint(run.best_path)))
-    val = validate(parts)  # per-class metrics of the weights we ship (a collective under DDP)
+    val_full = validate(parts)  # per-class metrics of the weights we ship (a collective under DDP)
     if comm.is_main:
-        finish_run(RunResult(parts, run, val, total_s, estimate))
+        finish_run(RunResult(parts, run, val_full, total_s, estimate))
         run.close()
     comm.barrier()
     return run.path
 
 
-def monitored(val: dict[str, Any], monitor: str) -> float:
-    """The value ``--monitor`` names in a validation result, higher is better."""
-    return -val["loss"] if monitor == "val/loss" else float(val[monitor.split("/")[1]])
+def _epoch_ended(
+    parts: RunParts, run: RunDir, row: EpochRow, observers: Sequence[RunObserver]
+) -> bool:
+    """Tell the observers (rank 0) that ``row`` is committed. When one asks to stop, every
+    rank stops after this epoch, committed as an early stop (a resume does not train on).
+    Returns whether the run stops because of them."""
+    comm, state = parts.comm, parts.state
+    stop = bool(observers) and comm.is_main and notify(observers, "epoch_ended", run.path, row)
+    if not comm.share(lambda: stop) or state.stopped:
+        return False
+    state.stopped = True
+    commit(parts, run)
+    return True
+
+
+def _names(observers: Sequence[RunObserver]) -> str:
+    return ", ".join(type(o).__name__ for o in observers) or "an observer"
 
 
 __all__ = ["fit"]
