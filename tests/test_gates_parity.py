@@ -444,3 +444,174 @@ def test_check_parity_applies_the_given_agreement_floor(tiny: nn.Module) -> None
     )  # type: ignore[union-attr]
     half = parity.Tolerances(**wide, min_agreement=0.5)
     assert _check(tiny, one_wrong, tolerances=half).predictions.passed  # type: ignore[union-attr]
+
+
+# ---- the gate of a graph that preprocesses itself (--embed-preprocessing) ------------------
+
+
+def _pixel_runtime(model: nn.Module, mean_shift: float = 0.0, seen: list | None = None):
+    """A plain-Python stand-in for a graph with embedded preprocessing: ``uint8 (N, H, W, C)``
+    in, the Python preprocessing (optionally with a wrong mean), ``model``'s logits out."""
+    from zoo.preprocess import preprocess
+
+    pre = INFO.preprocessing()
+
+    def run(a: np.ndarray) -> np.ndarray:
+        if seen is not None:
+            seen.append(a)
+        x = np.stack([preprocess(Image.fromarray(im), pre) for im in a]) - mean_shift
+        return _eager(model)(x.astype(np.float32))
+
+    return run
+
+
+def test_embedded_tolerances_are_the_documented_ones() -> None:
+    assert parity.Tolerances(range_atol=0.02, min_cosine=0.9999) == parity.EMBEDDED
+
+
+def test_embedded_gate_passes_a_faithful_graph_at_every_case(tiny: nn.Module) -> None:
+    seen: list[np.ndarray] = []
+    photos = sample_image_paths()
+    r = parity.check_embedded_parity(tiny, INFO, _pixel_runtime(tiny, seen=seen), photos)
+    assert r.passed and r.failures() == [] and r.tolerances == parity.EMBEDDED
+    assert r.tensors is not None and r.tensors.shape == [2, 4] and 0 < r.tensors.max_abs < 0.1
+    assert r.predictions == PredictionCheck(n_images=2, agreement=1.0, passed=True)
+    assert [i.kind for i in r.images] == ["given"] and r.images[0].count == 2
+    w, h = Image.open(photos[0]).size
+    assert [(d.case, d.batch, d.size) for d in r.dynamic] == [
+        ("one image thrice", 3, f"{w}x{h}"),
+        ("small", 1, "24x16"),  # half and a third of the 48 px crop: upsampled
+        ("odd portrait", 1, "85x107"),
+    ]
+    assert all(d.passed and d.diff.shape[0] == d.batch for d in r.dynamic)
+    # decoded pixels, each image at its own size, one a call; then the cases' batches
+    assert [a.dtype for a in seen] == [np.uint8] * 5
+    assert [a.shape for a in seen] == [
+        (1, h, w, 3),
+        (1, *Image.open(photos[1]).size[::-1], 3),
+        (3, h, w, 3),
+        (1, 16, 24, 3),
+        (1, 107, 85, 3),
+    ]
+
+
+def test_embedded_gate_refuses_a_graph_that_preprocesses_wrongly(tiny: nn.Module) -> None:
+    r = parity.check_embedded_parity(
+        tiny, INFO, _pixel_runtime(tiny, mean_shift=0.5), sample_image_paths()
+    )
+    assert not r.passed and r.tensors is not None and not r.tensors.passed
+    assert r.failures()[0].startswith("tensors differ: max abs")
+    assert [d.passed for d in r.dynamic] == [False, False, False]
+
+
+def test_embedded_gate_applies_the_given_tolerances(tiny: nn.Module) -> None:
+    faithful = _pixel_runtime(tiny)
+    shifted = lambda a: faithful(a) + 0.5  # noqa: E731  (top-1 kept, logits moved)
+    photos = sample_image_paths()
+    assert not parity.check_embedded_parity(tiny, INFO, shifted, photos).passed
+    loose = parity.Tolerances(atol=1.0, min_cosine=0.9)
+    r = parity.check_embedded_parity(tiny, INFO, shifted, photos, tolerances=loose)
+    assert r.passed and r.tolerances == loose and all(d.passed for d in r.dynamic)
+
+    def one_wrong(a: np.ndarray) -> np.ndarray:
+        y = faithful(a)
+        return y[:, ::-1].copy() if a.shape[1:3] == seen_first else y
+
+    seen_first = Image.open(photos[0]).size[::-1]
+    wide = {"atol": 1e3, "min_cosine": -1.0}
+    strict = parity.check_embedded_parity(
+        tiny, INFO, one_wrong, photos, tolerances=parity.Tolerances(**wide)
+    )
+    assert strict.predictions == PredictionCheck(2, 0.5, False)
+    half = parity.Tolerances(**wide, min_agreement=0.5)
+    assert parity.check_embedded_parity(tiny, INFO, one_wrong, photos, tolerances=half).passed
+
+
+def test_embedded_gate_reports_a_shape_the_graph_rejects(tiny: nn.Module) -> None:
+    faithful = _pixel_runtime(tiny)
+
+    def one_at_a_time(a: np.ndarray) -> np.ndarray:
+        if len(a) != 1:
+            raise RuntimeError(f"Got invalid dimensions for input: {a.shape}\nsecond line")
+        return faithful(a)
+
+    r = parity.check_embedded_parity(tiny, INFO, one_at_a_time, sample_image_paths())
+    assert r.tensors is not None and r.tensors.passed and not r.passed
+    bad = r.dynamic[0]
+    assert (bad.batch, bad.size, bad.passed) == (3, "one image thrice", False)
+    assert bad.error is not None and bad.error.startswith("Got invalid dimensions for input: (3,")
+    assert [d.passed for d in r.dynamic[1:]] == [True, True]
+
+
+def test_embedded_gate_compares_every_image_past_a_chunk_of_32(
+    tiny: nn.Module, tmp_path: Path
+) -> None:
+    files = _tiny_images(tmp_path, 33)
+    r = parity.check_embedded_parity(tiny, INFO, _pixel_runtime(tiny), files)
+    assert r.tensors is not None and r.tensors.shape == [33, 4] and r.passed
+    assert r.predictions is not None and r.predictions.n_images == 33
+
+
+# ---- the report's own shape: what --json and the failure message show ----------------------
+
+
+def test_a_rejected_shape_reads_as_infinitely_wrong() -> None:
+    d = DynamicCheck.rejected(3, 224, RuntimeError("bad dims\nmore"))
+    inf = float("inf")
+    assert d.to_dict() == {
+        "batch": 3,
+        "size": 224,
+        "error": "bad dims",
+        "shape": [],
+        "max_abs": inf,
+        "max_rel": inf,
+        "cosine": 0.0,
+        "passed": False,
+    }
+    assert d.diff.passed is False and d.diff.shape == []
+    assert DynamicCheck.rejected(1, "small", ValueError()).error == "ValueError"  # no message
+
+
+def test_a_dynamic_case_is_named_in_the_report() -> None:
+    diff = TensorDiff([1, 4], 0.0, 0.0, 1.0, True)
+    assert DynamicCheck(1, "24x16", diff, "small").to_dict() == {
+        "batch": 1,
+        "size": "24x16",
+        "case": "small",
+        **diff.to_dict(),
+    }
+
+
+def test_the_report_names_its_images_and_what_it_did_not_check() -> None:
+    from zoo.deploy.export.gate_images import ImageSource
+
+    sources = (ImageSource("bundled", 2, "2 bundled photos"), ImageSource("data", 5, "5 of x"))
+    bad = PredictionCheck(n_images=7, agreement=0.5, passed=False)
+    r = ParityReport(predictions=bad, images=sources)
+    assert r.failures() == [
+        "tensors were not compared",
+        "top-1 agreement 50.0% on 7 real images (needs 100.0%; images: 2 bundled photos; 5 of x)",
+    ]
+    assert r.to_dict() == {
+        "tolerances": asdict(parity.FP32),
+        "tensors": {},
+        "predictions": bad.to_dict(),
+        "dynamic": [],
+        "images": [s.to_dict() for s in sources],
+        "passed": False,
+    }
+    assert ParityReport(predictions=bad).failures()[1].endswith("(needs 100.0%)")
+    t = TensorDiff([2, 4], 0.0, 0.0, 1.0, True)
+    assert ParityReport(tensors=t).to_dict()["tensors"] == t.to_dict()
+
+
+def test_check_parity_names_the_gate_images_it_was_given(tiny: nn.Module) -> None:
+    from zoo.deploy.export.gate_images import GateImages, ImageSource
+
+    source = ImageSource("bundled", 2, "2 bundled photos")
+    gate = GateImages(tuple(sample_image_paths()), (source,))
+    kw = {"export_batch": 2, "dynamic_batch": False, "dynamic_size": False}
+    r = check_parity(tiny, INFO, _eager(tiny), images=gate, **kw)
+    assert r.images == (source,) and r.passed
+    e = parity.check_embedded_parity(tiny, INFO, _pixel_runtime(tiny), gate)
+    assert e.images == (source,)

@@ -271,3 +271,92 @@ def test_calib_with_dynamic_mode_is_refused_not_ignored(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="which --mode dynamic does not quantize"):
         q.quantize(QuantizeOptions(model, tmp_path / "q.onnx", mode="dynamic", calib="x"))
     assert not list(tmp_path.iterdir())
+
+
+# --- the verdict's numbers: the interval, the floor's messages, the report's properties -------
+
+
+def test_wilson_interval_figures() -> None:
+    # the textbook form by counts, (x + z²/2 ± z·√(x(n−x)/n + z²/4)) / (n + z²), gives these
+    assert qv.wilson(0.9833, 120) == [0.9412, 0.9954]
+    assert qv.wilson(1.0, 2) == [0.3424, 1.0]  # two photos prove little
+    assert qv.wilson(0.0, 10) == [0.0, 0.2775]
+    assert qv.wilson(0.5, 0) == [0.0, 1.0]  # no images: nothing known
+    assert qv.wilson(0.5, 100, z=1.0) == [0.4502, 0.5498]
+
+
+def test_the_floor_says_what_it_measured() -> None:
+    images = qi.EvalImages((Path("a.png"),) * 40, None, "data", "40 images of --data d")
+    assert qv.FLOOR_ACCURACY_DROP == 0.01 and qv.FLOOR_AGREEMENT == 0.98
+    at = qv.check_floor(0.01, [0.0, 0.0], images)
+    assert at == qv.Floor(
+        True, True, "int8 loses 1.0 points of accuracy (within the 1-point floor)"
+    )
+    assert at.to_dict() == {
+        "applies": True,
+        "passed": True,
+        "reason": "int8 loses 1.0 points of accuracy (within the 1-point floor)",
+        "allowed": False,
+    }
+    assert not qv.check_floor(0.0101, [1.0, 1.0], images).passed  # labels decide, not agreement
+    reach = qv.check_floor(None, [0.9, 0.98], images)
+    assert reach == qv.Floor(
+        True, True, "top-1 agreement's 95% interval ends at 98.0% (reaches the 98% floor)"
+    )
+    under = qv.check_floor(None, [0.9, 0.9799], images)
+    assert under.reason == "top-1 agreement's 95% interval ends at 98.0% (under the 98% floor)"
+    assert not under.passed and under.applies
+    two = qi.EvalImages((Path("a.jpg"), Path("b.jpg")), None, "builtin", "2 photos")
+    assert qv.check_floor(0.5, [0.0, 0.3], two) == qv.Floor(
+        False,
+        True,
+        "agreement on 2 built-in images proves nothing: pass --data DIR with images like the "
+        "model's",
+    )
+
+
+def test_int8_pays_only_from_half_of_the_heavy_nodes_and_a_speed_up() -> None:
+    assert qv.MIN_INT8_SHARE == 0.5
+    assert qv.does_not_pay(qv.Coverage(10, 5), 0.99) is None  # exactly half: pays
+    msg = qv.does_not_pay(qv.Coverage(10, 4), 0.5)
+    assert msg == (
+        "int8 does not pay for this model: only 4 of 10 Conv/Gemm/MatMul nodes run in int8. "
+        "Keep the fp32 model, or try fp16 (zoo export ... --precision fp16) or OpenVINO (zoo "
+        "export ... --format openvino, or zoo serve MODEL.onnx --runtime openvino)."
+    )
+    both = qv.does_not_pay(qv.Coverage(10, 4), 1.25)
+    assert both is not None and both.startswith(
+        "int8 does not pay for this model: only 4 of 10 Conv/Gemm/MatMul nodes run in int8 and "
+        "it runs at 1.25× the fp32 latency (not faster). Keep"
+    )
+
+
+def test_the_reports_derived_figures() -> None:
+    from zoo.deploy.quantize.report import Latency, QuantizeReport
+
+    assert Latency(8.0, 6.0, 1, 2).ratio == 0.75 and Latency(3.0, 1.0, 1, 2).ratio == 0.333
+    images = qi.EvalImages((Path("a.png"),), None, "data", "1 image")
+
+    def report(floor: qv.Floor, accuracy: tuple[float, float] | None) -> QuantizeReport:
+        return QuantizeReport(
+            path=Path("q.onnx"),
+            written=floor.passed or floor.allowed,
+            mode="static",
+            engine="ort",
+            calibration=None,
+            size_mb=(4.0, 1.0),
+            latency=Latency(8.0, 6.0, 1, 2),
+            top1_agreement=1.0,
+            agreement_ci95=[0.2, 1.0],
+            accuracy=accuracy,
+            images=images,
+            calib_description=None,
+            coverage=qv.Coverage(2, 2),
+            floor=floor,
+        )
+
+    ok = report(qv.Floor(True, True, "fine"), (0.91234, 0.9))
+    assert ok.accuracy_drop == 0.0123 and not ok.failed
+    assert report(qv.Floor(True, True, "fine"), None).accuracy_drop is None
+    assert report(qv.Floor(True, False, "below"), None).failed
+    assert not report(qv.Floor(True, False, "below", allowed=True), None).failed
