@@ -18,9 +18,9 @@ def serve_cmd(
     model: ModelOrOnnxArg,
     host: Annotated[str, typer.Option(help="bind address")] = D["host"],
     port: Annotated[int, typer.Option(min=0, max=65535)] = D["port"],
-    name: Annotated[
-        str | None, typer.Option(help="model name in the URL (default: arch.tag)")
-    ] = None,
+    name: Annotated[str | None, typer.Option(help="model name in the URL (default: arch.tag)")] = D[
+        "name"
+    ],
     max_batch: Annotated[int, typer.Option(min=1, help="samples per ONNX Runtime call")] = D[
         "max_batch"
     ],
@@ -53,29 +53,55 @@ def serve_cmd(
     max_image_pixels: Annotated[
         int, typer.Option(min=1, help="413 above this many decoded pixels")
     ] = D["max_image_pixels"],
+    api_key_file: Annotated[
+        str | None,
+        typer.Option(
+            help="API keys, one a line: KEY [infer,metadata,metrics] (default: env ZOO_API_KEY; "
+            "health stays open)"
+        ),
+    ] = D["api_key_file"],
+    allow_unauthenticated: Annotated[
+        bool, typer.Option(help="serve a non-loopback --host without an API key")
+    ] = D["allow_unauthenticated"],
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="TLS certificate (PEM): HTTPS and gRPC over TLS")
+    ] = D["ssl_certfile"],
+    ssl_keyfile: Annotated[str | None, typer.Option(help="the certificate's private key")] = D[
+        "ssl_keyfile"
+    ],
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="also serve the v2 gRPC protocol on this port"),
+    ] = D["grpc_port"],
     variant: VariantOpt = None,
 ) -> None:
     """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching.
 
     A model that is not an .onnx file (nor a folder holding model.onnx) is exported first."""
+    from zoo.deploy.serve.config import ServeConfig
     from zoo.deploy.serve.run import serve
 
     serve(
-        with_variant(model, variant),
-        {
-            "host": host,
-            "port": port,
-            "name": name,
-            "max_batch": max_batch,
-            "max_delay_ms": max_delay_ms,
-            "max_queue": max_queue,
-            "timeout_ms": timeout_ms,
-            "threads": threads,
-            "device": device,
-            "runtime": runtime,
-            "max_body_mb": max_body_mb,
-            "max_image_pixels": max_image_pixels,
-        },
+        ServeConfig(
+            model_path=with_variant(model, variant),
+            name=name,
+            host=host,
+            port=port,
+            max_batch=max_batch,
+            max_delay_ms=max_delay_ms,
+            max_queue=max_queue,
+            timeout_ms=timeout_ms,
+            threads=threads,
+            device=device,
+            runtime=runtime,
+            max_body_mb=max_body_mb,
+            max_image_pixels=max_image_pixels,
+            api_key_file=api_key_file,
+            allow_unauthenticated=allow_unauthenticated,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            grpc_port=grpc_port,
+        )
     )
 
 

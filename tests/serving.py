@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import ZOO
-from zoo.deploy.serve.app import ModelServer, create_app
+from zoo.deploy.serve.app import create_app
+from zoo.deploy.serve.auth import ApiKeys
 from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.model import ModelServer
 
 NAME = "mobilenet_v2.tv_in1k"
 
@@ -35,10 +37,20 @@ def free_port() -> int:
 
 @contextmanager
 def server(
-    model: Path | str, *args: str, log: Path | None = None
+    model: Path | str,
+    *args: str,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    verify: Any = True,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A ready ``zoo serve`` process; its output goes to ``log`` (a file: a pipe nobody reads
-    would fill up and block the server once it has logged ~64 KB of client errors)."""
+    would fill up and block the server once it has logged ~64 KB of client errors).
+
+    Args:
+        env: variables added to the server's environment (``ZOO_API_KEY``).
+        verify: with ``--ssl-certfile`` among ``args``: how the readiness probe checks the
+            certificate (an ``ssl.SSLContext`` trusting it); the URL is then ``https://``.
+    """
     port = free_port()
     if log is None:
         fd, name = tempfile.mkstemp(suffix=".zoo-serve.log")
@@ -49,13 +61,16 @@ def server(
             [ZOO, "serve", str(model), "--port", str(port), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
-    url = f"http://127.0.0.1:{port}"
+    scheme = "https" if "--ssl-certfile" in args else "http"
+    url = f"{scheme}://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                ready = httpx.get(f"{url}/v2/health/ready", timeout=1, verify=verify)
+                if ready.status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -123,14 +138,16 @@ def metric(text: str, name: str) -> float:
 
 
 @contextmanager
-def in_process_server(cfg: ServeConfig) -> Iterator[tuple[str, ModelServer]]:
+def in_process_server(
+    cfg: ServeConfig, keys: ApiKeys | None = None
+) -> Iterator[tuple[str, ModelServer]]:
     """``create_app`` under a real uvicorn on loopback, in a thread of this process, so a test
     can instrument the model (the CLI server is a separate process)."""
     import threading
 
     import uvicorn
 
-    app = create_app(cfg)
+    app = create_app(cfg, keys=keys)
     config = uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
@@ -147,14 +164,27 @@ def in_process_server(cfg: ServeConfig) -> Iterator[tuple[str, ModelServer]]:
         thread.join(60)
 
 
-def kserve_infer(url: str, request: Any, model: str = NAME) -> Any:
-    """One ``InferenceRESTClient.infer`` (the SDK is async), its client closed afterwards."""
+def kserve_infer(
+    url: str,
+    request: Any,
+    model: str = NAME,
+    *,
+    headers: dict[str, str] | None = None,
+    verify: Any = True,
+) -> Any:
+    """One ``InferenceRESTClient.infer`` (the SDK is async), its client closed afterwards.
+
+    Args:
+        headers: sent with the request (``Authorization``).
+        verify: the SDK's TLS verification (an ``ssl.SSLContext`` trusting a test's cert).
+    """
     import kserve  # the test extra's (a missing one fails, not skips); imported late: ~1 s
 
     async def go() -> Any:
-        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", retries=0))
+        config = kserve.RESTConfig(protocol="v2", retries=0, verify=verify)
+        client = kserve.InferenceRESTClient(config)
         try:
-            return await client.infer(url, request, model_name=model)
+            return await client.infer(url, request, model_name=model, headers=headers)
         finally:
             await client.close()
 
@@ -169,3 +199,48 @@ def kserve_request(
     inp = kserve.InferInput("input", list(x.shape), datatype)
     inp.set_data_from_numpy(x, binary_data=binary)
     return kserve.InferRequest(model_name=model, infer_inputs=[inp], request_id="sdk-1")
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path, Any]:
+    """A self-signed certificate for 127.0.0.1 and localhost (made with ``cryptography``),
+    its private key, and an ``ssl.SSLContext`` that trusts it: ``(cert.pem, key.pem, ctx)``."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "zoo test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path, ssl.create_default_context(cafile=str(cert_path))

@@ -19,8 +19,9 @@ from starlette.requests import Request
 from tests.conftest import run_zoo
 from tests.serving import NAME, binary_infer, binary_logits, free_port, in_process_server, server
 from zoo.deploy.runtimes.loader import OnnxClassifier, make_session
-from zoo.deploy.serve.app import ModelServer
+from zoo.deploy.serve.app import HttpApi
 from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.model import ModelServer
 from zoo.deploy.serve.run import default_name
 from zoo.errors import ServerBusyError
 
@@ -168,8 +169,8 @@ def test_a_refusal_tells_the_client_when_to_come_back(tmp_path: Path) -> None:
     async def busy() -> None:
         raise ServerBusyError("queue full: about 9.0 s of work is waiting", retry_after_s=7)
 
-    s = ModelServer(ServeConfig(str(tmp_path / "m.onnx"), NAME))
+    api = HttpApi(ModelServer(ServeConfig(str(tmp_path / "m.onnx"), NAME)), keys=None)
     request = Request({"type": "http", "method": "POST", "path": "/x", "headers": []})
-    resp = asyncio.run(s._guard(request, "infer", busy))
+    resp = asyncio.run(api._guard(request, "infer", busy))
     assert resp.status_code == 429 and resp.headers["retry-after"] == "7"
     assert b"retry later" in resp.body

@@ -1,5 +1,6 @@
 """The live server fuzzed from its own OpenAPI description (schemathesis + Hypothesis): at least
-5,000 generated requests, valid and invalid, over every endpoint; not one answer ≥ 500, every
+5,000 generated requests, valid and invalid, over every endpoint, with API keys on (each
+request sends the key; the document declares the bearer scheme); not one answer ≥ 500, every
 answer as documented; afterwards a good request still gets the right class and the server's
 memory did not grow."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.serve
 FUZZ_REQUESTS = 5000
 WORKERS = 2  # generation is CPU-bound: one Hypothesis process per core
 SEEDS = (20261, 20262)
+KEY = "fuzz-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.mark.timeout(1800)
@@ -35,20 +39,29 @@ def test_fuzzing_from_openapi_never_gets_a_5xx(mobilenet_onnx: Path, tmp_path: P
     x = x_of(11, 3)
     direct = sess.run(None, {"input": x})[0]
     log = tmp_path / "server.log"
-    with server(mobilenet_onnx, "--max-batch", "8", log=log) as (url, proc):
+    env = {"ZOO_API_KEY": KEY}
+    with server(mobilenet_onnx, "--max-batch", "8", log=log, env=env) as (url, proc):
 
         def still_right() -> None:
             r = httpx.post(
                 f"{url}/v2/models/{NAME}/predict",
                 content=coffee,
-                headers={"content-type": "image/jpeg"},
+                headers={"content-type": "image/jpeg", **AUTH},
                 timeout=60,
             )
             assert r.status_code == 200 and r.json()["predictions"][0]["label"] == "espresso"
-            r = httpx.post(f"{url}/v2/models/{NAME}/infer", timeout=60, **binary_infer(x))
+            body = binary_infer(x)
+            r = httpx.post(
+                f"{url}/v2/models/{NAME}/infer",
+                content=body["content"],
+                headers={**body["headers"], **AUTH},
+                timeout=60,
+            )
             np.testing.assert_allclose(binary_logits(r, 3), direct, rtol=1e-4, atol=1e-4)
 
-        doc = httpx.get(f"{url}/openapi.json").json()
+        assert httpx.get(f"{url}/openapi.json").status_code == 401
+        doc = httpx.get(f"{url}/openapi.json", headers=AUTH).json()
+        assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
         assert {m for item in doc["paths"].values() for m in item} == {"get", "post"}
         for _ in range(3):  # warm every path the good requests take, then measure
             still_right()
@@ -57,7 +70,9 @@ def test_fuzzing_from_openapi_never_gets_a_5xx(mobilenet_onnx: Path, tmp_path: P
         each = str(FUZZ_REQUESTS // WORKERS)
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.fuzz_client", url, each, str(s), str(out)], cwd=ROOT
+                [sys.executable, "-m", "tests.fuzz_client", url, each, str(s), str(out)],
+                cwd=ROOT,
+                env={**os.environ, "ZOO_FUZZ_API_KEY": KEY},
             )
             for s, out in zip(SEEDS, outs, strict=True)
         ]
@@ -90,3 +105,4 @@ def test_fuzzing_from_openapi_never_gets_a_5xx(mobilenet_onnx: Path, tmp_path: P
     assert tried == documented - {"GET /openapi.json"}  # the document itself is not fuzzed
     assert "Traceback" not in log.read_text(errors="replace")
     assert rss_after < 1.05 * rss_before, summary["rss_mb"]
+    assert KEY not in log.read_text(errors="replace")

@@ -191,9 +191,24 @@ class ServerBusyError(ZooError, RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class ModelNotServedError(ZooError, LookupError):
+    """A request names a model the server does not serve (HTTP 404, gRPC NOT_FOUND)."""
+
+
+class ModelNotReadyError(ZooError, RuntimeError):
+    """The served model is still loading or warming up, or failed to (HTTP 503, gRPC
+    UNAVAILABLE); the message says which."""
+
+
 class PayloadTooLargeError(InputError):
     """An upload or a decoded image is over the configured limit."""
 
 
 class UnsupportedMediaTypeError(InputError):
     """A request body comes in an encoding or media type the server does not read."""
+
+
+class TrackingError(ZooError, ConnectionError):
+    """An experiment tracker cannot be used: MLflow is not installed, its tracking server does
+    not answer, or a run's tracking record names a run the server does not have. The message
+    says how to fix it or how to go on without tracking."""

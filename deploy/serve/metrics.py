@@ -31,6 +31,12 @@ class ServerMetrics:
             ["endpoint", "outcome"],
             registry=self.registry,
         )
+        self.auth_refusals = Counter(
+            "zoo_auth_refusals",
+            "Requests refused for their API key, by scope and reason (missing, invalid, forbidden)",
+            ["scope", "reason"],
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "zoo_queue_depth", "Requests waiting for a batch", registry=self.registry
         )

@@ -4,6 +4,7 @@ them, so the document cannot drift from the validator. Fuzzers (schemathesis) re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -37,16 +38,20 @@ def _errors(*codes: int) -> dict[str, Any]:
         429: "queue full; retry after Retry-After seconds",
         503: "the model is not ready yet (loading or warming up)",
         504: "the request waited longer than --timeout-ms",
+        401: "no API key, or not one of this server's (WWW-Authenticate: Bearer)",
+        403: "the API key lacks this endpoint's scope",
     }
     ref = {"$ref": _REF.format(name="Error")}
     return {str(c): _json(ref, why[c]) for c in codes}
 
 
-def openapi_document(model_name: str) -> dict[str, Any]:
+def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a server serving ``model_name``.
 
     Args:
         model_name: the one model this server serves (the only valid ``{name}``).
+        keyed: path → the API-key scope it needs, when the server has keys (those operations
+            then declare bearer security and their 401 and 403 answers).
 
     Returns:
         A JSON-ready dict.
@@ -158,7 +163,7 @@ def openapi_document(model_name: str) -> dict[str, Any]:
         },
     }
     readiness = _obj(ready={"type": "boolean"})
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {"title": "zoo serve", "version": "1", "description": f"Serving {model_name}"},
         "paths": {
@@ -229,3 +234,23 @@ def openapi_document(model_name: str) -> dict[str, Any]:
         },
         "components": {"schemas": components},
     }
+    if keyed:
+        _secure(doc, keyed)
+    return doc
+
+
+def _secure(doc: dict[str, Any], keyed: Mapping[str, str]) -> None:
+    """Bearer security (and its 401 and 403) on every operation of a keyed path."""
+    doc["components"]["securitySchemes"] = {
+        "apiKey": {"type": "http", "scheme": "bearer", "description": "zoo serve's API key"}
+    }
+    for path, item in doc["paths"].items():
+        if path not in keyed:
+            continue
+        for method, op in item.items():
+            item[method] = {
+                **op,
+                "security": [{"apiKey": []}],
+                "description": f"needs an API key with the {keyed[path]!r} scope",
+                "responses": {**op["responses"], **_errors(401, 403)},
+            }

@@ -219,11 +219,11 @@ def _tensor(spec: InputTensor, binary: memoryview | None, count: int) -> np.ndar
     if raw.size != count:
         raise InputError(f"input {name!r}: {raw.size} values for shape {shape} ({count} expected)")
     if raw.size:
-        _check_values(name, spec.datatype, raw, np_dtype)
+        check_values(name, spec.datatype, raw, np_dtype)
     return raw.astype(np_dtype).reshape(shape)
 
 
-def _check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) -> None:
+def check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) -> None:
     """JSON values that the tensor's datatype holds exactly: integers in range for an integer
     type, true/false (or 0/1) for BOOL, finite numbers in range for a float type; never a
     silent cast (1.5 sent as UINT8 is not pixel 1, 300 is not 44, 1e39 as FP32 is not inf).
@@ -345,7 +345,8 @@ def datatype_of(dtype: np.dtype) -> str:
     return next((k for k, v in DTYPES.items() if np.dtype(v) == dtype), str(dtype))
 
 
-def _bytes_tensor(arr: np.ndarray) -> bytes:
+def bytes_tensor(arr: np.ndarray) -> bytes:
+    """A BYTES tensor's wire form: each string as a little-endian uint32 length, then UTF-8."""
     return b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr.ravel())
 
 
@@ -358,7 +359,7 @@ def encode_response(
         dtype = datatype_of(arr.dtype)
         doc = OutputTensor(spec.name, dtype, list(arr.shape))
         if spec.binary:
-            blob = _bytes_tensor(arr) if dtype == "BYTES" else np.ascontiguousarray(arr).tobytes()
+            blob = bytes_tensor(arr) if dtype == "BYTES" else np.ascontiguousarray(arr).tobytes()
             doc.parameters = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

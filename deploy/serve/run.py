@@ -9,11 +9,11 @@ import logging
 import signal
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig, load_served
+from zoo.errors import InputError
 from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
@@ -87,15 +87,18 @@ def _graceful_server_class() -> type:
     return GracefulServer
 
 
-def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
+def serve(cfg: ServeConfig) -> None:
     """Serve a model under uvicorn until SIGTERM/SIGINT, then shut down gracefully.
 
     Args:
-        model: a model reference (see :func:`resolve_onnx` for what is served).
-        cfg_kwargs: the :class:`ServeConfig` fields other than ``model_path``; ``name``
-            None (or absent) means the ONNX metadata's ``arch.tag``.
+        cfg: the settings; ``cfg.model_path`` is any model reference (see
+            :func:`resolve_onnx` for what is served), ``cfg.name`` None means the file's
+            ``arch.tag``. The API keys are read now (``--api-key-file`` or ``ZOO_API_KEY``).
 
     Raises:
+        UsageError: a non-loopback ``host`` without an API key or ``allow_unauthenticated``.
+        InputError: an unreadable or malformed key file, a TLS file that is not there,
+            ``grpc_port`` without KServe's v2 messages installed.
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
@@ -104,21 +107,32 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
     import uvicorn
 
     from zoo.deploy.serve.app import create_app
+    from zoo.deploy.serve.auth import check_exposure, load_keys
 
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("zoo.serve").setLevel(logging.INFO)  # start-up line, one per client error
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
+    keys = load_keys(cfg.api_key_file)  # at start-up, from the environment as it is now
+    check_exposure(cfg.host, keys, allow_unauthenticated=cfg.allow_unauthenticated)
+    for option, tls_file in (
+        ("--ssl-certfile", cfg.ssl_certfile),
+        ("--ssl-keyfile", cfg.ssl_keyfile),
+    ):
+        if tls_file is not None and not Path(tls_file).is_file():
+            raise InputError(f"{option} {tls_file}: no such file")
+    if cfg.grpc_port is not None:  # the v2 messages are there, before anything loads
+        from zoo.deploy.serve.grpc_protocol import messages
+
+        messages()
     with tempfile.TemporaryDirectory() as tmp:
-        path = resolve_onnx(model, Path(tmp))
-        name = cfg_kwargs.pop("name", None)
-        cfg = ServeConfig(model_path=str(path), name="", **cfg_kwargs)  # type: ignore[arg-type]
+        path = resolve_onnx(cfg.model_path, Path(tmp))
+        cfg = cfg.resolved(str(path), default_name(path))
         # loaded once, here: a model it cannot run is refused (exit 1) before the server
         # binds, rather than a server that answers 503 for ever; the app only warms it up
         clf = load_served(cfg)
-        cfg = replace(cfg, name=str(name or default_name(path)))
-        app = create_app(cfg, clf)
+        app = create_app(cfg, clf, keys)
         # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"
@@ -131,8 +145,18 @@ def serve(model: str | ModelRef, cfg_kwargs: dict[str, object]) -> None:
             log_level="warning",
             timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
             access_log=False,
+            ssl_certfile=cfg.ssl_certfile,
+            ssl_keyfile=cfg.ssl_keyfile,
         )
+        scheme = "https" if cfg.tls else "http"
         logging.getLogger("zoo.serve").info(
-            "zoo serve: http://%s:%s (uvicorn, %s loop, %s parser)", cfg.host, cfg.port, loop, http
+            "zoo serve: %s://%s:%s (uvicorn, %s loop, %s parser)%s; API keys: %s",
+            scheme,
+            cfg.host,
+            cfg.port,
+            loop,
+            http,
+            f", gRPC on port {cfg.grpc_port}" if cfg.grpc_port is not None else "",
+            f"{len(keys.entries)} (health open)" if keys else "none (every endpoint open)",
         )
         _graceful_server_class()(config).run()

@@ -1,0 +1,246 @@
+"""One served model, whatever the transport: its classifier, the batcher that feeds it,
+readiness, metrics, and the inference and metadata answers the HTTP app
+(:mod:`zoo.deploy.serve.app`) and the gRPC service (:mod:`zoo.deploy.serve.grpc_server`)
+both give. Failures are the errors of :mod:`zoo.errors`; each transport maps them to its own
+status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import numpy as np
+
+from zoo.deploy.runtimes.loader import Classifier
+from zoo.deploy.serve.batcher import DynamicBatcher
+from zoo.deploy.serve.config import ServeConfig, load_served
+from zoo.deploy.serve.inputs import check_tensor
+from zoo.deploy.serve.metrics import ServerMetrics
+from zoo.deploy.serve.protocol import (
+    InferRequest,
+    ModelMetadata,
+    OutputSpec,
+    TensorMetadata,
+    classification,
+)
+from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError
+from zoo.images import open_image
+from zoo.preprocess import scores
+
+log = logging.getLogger("zoo.serve")
+
+
+class ModelServer:
+    """One model behind the endpoints: its classifier, the batcher that feeds it, and what
+    the endpoints answer from (readiness, metrics).
+
+    Args:
+        cfg: the server settings (model file, name in the URL, batching and limits).
+        clf: the model, already loaded (``zoo serve`` loads it before binding, to refuse
+            a model it cannot run); None: loaded from ``cfg.model_path`` in :meth:`start`.
+
+    Attributes:
+        cfg: the settings.
+        name: the model's name in the URL.
+        metrics: the Prometheus counters and histograms of ``/metrics``.
+        ready: the model is loaded and has answered a warm-up batch.
+        load_error: why the model failed to load or warm up (then never ready).
+        clf: the classifier once ready (None before).
+        batcher: the dynamic batcher, from :meth:`start`.
+        sample_shape: one sample's shape as the graph takes it (without the batch).
+    """
+
+    def __init__(self, cfg: ServeConfig, clf: Classifier | None = None) -> None:
+        self.cfg = cfg
+        self.name = cfg.name or ""
+        self.metrics = ServerMetrics()
+        self.ready = False
+        self.load_error: str | None = None
+        self.clf: Classifier | None = None
+        self.batcher: DynamicBatcher | None = None
+        self.sample_shape: tuple[int, ...] = ()
+        self._loaded = clf
+
+    # ---------------------------------------------------------------- lifecycle
+    def _load(self) -> None:
+        """Load the model (unless it was handed over) and warm it up at batch 1 and max
+        batch (in a thread)."""
+        try:
+            clf = self._loaded or load_served(self.cfg)
+            shape = clf.input_shape
+            if clf.embedded:  # pixels of any size: warmed up at the crop size
+                crop = clf.pre.crop_size
+                self.sample_shape = (crop, crop, clf.pre.channels)
+            else:
+                sample = [
+                    d if isinstance(d, int) else clf.pre.input_size[i - 1]
+                    for i, d in enumerate(shape)
+                ][1:]
+                self.sample_shape = tuple(sample)
+            dtype = np.uint8 if clf.embedded else np.float32
+            for b in sorted({1, self.cfg.max_batch}):
+                clf.run(np.zeros((b, *self.sample_shape), dtype))
+            self.clf = clf
+            self.ready = True
+            log.info(
+                "zoo serve: model %r ready (%s) in %s on %s, %s threads, max batch %s%s, "
+                "max delay %s ms, max queue %s, timeout %s ms",
+                self.name,
+                self.cfg.model_path,
+                f"{clf.runtime} {clf.meta.get('precision', 'fp32')}",
+                self.cfg.device,
+                clf.threads,
+                self.cfg.max_batch,
+                f" (the graph's batch is fixed at {clf.static_batch}: padded and chunked)"
+                if clf.static_batch
+                else "",
+                self.cfg.max_delay_ms,
+                self.cfg.max_queue,
+                self.cfg.timeout_ms,
+            )
+        except Exception as exc:  # keep serving health (not ready) and say why
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("model failed to load: %s", self.load_error)
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        assert self.clf is not None
+        return self.clf.run(x)
+
+    def start(self) -> None:
+        """Start the batcher (in the running event loop) and load the model in a thread."""
+        self.batcher = DynamicBatcher(
+            self._run,
+            max_batch=self.cfg.max_batch,
+            max_delay_ms=self.cfg.max_delay_ms,
+            max_queue=self.cfg.max_queue,
+            metrics=self.metrics,
+        )
+        self.batcher.start()
+        threading.Thread(target=self._load, name="model-load", daemon=True).start()
+
+    async def stop(self) -> None:
+        """Not ready any more; finish what is queued or running."""
+        self.ready = False
+        if self.batcher is not None:
+            await self.batcher.stop()
+
+    # ---------------------------------------------------------------- answers
+    def check_model(self, name: str) -> Classifier:
+        """The classifier, if ``name`` is this model and it is ready.
+
+        Raises:
+            ModelNotServedError: another name.
+            ModelNotReadyError: still loading or warming up, or failed to (the message says why).
+        """
+        if name != self.name:
+            raise ModelNotServedError(f"unknown model {name!r}; this server serves {self.name!r}")
+        if not self.ready:
+            raise ModelNotReadyError(
+                "model is not ready yet" + (f": {self.load_error}" if self.load_error else "")
+            )
+        assert self.clf is not None  # ready means loaded
+        return self.clf
+
+    def metadata(self, name: str) -> ModelMetadata:
+        """The v2 model metadata.
+
+        Raises:
+            ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
+        """
+        clf = self.check_model(name)
+        return ModelMetadata(
+            name=self.name,
+            versions=["1"],
+            platform="openvino" if clf.runtime == "openvino" else "onnxruntime_onnx",
+            inputs=[
+                TensorMetadata(clf.input_name, "UINT8", [-1, -1, -1, clf.pre.channels])
+                if clf.embedded
+                else TensorMetadata(clf.input_name, "FP32", [-1, *self.sample_shape])
+            ],
+            outputs=[TensorMetadata(clf.output_name, "FP32", [-1, len(clf.classes) or -1])],
+            parameters={
+                "max_batch": self.cfg.max_batch,
+                "static_batch": clf.static_batch,
+                "multi_label": clf.multi_label,
+                "classes": clf.classes,
+                "preprocessing": clf.pre.to_dict(),
+            },
+        )
+
+    async def run_batched(self, x: np.ndarray) -> np.ndarray:
+        """``x`` through the dynamic batcher, within the timeout.
+
+        Raises:
+            ServerBusyError: the queue is full or the work ahead outlasts the timeout.
+            TimeoutError: the request waited longer than ``timeout_ms``.
+        """
+        assert self.batcher is not None
+        return await self.batcher.submit(x, self.cfg.timeout_ms / 1000)
+
+    async def infer(self, name: str, req: InferRequest) -> list[tuple[OutputSpec, np.ndarray]]:
+        """A v2 inference request's outputs (the tensor, or its top-k classification).
+
+        Raises:
+            ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
+            InputError: the input is not what the model takes, or an unknown output is asked for.
+            ServerBusyError / TimeoutError: as :meth:`run_batched`.
+        """
+        clf = self.check_model(name)
+        x = check_tensor(
+            req.inputs,
+            clf,
+            self.sample_shape,
+            max_batch=self.cfg.max_batch,
+            max_image_pixels=self.cfg.max_image_pixels,
+        )
+        specs = req.outputs or [OutputSpec(clf.output_name, binary=req.binary_default)]
+        for spec in specs:  # before the model runs: a wrong name costs no inference
+            if spec.name != clf.output_name:
+                raise InputError(
+                    f"unknown output {spec.name!r}; the model's output is {clf.output_name!r}"
+                )
+        y = await self.run_batched(x)
+        return [
+            (
+                spec,
+                classification(y, spec.classification, clf.classes)
+                if spec.classification
+                else y.astype(np.float32),
+            )
+            for spec in specs
+        ]
+
+    async def predict_image(self, name: str, data: bytes, k: int) -> list[dict[str, object]]:
+        """The top ``k`` labels of an encoded image (decoded off the event loop).
+
+        Raises:
+            ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
+            InputError: an empty body or an image that does not decode; ``k`` below 1.
+            ServerBusyError / TimeoutError: as :meth:`run_batched`.
+        """
+        clf = self.check_model(name)
+        if k < 1:
+            raise InputError(f"top_k={k}: ask for 1 or more classes (default 5)")
+        if not data:
+            raise InputError(
+                "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"
+            )
+        x = await asyncio.to_thread(self._image_tensor, clf, data)
+        probs = scores(await self.run_batched(x), clf.multi_label)[0]
+        top = np.argsort(-probs)[:k]  # every class when k is larger
+        labels = clf.classes
+        return [
+            {
+                "label": labels[i] if i < len(labels) else str(i),
+                "index": int(i),
+                "score": float(probs[i]),
+            }
+            for i in top
+        ]
+
+    def _image_tensor(self, clf: Classifier, data: bytes) -> np.ndarray:
+        """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop); for a
+        graph that preprocesses itself, its (1, H, W, C) pixels."""
+        image = open_image(data, max_pixels=self.cfg.max_image_pixels)
+        return clf.prepare(image)[None]
