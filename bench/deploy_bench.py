@@ -45,8 +45,8 @@ from zoo.deploy.bench.harness import time_session
 from zoo.deploy.export.onnx_export import export_onnx
 from zoo.deploy.export.parity import real_images
 from zoo.deploy.quantize.int8 import quantize as quantize_report
-from zoo.deploy.quantize.int8 import wilson
 from zoo.deploy.quantize.options import QuantizeOptions
+from zoo.deploy.quantize.verdict import wilson
 from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.system import available_cpus
 

@@ -50,6 +50,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "trainer_overhead": (*_TRAIN, "bench/trainer_overhead.py", "bench/hand_train.py"),
     "feature_cache": (*_TRAIN, "bench/feature_cache.py"),
     "imbalance": (*_TRAIN, "bench/imbalance.py"),
+    "ood": (*_TRAIN, "bench/ood.py"),
     "loader_cache": (*_TRAIN, "bench/loader_cache.py"),
     "cache_accuracy": (*_TRAIN, "bench/cache_accuracy.py"),
     "gpu_bench": (*_TRAIN, "deploy", "bench/gpu_bench.py", "bench/hand_train.py"),
@@ -70,10 +71,12 @@ ISA_FLAG = re.compile(
 BUSY_SHARE = 0.5
 
 
-def _git(*args: str) -> str | None:
+def git(*args: str, root: Path = ROOT, stdin: bytes | None = None) -> bytes | None:
+    """``git ARGS`` run in ``root`` (the one way bench/ asks git): its stdout, or None where
+    git is missing, fails, or takes over a minute (a tree without ``.git`` on a lent machine)."""
     try:
         r = subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+            ["git", *args], cwd=root, input=stdin, capture_output=True, timeout=60, check=True
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -90,9 +93,11 @@ def git_state(paths: tuple[str, ...] = SOURCE_DIRS) -> dict[str, Any]:
     untracked, since an untracked module is measured too); without a checkout (a copied tree
     on a lent machine), from ``ZOO_BENCH_COMMIT`` / ``ZOO_BENCH_DIRTY`` set by whoever
     started the run."""
-    commit = (_git("rev-parse", "HEAD") or "").strip()
+    commit = (git("rev-parse", "HEAD") or b"").decode().strip()
     if commit:
-        status = _git("status", "--porcelain", "--untracked-files=all", "--", *paths) or ""
+        status = (
+            git("status", "--porcelain", "--untracked-files=all", "--", *paths) or b""
+        ).decode()
         changed = [line[3:] for line in status.splitlines() if line.strip()]
         return {"commit": commit, "dirty": bool(changed), "changed": changed, "from": "git"}
     env = os.environ.get("ZOO_BENCH_COMMIT")
@@ -170,14 +175,10 @@ def _cgroup_cpu_quota() -> str | None:
 
 
 def cpu_flags() -> list[str]:
-    """The ISA-relevant subset of the CPU's flags (``ISA_FLAG``), from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return sorted(f for f in line.split(":", 1)[1].split() if ISA_FLAG.match(f))
-    except OSError:
-        pass
-    return []
+    """The ISA-relevant subset (``ISA_FLAG``) of the CPU's flags (:func:`zoo.system.cpu_flags`)."""
+    from zoo.system import cpu_flags as all_flags
+
+    return sorted(f for f in all_flags() if ISA_FLAG.match(f))
 
 
 def machine_hash() -> str:

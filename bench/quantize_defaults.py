@@ -47,7 +47,7 @@ OLD_CALIB = 64  # the old default's --calib sample
 
 
 def cpu_flags() -> dict[str, bool]:
-    from zoo.deploy.quantize.int8 import cpu_flags as flags
+    from zoo.system import cpu_flags as flags
 
     found = flags()
     return {f: f in found for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")}
@@ -98,9 +98,10 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from zoo.deploy.bench.harness import time_session
-    from zoo.deploy.quantize.int8 import coverage, op_counts, wilson
+    from zoo.deploy.quantize.calibration import Calibration, calibrate, quantize_qdq
     from zoo.deploy.quantize.nncf_engine import nncf_quantize
-    from zoo.deploy.quantize.search import Calibration, calibrate, logits, quantize_qdq
+    from zoo.deploy.quantize.search import logits
+    from zoo.deploy.quantize.verdict import coverage, op_counts, wilson
     from zoo.deploy.runtimes.loader import make_session
     from zoo.images import open_image
     from zoo.onnx_meta import read_metadata, read_preprocessing

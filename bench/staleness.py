@@ -17,48 +17,40 @@ commit's objects, says whether the file's commit label is true (a copied tree wi
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from provenance import digest, is_source, tree_sources
-
-
-def _git(root: Path, *args: str, stdin: bytes | None = None) -> bytes | None:
-    try:
-        r = subprocess.run(
-            ["git", *args], cwd=root, input=stdin, capture_output=True, timeout=60, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout
+from provenance import digest, git, is_source, tree_sources
 
 
 def has_history(root: Path) -> bool:
-    return _git(root, "rev-parse", "--verify", "-q", "HEAD") is not None
+    return git("rev-parse", "--verify", "-q", "HEAD", root=root) is not None
 
 
 def known_commit(root: Path, commit: str) -> bool:
-    return _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is not None
+    return git("cat-file", "-e", f"{commit}^{{commit}}", root=root) is not None
 
 
 def commits_touching(root: Path, commit: str, paths: tuple[str, ...]) -> int:
     """Commits in ``commit..HEAD`` that touched ``paths``, plus one for uncommitted changes."""
-    log = _git(root, "log", "--format=%H", f"{commit}..HEAD", "--", *paths) or b""
-    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *paths) or b""
+    log = git("log", "--format=%H", f"{commit}..HEAD", "--", *paths, root=root) or b""
+    status = git("status", "--porcelain", "--untracked-files=all", "--", *paths, root=root) or b""
     return len(log.split()) + (1 if status.strip() else 0)
 
 
 def sources_at(root: Path, commit: str, paths: tuple[str, ...]) -> dict[str, bytes] | None:
     """The .py/.sh files under ``paths`` as they were at ``commit`` (from git's objects)."""
-    listing = _git(root, "ls-tree", "-r", "-z", "--name-only", commit, "--", *paths)
+    listing = git("ls-tree", "-r", "-z", "--name-only", commit, "--", *paths, root=root)
     if listing is None:
         return None
     names = [n.decode() for n in listing.split(b"\0") if n and is_source(n.decode())]
     if not names:
         return {}
-    batch = _git(
-        root, "cat-file", "--batch", stdin="".join(f"{commit}:{n}\n" for n in names).encode()
+    batch = git(
+        "cat-file",
+        "--batch",
+        root=root,
+        stdin="".join(f"{commit}:{n}\n" for n in names).encode(),
     )
     if batch is None:
         return None

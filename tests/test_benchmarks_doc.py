@@ -182,7 +182,7 @@ def test_recording_writes_provenance_from_git(
 
 
 def test_git_state_without_a_checkout_uses_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(provenance, "_git", lambda *a: None)
+    monkeypatch.setattr(provenance, "git", lambda *a, **kw: None)
     monkeypatch.delenv("ZOO_BENCH_COMMIT", raising=False)
     assert provenance.git_state()["commit"] is None
     monkeypatch.setenv("ZOO_BENCH_COMMIT", "a" * 40)
@@ -241,7 +241,7 @@ def test_int8_samples_are_stratified_and_disjoint(small_digits: Path, tmp_path: 
 
 
 def test_wilson_interval() -> None:
-    from zoo.deploy.quantize.int8 import wilson
+    from zoo.deploy.quantize.verdict import wilson
 
     low, high = wilson(0.775, 120)
     assert low == pytest.approx(0.692, abs=1e-3) and high == pytest.approx(0.841, abs=1e-3)
@@ -330,7 +330,7 @@ def test_staleness_counts_the_commits_that_touched_the_measured_paths(history: d
     assert label.label_true is True
     wrong = staleness.staleness(
         root,
-        commit=staleness._git(root, "rev-parse", "HEAD").decode().strip(),
+        commit=provenance.git("rev-parse", "HEAD", root=root).decode().strip(),
         date="2026-11-30",
         paths=("zoo",),
         label=(("deploy", "zoo"), history["digest"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from itertools import permutations
 from pathlib import Path
 
@@ -155,17 +156,20 @@ def test_concurrent_builders_leave_a_sound_store(photos: Path, tmp_path: Path) -
     assert not (tmp_path / "shared" / "images").exists()
 
 
-def test_auto_leaves_the_cache_off_when_it_would_not_fit(
+def test_auto_is_decided_once_in_the_resolved_config(
     photos: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = TrainConfig(model="mobilenet_v2", data=str(photos))
-    splits = scan(photos)
-    assert build._image_cache(cfg, SPEC, splits) is not None
+    """``--image-cache auto`` becomes on or off in ``resolve_config`` (the frozen config the
+    run records, so a resume keeps it); it is off when the images would not fit the budget."""
+    from zoo.train.resolve import resolve_config
+
+    cfg = TrainConfig(model="mobilenet_v2", data=str(photos), weights="none")
+    assert resolve_config(cfg).cfg.image_cache == "on"
     monkeypatch.setattr(ic, "DISK_SHARE", 0.0)
-    assert build._image_cache(cfg, SPEC, splits) is None
+    assert resolve_config(cfg).cfg.image_cache == "off"
     assert "image cache: off" in capsys.readouterr().err
-    forced = TrainConfig(model="mobilenet_v2", data=str(photos), image_cache="on")
-    assert build._image_cache(forced, SPEC, splits) is not None
+    assert resolve_config(replace(cfg, image_cache="on")).cfg.image_cache == "on"  # forced
+    assert resolve_config(replace(cfg, image_cache="off")).cfg.image_cache == "off"
 
 
 def test_parameters_are_torchvisions_own_draws() -> None:

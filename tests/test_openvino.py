@@ -136,7 +136,7 @@ def test_fastest_within_the_floor_per_device_and_batch() -> None:
 
 def test_fastest_within_says_whether_the_sample_proves_the_floor() -> None:
     from zoo.deploy.bench.report import floor_notes
-    from zoo.deploy.quantize.int8 import wilson
+    from zoo.deploy.quantize.verdict import wilson
 
     def row(agreement: float, n: int, backend: str = "ov_int8", **kw: Any) -> BenchRow:
         return _row(backend, 3.0, agreement, agreement_ci95=wilson(agreement, n), **kw)

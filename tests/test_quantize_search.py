@@ -23,8 +23,9 @@ from zoo.deploy.quantize import images as qi
 from zoo.deploy.quantize import report as qr
 from zoo.deploy.quantize import search as qs
 from zoo.deploy.quantize import verdict as qv
-from zoo.deploy.quantize.int8 import quantize, wilson
-from zoo.deploy.quantize.options import QuantizeOptions
+from zoo.deploy.quantize.int8 import quantize
+from zoo.deploy.quantize.options import QuantizeOptions, check_target
+from zoo.deploy.quantize.verdict import wilson
 from zoo.errors import InputError, QuantizationError
 
 
@@ -132,12 +133,12 @@ def test_check_disjoint_refuses_a_copy_a_link_or_the_same_file(tmp_path: Path) -
 @pytest.mark.parametrize("target", [0.0, -0.1, 1.0001, 2.0, float("nan"), float("inf")])
 def test_target_must_be_a_share_in_0_1(target: float) -> None:
     with pytest.raises(InputError, match=r"must be in \(0, 1\]") as exc:
-        qs.check_target(target)
+        check_target(target)
     assert repr(target) in str(exc.value)
 
 
 def test_target_in_range_passes() -> None:
-    assert qs.check_target(1.0) == 1.0 and qs.check_target(0.5) == 0.5
+    assert check_target(1.0) == 1.0 and check_target(0.5) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -245,7 +246,7 @@ def test_a_node_kept_float_is_fp32_in_the_coverage(tmp_path: Path) -> None:
 
     from onnx import TensorProto, helper
 
-    from zoo.deploy.quantize.int8 import coverage
+    from zoo.deploy.quantize.verdict import coverage
 
     nodes = [
         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),

@@ -9,7 +9,6 @@ what trains, on pooled backbone outputs computed once; the loop only sees ``trai
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,11 +32,11 @@ from zoo.train.config import TrainConfig
 from zoo.train.console import say
 from zoo.train.ema import Ema
 from zoo.train.features import FeatureDataset, extract_features, head_module
-from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
+from zoo.train.image_cache import CacheSpec, ImageCache
 from zoo.train.imbalance import imbalance_hint, sample_weights
 from zoo.train.optim import build_loss, build_optimizer
 from zoo.train.recipes import BatchRecipe, batch_recipe, mixes, policy
-from zoo.train.resolve import Resolved
+from zoo.train.resolve import Resolved, cache_spec_for
 from zoo.train.rng import seed_everything
 from zoo.train.schedule import build_scheduler
 from zoo.train.state import LoopState
@@ -107,13 +106,12 @@ def build_run(resolved: Resolved) -> RunParts:
     if comm.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes
     seed_everything(cfg.seed)
-    spec = (
-        _cache_spec(resolved.parent[0].info, cfg.image_size) if cfg.image_cache != "off" else None
-    )
-    data, cache = _data(cfg, resolved.run.path if resolved.run else None, spec)
-    cfg = replace(cfg, image_cache="on" if cache else "off")  # recorded: a resume keeps it
+    entry = resolved.parent[0]
+    # resolve_config decided --image-cache (on or off) and recorded it: a resume keeps it
+    spec = cache_spec_for(entry.info, cfg.image_size) if cfg.image_cache == "on" else None
+    data, cache = _data(cfg, resolved.splits, ImageCache(spec) if spec is not None else None)
     model, info, report = create_model_with_report(
-        cfg.model, num_classes=len(data.classes), weights=cfg.weights, label_names=data.classes
+        entry, num_classes=len(data.classes), weights=cfg.weights, label_names=data.classes
     )
     if cfg.image_size:
         info = replace(info, input_size=(info.input_size[0], cfg.image_size, cfg.image_size))
@@ -240,16 +238,7 @@ def loader(
 def cache_spec(model: str, image_size: int | None = None) -> CacheSpec | None:
     """How ``model`` (trained at ``image_size``) wants its images stored (its eval resize);
     None for a model that does not take images (``zoo check --cache-for``)."""
-    return _cache_spec(resolve(model)[0].info, image_size)
-
-
-def _cache_spec(info: ModelInfo, image_size: int | None) -> CacheSpec | None:
-    if image_size:
-        info = replace(info, input_size=(info.input_size[0], image_size, image_size))
-    try:
-        return CacheSpec.for_model(info.preprocessing())
-    except ValueError:  # not an image model
-        return None
+    return cache_spec_for(resolve(model)[0].info, image_size)
 
 
 def _augmented_where(dataset: Any, device: torch.device) -> str:
@@ -264,25 +253,6 @@ def _augmented_where(dataset: Any, device: torch.device) -> str:
             f"workers; normalised {where} in batches"
         )
     return f"cached uint8 images cropped in the workers; jittered and normalised {where} in batches"
-
-
-def _image_cache(cfg: TrainConfig, spec: CacheSpec, splits: data_mod.Splits) -> ImageCache | None:
-    """The decode-once cache, or None where ``auto`` finds it would not fit the budget."""
-    cache = ImageCache(spec)
-    if cfg.image_cache == "auto":
-        todo = cache.missing(
-            splits.root / rel for items in splits.files.values() for rel, _ in items
-        )
-        need = estimate_bytes(len(todo), spec)
-        ok, budget = fits(need)
-        if not ok:
-            say(
-                f"image cache: off: {len(todo)} images need ≈{need / 1e9:.1f} GB, over the "
-                f"budget of {budget / 1e9:.1f} GB (half the free disk at {cache.root}); "
-                "free space, set $ZOO_CACHE elsewhere, or pass --image-cache on"
-            )
-            return None
-    return cache
 
 
 def _datasets(
@@ -318,16 +288,10 @@ def _datasets(
 
 
 def _data(
-    cfg: TrainConfig, run: Path | None, spec: CacheSpec | None
+    cfg: TrainConfig, splits: data_mod.Splits, cache: ImageCache | None
 ) -> tuple[RunData, ImageCache | None]:
-    """The splits (a resumed run's own ``split.json``), checked, unreadable files quarantined;
-    and the image cache, filled (the check stores what it decodes; the rest is decoded now)."""
-    if run is not None and (run / "split.json").exists():
-        splits = data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
-    else:  # written with the run folder, once every check has passed
-        scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
-        splits = scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
-    cache = _image_cache(cfg, spec, splits) if spec is not None else None
+    """The splits checked, unreadable files quarantined; and the image cache, filled (the
+    check stores what it decodes; the rest is decoded now)."""
     t0 = time.perf_counter()
     report = check_splits(splits, image_cache=cache)
     for line in format_report(report):

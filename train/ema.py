@@ -10,7 +10,7 @@ reads the right ones from a checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ class Ema:
         self.averager.module.load_state_dict(state)
 
 
-def better(model_metric: float, ema_metric: float | None) -> str:
+def better(model_metric: float, ema_metric: float | None) -> Literal["model", "ema"]:
     """Which weights an epoch ships: ``"ema"`` only when it scores strictly better."""
     return "ema" if ema_metric is not None and ema_metric > model_metric else "model"
 

@@ -1,9 +1,15 @@
 """The first step of a run: every default, derived value and check of the configuration, before
 anything is built or written. What comes out is frozen; the rest of the run only reads it.
+
+The splits are read here (a new run's data folder scanned, a resumed run's ``split.json``),
+because one default depends on them: ``--image-cache auto`` becomes ``on`` or ``off`` from
+how much of the data set the cache would have to hold, and the choice is recorded in the run's
+config so that a resume keeps it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,8 +17,12 @@ from typing import Any
 from zoo.device import pick_device
 from zoo.errors import InputError
 from zoo.factory import require_weights, resolve, weight_source
+from zoo.metadata import ModelInfo
 from zoo.registry import Entry
-from zoo.train.config import TrainConfig
+from zoo.train import data as data_mod
+from zoo.train.config import ImageCacheMode, TrainConfig
+from zoo.train.console import say
+from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
 from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
 from zoo.train.run_dir import RunDir
@@ -25,6 +35,7 @@ class Resolved:
 
     cfg: TrainConfig
     parent: tuple[Entry, Path | None]  # cfg.model resolved once: its entry (and model folder)
+    splits: data_mod.Splits  # read once: the run's own split.json, else a scan of cfg.data
     run: RunDir | None = None  # --resume: the run's folder (a new run's appears once it trains)
     checkpoint: dict[str, Any] | None = None  # --resume: its last commit (None: killed before one)
     extended: bool = False  # --resume --extend N: config.json gets the new segment on repair
@@ -39,8 +50,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
 
     Returns:
         The resolved configuration (``--resume``: the run's own, with the runtime options
-        applied), the model it names (resolved here once, carried through the run) and the
-        run to continue, if any.
+        applied; ``image_cache`` decided, ``on`` or ``off``), the model it names (resolved here
+        once, carried through the run), the splits (read once) and the run to continue, if any.
 
     Raises:
         InputError: an impossible combination (a frozen backbone with random weights, a
@@ -53,6 +64,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         WeightsNotFoundError: the pretrained weights are neither here nor downloadable
             (checked before any data work; the message names the entries usable here and
             ``--weights none``). WeightsIntegrityError: they fail their pinned hash.
+        DataError: the data folder holds no usable split (see :func:`zoo.train.data.scan`).
     """
     if options.lr == "auto":  # fit() turns it into lr-find's suggestion before this step
         raise InputError("lr='auto' is resolved by zoo.train.fit (zoo finetune --lr auto)")
@@ -88,12 +100,62 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     check_recipes(cfg, pretrained=pretrained, strategy=strategy)
     if cfg.amp and pick_device(cfg.device).type != "cuda":
         raise InputError(f"--amp {cfg.amp} needs CUDA; this run is on the CPU. Drop --amp.")
+    splits = read_splits(cfg, run.path if run else None)
     resolved = replace(
         cfg,
+        image_cache=image_cache_mode(cfg, parent[0].info, splits),
         strategy=strategy,
         monitor=cfg.monitor or ("val/macro_f1" if cfg.multi_label else "val/acc"),
         lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adamw" else 0.1),
         schedule_segments=cfg.schedule_segments
         or ({"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule},),
     )
-    return Resolved(resolved, parent, run, checkpoint, extended=bool(options.extend))
+    return Resolved(resolved, parent, splits, run, checkpoint, extended=bool(options.extend))
+
+
+def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:
+    """The run's splits: a resumed run's own ``split.json``, else ``cfg.data`` scanned (a new
+    run writes its ``split.json`` with the run folder, once every check has passed).
+
+    Raises:
+        DataError: as :func:`zoo.train.data.scan` raises for an unusable data folder.
+    """
+    if run is not None and (run / "split.json").exists():
+        return data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
+    scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
+    return scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+
+
+def cache_spec_for(info: ModelInfo, image_size: int | None) -> CacheSpec | None:
+    """How a model (trained at ``image_size``) wants its images stored in the decode-once
+    cache (its eval resize); None for a model that does not take images."""
+    if image_size:
+        info = replace(info, input_size=(info.input_size[0], image_size, image_size))
+    try:
+        return CacheSpec.for_model(info.preprocessing())
+    except ValueError:  # not an image model
+        return None
+
+
+def image_cache_mode(cfg: TrainConfig, info: ModelInfo, splits: data_mod.Splits) -> ImageCacheMode:
+    """``--image-cache`` decided: ``off`` when asked, for a model that does not take images, or
+    (``auto``) when the images not cached yet would not fit the budget (half the free disk
+    where the cache lives); else ``on``."""
+    spec = cache_spec_for(info, cfg.image_size) if cfg.image_cache != "off" else None
+    if spec is None:
+        return "off"
+    if cfg.image_cache == "auto":
+        cache = ImageCache(spec)
+        todo = cache.missing(
+            splits.root / rel for items in splits.files.values() for rel, _ in items
+        )
+        need = estimate_bytes(len(todo), spec)
+        ok, budget = fits(need)
+        if not ok:
+            say(
+                f"image cache: off: {len(todo)} images need ≈{need / 1e9:.1f} GB, over the "
+                f"budget of {budget / 1e9:.1f} GB (half the free disk at {cache.root}); "
+                "free space, set $ZOO_CACHE elsewhere, or pass --image-cache on"
+            )
+            return "off"
+    return "on"

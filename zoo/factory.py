@@ -111,7 +111,7 @@ def require_weights(source: WeightSource) -> None:
 
 
 def create_model_with_report(
-    name: str | ModelRef,
+    name: str | ModelRef | Entry,
     *,
     num_classes: int | None = None,
     weights: str | None = None,
@@ -122,7 +122,8 @@ def create_model_with_report(
     effective metadata and load report are returned beside it, not attached.
 
     Args:
-        name: as for :func:`create_model`.
+        name: as for :func:`create_model`, or the :class:`Entry` a caller already resolved
+            (:func:`resolve`; the trainer resolves its model once) — built as it is.
         num_classes: as for :func:`create_model`.
         weights: as for :func:`create_model`.
         label_names: class names of a new head (default: the entry's when the class count
@@ -141,7 +142,7 @@ def create_model_with_report(
     from zoo.loading import load_strict
     from zoo.weights import fetch_weights, load_weights, read_state_dict
 
-    entry, _ = resolve(name)
+    entry = name if isinstance(name, Entry) else resolve(name)[0]
     info = entry.info
     source = weight_source(info, weights)
     n = num_classes if num_classes is not None else info.num_classes

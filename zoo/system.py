@@ -28,6 +28,25 @@ def available_cpus() -> int:
     return max(1, n)
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The flags of this machine's first CPU (x86 ``flags``, Arm ``Features``).
+
+    Args:
+        cpuinfo: the file to read them from.
+
+    Returns:
+        The flags; empty where ``cpuinfo`` is not there (macOS, Windows) or lists none.
+    """
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
 def cache_home() -> Path:
     """zoo's cache folder (data-check results, decoded images): ``$ZOO_CACHE``, else
     ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""

@@ -29,6 +29,24 @@ def time_session(
     max_runs: int = 2000,
     cuda: bool = False,
 ) -> dict[str, Any]:
+    """Time ``fn`` the one way zoo measures latency: warm up until the median of the last 5
+    calls moves less than 5 %, then call it at least ``min_runs`` times and for at least
+    ``min_seconds`` (at most ``max_runs`` times).
+
+    Args:
+        fn: one call of what is measured (e.g. a session run on a fixed batch).
+        label: copied into the result, to name the measurement.
+        min_runs: the fewest timed calls.
+        min_seconds: the shortest timed span.
+        max_runs: the most timed calls, whatever ``min_seconds``.
+        cuda: time with CUDA events around a synchronised call (the GPU's time), not the
+            host clock.
+
+    Returns:
+        ``{"label", "n", "warmup_runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms"}``
+        (milliseconds, 4 decimals): the shape bench/ scripts write to ``docs/bench/``.
+    """
+
     def once() -> float:
         if cuda:
             import torch

@@ -18,7 +18,7 @@ import torch
 from zoo.deploy.bench.harness import time_session
 from zoo.deploy.bench.options import BenchOptions
 from zoo.deploy.bench.report import FAILED, BenchReport, BenchRow, fastest_within
-from zoo.deploy.quantize.int8 import wilson
+from zoo.deploy.quantize.verdict import wilson
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.ref import ModelRef
 
@@ -28,6 +28,8 @@ def _param_mb(model: torch.nn.Module) -> float:
 
 
 def fingerprint(threads: int) -> dict[str, Any]:
+    """The machine and versions a bench table was measured on (a subset of
+    :func:`zoo.system.environment_report`), with the ``threads`` it ran on."""
     from zoo.system import environment_report
 
     env = environment_report()
@@ -206,7 +208,7 @@ def run_bench(options: BenchOptions) -> BenchReport:
     )
     if "ov_int8" in backends:  # refused before anything is timed
         from zoo.deploy.export.parity import real_images
-        from zoo.deploy.quantize.search import check_disjoint
+        from zoo.deploy.quantize.calibration import check_disjoint
 
         check_disjoint(real_images(calib, limit=300), real_images(data, limit=AGREEMENT_IMAGES))
     ref = ModelRef.parse(o.model)

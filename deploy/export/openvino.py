@@ -43,7 +43,7 @@ GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5
 
 def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: int) -> list[Any]:
     """Calibration batches for int8, from images none of which the gate judges with."""
-    from zoo.deploy.quantize.search import check_disjoint
+    from zoo.deploy.quantize.calibration import check_disjoint
     from zoo.images import open_image
     from zoo.preprocess import preprocess
 

@@ -54,7 +54,15 @@ TOLERANCES = {"fp32": FP32, "fp16": FP16, "bf16": BF16, "int8": INT8}  # per cho
 
 @dataclass(frozen=True)
 class TensorDiff:
-    """One comparison of two tensors (:func:`compare`)."""
+    """One comparison of two tensors (:func:`compare`).
+
+    Attributes:
+        shape: the compared tensors' shape.
+        max_abs: the largest absolute difference.
+        max_rel: the largest difference relative to its reference element (|ref| ≥ 1e-6).
+        cosine: the cosine similarity of the flattened tensors.
+        passed: within the :class:`Tolerances` it was judged by.
+    """
 
     shape: list[int]
     max_abs: float
@@ -148,6 +156,7 @@ class ParityReport:
 
     @property
     def passed(self) -> bool:
+        """Every level checked passed, and the tensors were compared."""
         return (
             self.tensors is not None
             and self.tensors.passed
@@ -167,6 +176,7 @@ class ParityReport:
         }
 
     def failures(self) -> list[str]:
+        """What failed, a sentence each (empty when :attr:`passed`)."""
         out = []
         t, p = self.tensors, self.predictions
         if t is None:
@@ -190,6 +200,7 @@ class ParityReport:
         return out
 
     def describe_images(self) -> str:
+        """The real images the gate used, in words."""
         return "; ".join(i.description for i in self.images)
 
 

@@ -92,6 +92,7 @@ class Scorer:
         return list(samples) if self.pixels_in else np.stack(samples)
 
     def label(self, i: int) -> str:
+        """Class ``i``'s name (its index as text when the model has no names)."""
         return self.labels[i] if i < len(self.labels) else str(i)
 
     def top(self, row: np.ndarray, k: int) -> tuple[ClassScore, ...]:
@@ -183,30 +184,20 @@ def load_scorer(
 
 def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spin: bool) -> Scorer:
     if ref.kind in RUNTIME_KINDS:  # an .onnx file or an OpenVINO IR, from its metadata alone
-        from zoo.deploy.runtimes.loader import OnnxClassifier, load_classifier
+        from zoo.deploy.runtimes.loader import load_classifier
 
         clf = load_classifier(
             ref.path, device=device, threads=threads, spin=spin, embeddings=embeddings
         )
-        width = clf.width
-        thresholds = clf.meta.get("thresholds")
-
-        def onnx_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            assert isinstance(clf, OnnxClassifier)  # load_classifier refuses the others
-            logits, feats = clf.run_with_features(x)
-            return scores(logits, clf.multi_label), feats
-
         return Scorer(
             prepare=clf.prepare,  # pixels for a graph that preprocesses itself
-            score=lambda x: scores(
-                clf.run_each(list(x)) if clf.embedded else clf.run(x), clf.multi_label
-            ),
+            score=clf.score,
             labels=tuple(clf.classes),
-            num_classes=width if width is not None else len(clf.classes),
+            num_classes=clf.num_classes,
             multi_label=clf.multi_label,
-            thresholds=tuple(thresholds) if thresholds else None,
+            thresholds=clf.thresholds,
             identity=_identity(ref, device),
-            embed=onnx_embed if embeddings else None,
+            embed=clf.score_with_features if embeddings else None,
             pre=clf.pre,
             pixels_in=clf.embedded,
         )

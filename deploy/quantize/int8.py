@@ -34,7 +34,6 @@ from zoo.deploy.quantize.calibration import (
 )
 from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_images
 from zoo.deploy.quantize.options import QuantizeOptions, default_calibration
-from zoo.deploy.quantize.options import cpu_flags as cpu_flags  # importable here (bench/)
 from zoo.deploy.quantize.report import Latency, QuantizeReport
 from zoo.deploy.quantize.search import estimate_seconds, search
 from zoo.deploy.quantize.verdict import (
@@ -44,11 +43,10 @@ from zoo.deploy.quantize.verdict import (
     advice_after,
     advice_before,
     check_floor,
+    coverage,
     does_not_pay,
     op_counts,
 )
-from zoo.deploy.quantize.verdict import coverage as coverage  # importable here (bench/)
-from zoo.deploy.quantize.verdict import wilson as wilson  # importable here (bench/)
 from zoo.deploy.runtimes.loader import make_session
 from zoo.errors import InputError
 from zoo.images import open_image

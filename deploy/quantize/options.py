@@ -25,6 +25,7 @@ from zoo.deploy.choices import (
     QuantMode,
 )
 from zoo.errors import ChoiceError, InputError, UsageError
+from zoo.system import cpu_flags
 
 if TYPE_CHECKING:
     from zoo.deploy.quantize.calibration import Calibration
@@ -32,19 +33,6 @@ if TYPE_CHECKING:
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 """CPU flags of integer dot-product instructions: with one, uint8 × int8 products cannot
 saturate in onnxruntime's kernels, so weights keep all 8 bits (no ``reduce_range``)."""
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The flags of this machine's first CPU (empty where ``/proc/cpuinfo`` is not there)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
 
 DEFAULT_CALIB_SIZE = 300
 """Calibration images by default (the bench's setting; its winner used them all)."""

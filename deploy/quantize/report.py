@@ -17,8 +17,15 @@ from zoo.deploy.quantize.verdict import Coverage, Floor, wilson
 
 @dataclass(frozen=True)
 class Latency:
-    """Median (p50) latency in ms of one call of ``batch`` images on ``threads`` threads, fp32
-    then int8; ``ratio`` is int8 over fp32 (under 1: int8 is faster)."""
+    """Median (p50) latency of one call of ``batch`` images, fp32 then int8, both measured by
+    :func:`zoo.deploy.bench.harness.time_session` in one process.
+
+    Attributes:
+        fp32_p50: the fp32 model's median, in ms.
+        int8_p50: the int8 model's median, in ms.
+        batch: images per call.
+        threads: ONNX Runtime's intra-op threads for both.
+    """
 
     fp32_p50: float
     int8_p50: float
@@ -27,13 +34,36 @@ class Latency:
 
     @property
     def ratio(self) -> float:
+        """int8 over fp32, to 3 decimals (under 1: int8 is faster)."""
         return round(self.int8_p50 / self.fp32_p50, 3)
 
 
 @dataclass(frozen=True)
 class QuantizeReport:
-    """What :func:`quantize` did and measured; ``to_dict`` is ``--json``'s shape and
-    :meth:`lines` the summary."""
+    """What :func:`zoo.deploy.quantize.int8.quantize` did and measured; :meth:`to_dict` is
+    ``zoo quantize --json``'s shape and :meth:`lines` the summary it prints.
+
+    Attributes:
+        path: where the int8 model is (or, when ``written`` is False, would have been) written.
+        written: False when it fell below the floor without ``allow_drop``.
+        mode: ``dynamic`` or ``static``.
+        engine: ``ort`` or ``nncf`` (``auto`` already decided).
+        calibration: onnxruntime's static setting (None: dynamic mode or NNCF).
+        size_mb: the fp32 and int8 file sizes, in MB.
+        latency: both models' median latency.
+        top1_agreement: the share of images whose top-1 class int8 and fp32 agree on.
+        agreement_ci95: its 95% Wilson interval, ``[low, high]``.
+        accuracy: top-1 accuracy of fp32 and int8 where the images have labels, else None.
+        images: the images it was judged on and their source.
+        calib_description: the calibration images, in words (None: dynamic mode).
+        coverage: how many Conv/Gemm/MatMul nodes run in int8.
+        floor: the accuracy floor's verdict.
+        not_paying: why int8 does not pay here (few int8 nodes, or no faster), else None.
+        advice_before: what was said before quantizing (the mode on this CPU).
+        advice_after: what to try instead, when the result disappoints.
+        gate: the ``max_accuracy_drop`` gate's verdict, when one was asked for.
+        search: the ``target_agreement`` search's outcome, when one ran.
+    """
 
     path: Path
     written: bool
@@ -57,6 +87,7 @@ class QuantizeReport:
 
     @property
     def accuracy_drop(self) -> float | None:
+        """fp32 minus int8 top-1 accuracy (None without labels)."""
         return None if self.accuracy is None else round(self.accuracy[0] - self.accuracy[1], 4)
 
     @property
@@ -65,6 +96,7 @@ class QuantizeReport:
         return not self.floor.passed and not self.floor.allowed
 
     def to_dict(self) -> dict[str, Any]:
+        """``zoo quantize --json``'s shape (sections absent when they do not apply)."""
         c = self.calibration
         out: dict[str, Any] = {
             "path": str(self.path),

@@ -54,9 +54,6 @@ from zoo.deploy.quantize.calibration import (
     candidates,
     quantize_qdq,
 )
-from zoo.deploy.quantize.calibration import (
-    check_disjoint as check_disjoint,  # kept importable here while callers move
-)
 from zoo.deploy.quantize.options import check_target
 from zoo.errors import QuantizationError
 
@@ -109,7 +106,7 @@ class SearchResult:
 
     def to_dict(self, ci95: list[float]) -> dict[str, Any]:
         """The report's ``search`` section; ``ci95``: the interval of :attr:`agreement` on
-        :attr:`n_held_out` images (``zoo.deploy.quantize.int8.wilson``)."""
+        :attr:`n_held_out` images (:func:`~zoo.deploy.quantize.verdict.wilson`)."""
         return {
             "target": self.target,
             "calibration": {
@@ -310,7 +307,7 @@ def search(
         calib_batches: the calibration images, preprocessed, one ``(1, C, H, W)`` array each.
         input_name: the graph's input.
         x_held_out: the held-out images, preprocessed ``(N, C, H, W)``, disjoint from the
-            calibration images (:func:`check_disjoint`).
+            calibration images (:func:`~zoo.deploy.quantize.calibration.check_disjoint`).
         fp32_model: the fp32 model the answers are compared with.
         target: the top-1 agreement to reach, in (0, 1].
         threads: onnxruntime intra-op threads.

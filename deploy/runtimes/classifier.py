@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.onnx_meta import read_preprocessing
 from zoo.preprocess import preprocess, scores
@@ -47,6 +48,9 @@ def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: in
 
 @dataclass
 class Prediction:
+    """One class of an image's top-k (:meth:`Classifier.classify`): its name, index and score
+    (softmax, or the class's own sigmoid for a multi-label model)."""
+
     label: str
     index: int
     score: float
@@ -59,7 +63,8 @@ class Classifier:
     A runtime sets ``meta``, ``input_name``, ``input_shape``, ``input_type`` (ONNX's
     spelling, e.g. ``tensor(float)``), ``output_name``, ``width`` (outputs per sample),
     ``threads`` and ``load_s``, and implements ``_run_once`` (exactly the graph's batch in,
-    float32 logits out).
+    float32 logits out). Callers score through :meth:`score` (and :meth:`score_with_features`
+    for embeddings) or :meth:`classify`; :meth:`run` gives the raw logits.
     """
 
     path: Path
@@ -85,8 +90,31 @@ class Classifier:
         # zoo export --fp16-io: float16 at the graph's boundary, cast here both ways
         self.half_io = self.input_type == "tensor(float16)"
 
+    @property
+    def num_classes(self) -> int:
+        """Outputs per sample: the graph's last dimension, else the number of class names."""
+        return self.width if self.width is not None else len(self.classes)
+
+    @property
+    def thresholds(self) -> tuple[float, ...] | None:
+        """Multi-label decision threshold per class, from the metadata (None: 0.5 for all)."""
+        found = self.meta.get("thresholds")
+        return tuple(found) if found else None
+
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logits and penultimate features in one pass (ONNX Runtime only, see
+        :meth:`zoo.deploy.runtimes.loader.OnnxClassifier.run_with_features`).
+
+        Raises:
+            InputError: this runtime cannot read a model's features.
+        """
+        raise InputError(
+            f"{self.runtime} cannot read {self.path}'s embeddings: they come from a second "
+            "output that zoo adds to ONNX graphs in ONNX Runtime; give the .onnx file."
+        )
 
     def prepare(self, image: Any) -> np.ndarray:
         """One decoded image as the graph takes it: ``(C, H, W)`` float32 preprocessed here,
@@ -110,14 +138,51 @@ class Classifier:
             return self._run_once(batch)
         return run_padded(self._run_once, batch, self.static_batch)
 
+    def score(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
+        """Scores of prepared samples (softmax, or one sigmoid per class for a multi-label
+        model), float64 ``(N, classes)``.
+
+        Args:
+            batch: ``(N, C, H, W)`` samples from :meth:`prepare`, or for a graph with embedded
+                preprocessing the list of its pixel arrays (they may differ in size).
+
+        Returns:
+            One row of scores per sample, in order.
+        """
+        logits = self.run_each(list(batch)) if self.embedded else self.run(np.asarray(batch))
+        return scores(logits, self.multi_label)
+
+    def score_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score` and each sample's penultimate features, ``(N, D)`` float32, in one pass.
+
+        Raises:
+            InputError: the runtime cannot read features (see :meth:`run_with_features`).
+            ValueError: an ONNX Runtime model loaded without ``embeddings=True``.
+        """
+        logits, feats = self.run_with_features(batch)
+        return scores(logits, self.multi_label), feats
+
     def preprocess_images(self, images: list[Any]) -> list[np.ndarray]:
+        """:meth:`prepare` of each image (a path or bytes is decoded first)."""
         return [
             self.prepare(im if not isinstance(im, str | Path | bytes) else open_image(im))
             for im in images
         ]
 
     def classify(self, images: list[Any], k: int = 5) -> list[list[Prediction]]:
-        probs = scores(self.run_each(self.preprocess_images(images)), self.multi_label)
+        """The top ``k`` classes of each image, best first.
+
+        Args:
+            images: image files (paths or bytes) or decoded PIL images.
+            k: classes per image.
+
+        Returns:
+            One list of :class:`Prediction` per image, in order.
+
+        Raises:
+            InputError: an image file is missing or unreadable.
+        """
+        probs = self.score(self.preprocess_images(images))
         out = []
         for row in probs:
             top = np.argsort(-row)[:k]
