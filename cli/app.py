@@ -36,7 +36,9 @@ app = typer.Typer(
 _ORDER = [
     "models",
     "finetune",
+    "tune",
     "eval",
+    "calibrate",
     "data",
     "export",
     "compare_jit",

@@ -80,16 +80,19 @@ def bench_cmd(
         min_agreement=min_agreement,
         variant=variant,
     )
+    from zoo.cli import tracking
+
     report = run_bench(options)
     if as_json:
         print_json(report.to_dict())
-        return
-    out.print(report.table())
-    for line in report.lines():
-        out.print(line, markup=False)
-    for note in report.notes():
-        err.print(note, markup=False)
-    out.print(report.footer(), markup=False)
+    else:
+        out.print(report.table())
+        for line in report.lines():
+            out.print(line, markup=False)
+        for note in report.notes():
+            err.print(note, markup=False)
+        out.print(report.footer(), markup=False)
+    tracking.log(tracking.tracked(model), tracking.bench_stage(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ from zoo.deploy.choices import (
     Exporter,
     Format,
     JitMode,
+    KServeRuntime,
     Precision,
 )
 from zoo.deploy.export.options import ExportOptions, option_defaults
@@ -35,7 +36,10 @@ def export_cmd(
     output: Annotated[
         Path | None,
         typer.Option(
-            "-o", "--output", help="output file (triton: repository folder; openvino: IR folder)"
+            "-o",
+            "--output",
+            help="output file (triton: repository folder; openvino: IR folder; kserve: the "
+            "manifest, its Triton repository beside it)",
         ),
     ] = D["output"],
     static_batch: Annotated[
@@ -118,11 +122,42 @@ def export_cmd(
         bool,
         typer.Option("--fp16-io", help="onnx, --precision fp16: float16 inputs and outputs too"),
     ] = D["fp16_io"],
+    kserve_runtime: Annotated[
+        KServeRuntime,
+        choice(
+            KServeRuntime,
+            "--kserve-runtime",
+            help="kserve: KServe's Triton runtime, or a zoo serve container (the Dockerfile)",
+        ),
+    ] = D["kserve_runtime"],
+    storage_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--storage-uri",
+            help="kserve: where the Triton repository will be (s3://…, gs://…, pvc://…); "
+            "default: its file:// URI here",
+        ),
+    ] = D["storage_uri"],
+    image: Annotated[
+        str | None, typer.Option("--image", help="kserve, runtime zoo: the container image")
+    ] = D["image"],
     weights: WeightsOpt = D["weights"],
+    register_name: Annotated[
+        str | None,
+        typer.Option(
+            "--register",
+            metavar="NAME",
+            help="a run trained with --track mlflow: register the exported file as a version "
+            "of MLflow model NAME, its lineage tagged (run, data fingerprint, parent weights)",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
+    from zoo.cli import tracking
     from zoo.deploy.export.run import run_export
+
+    tracked = tracking.tracked(model, register=register_name)  # --register: checked first
 
     options = ExportOptions(
         model=model,
@@ -144,6 +179,9 @@ def export_cmd(
         embed_preprocessing=embed_preprocessing,
         fp16_io=fp16_io,
         weights=weights,
+        kserve_runtime=kserve_runtime,
+        storage_uri=storage_uri,
+        image=image,
     )
     result = run_export(options)
     if as_json:
@@ -153,6 +191,7 @@ def export_cmd(
             out.print(line)
     for warning in result.warnings():
         err.print(warning)
+    tracking.log(tracked, tracking.export_stage(result), register_name)
 
 
 def register(app: typer.Typer) -> None:

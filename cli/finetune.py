@@ -11,6 +11,7 @@ import typer
 from zoo.cli.common import choice, err, interrupt_exits, out
 from zoo.cli.train_options import (
     FIELD,
+    AcceptanceOpt,
     AmpOpt,
     AutoAugmentOpt,
     BackboneLrMultOpt,
@@ -29,8 +30,10 @@ from zoo.cli.train_options import (
     MultiLabelOpt,
     NumWorkersOpt,
     RandomErasingOpt,
+    RejectOpt,
     StrategyOpt,
     StrictDataOpt,
+    TrackOpt,
     ValFractionOpt,
     WeightsOpt,
     train_config,
@@ -113,6 +116,8 @@ def finetune_cmd(
         "save_every_steps"
     ],
     top_k_checkpoints: int = D["top_k_checkpoints"],
+    reject: RejectOpt = D["reject"],
+    acceptance: AcceptanceOpt = D["acceptance"],
     strict_data: StrictDataOpt = D["strict_data"],
     max_nonfinite: Annotated[
         int,
@@ -143,6 +148,7 @@ def finetune_cmd(
         int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
     ] = 1,
     progress: Annotated[bool, typer.Option(help="rich progress bar")] = D["progress"],
+    track: TrackOpt = D["track"],
     report: Annotated[
         bool,
         typer.Option(
@@ -162,10 +168,6 @@ def finetune_cmd(
             "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE",
             param_hint="--lr",
         )
-    if nproc > 1:
-        from zoo.train.launch import launch
-
-        raise typer.Exit(launch(nproc))
     # What the user typed: --resume compares exactly these against the run's config.
     explicit = frozenset(
         FIELD.get(k, k)
@@ -176,20 +178,34 @@ def finetune_cmd(
     del params["nproc"]  # how many processes run it, not part of the run's config
     del params["report"]  # what is written after the run, not part of it
     cfg = train_config(params)
+    from zoo.train.console import is_main_process
+    from zoo.train.tracking import tracker_for
+
+    # an unreachable tracking server is refused before any work; under torchrun only rank 0
+    tracker = tracker_for(cfg, explicit) if is_main_process() else None
+    if nproc > 1:
+        from zoo.train.launch import launch
+
+        raise typer.Exit(launch(nproc))
     from zoo.train.trainer import fit
 
-    with interrupt_exits():
-        run = fit(cfg, explicit=explicit)
-    from zoo.train.console import is_main_process
-
-    if run is not None and is_main_process():  # None: --dry-run writes no run folder
-        if report:
-            with interrupt_exits(
-                f"interrupted while writing report.html: {run} is complete; write the report "
-                f"with: zoo eval {run} --report"
-            ):
-                _run_report(run, cfg.device, cfg.batch_size)
-        out.print(str(run))
+    run = None
+    try:
+        with interrupt_exits():
+            run = fit(cfg, explicit=explicit, observers=[tracker] if tracker else ())
+        if run is not None and is_main_process():  # None: --dry-run writes no run folder
+            if report:
+                with interrupt_exits(
+                    f"interrupted while writing report.html: {run} is complete; write the "
+                    f"report with: zoo eval {run} --report"
+                ):
+                    _run_report(run, cfg.device, cfg.batch_size)
+                if tracker is not None and (run / "report.html").is_file():
+                    tracker.log_file(run / "report.html")
+            out.print(str(run))
+    finally:
+        if tracker is not None:  # the last line: whether everything reached the tracker
+            err.print(tracker.close().line(), markup=False)
 
 
 def _run_report(run: Path, device: str, batch_size: int) -> None:

@@ -95,6 +95,7 @@ def quantize_cmd(
 ) -> None:
     """Quantize an ONNX model to int8 and report size, latency and accuracy vs fp32 on the
     model's own images."""
+    from zoo.cli import tracking
     from zoo.deploy.quantize.int8 import quantize
     from zoo.deploy.quantize.options import QuantizeOptions
 
@@ -122,6 +123,7 @@ def quantize_cmd(
             out.print(line)
     if report.advice_after:
         err.print(f"advice: {report.advice_after}")
+    tracking.log(tracking.tracked(model), tracking.quantize_stage(report))
     if report.failed:
         err.print(
             f"error: int8 is below the floor on {report.images.description}: "

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from zoo.calibration import RejectMode
 from zoo.cli.common import choice
+from zoo.tracking import Track
 from zoo.train.config import (
     AmpDtype,
     ClassWeights,
@@ -166,3 +168,35 @@ StrictDataOpt = Annotated[
     bool, typer.Option(help="unreadable images are fatal instead of quarantined")
 ]
 ImageSizeOpt = Annotated[int | None, typer.Option(help="override the model's input size")]
+
+
+def _track_option() -> Any:
+    option = choice(
+        Track,
+        "--track",
+        help="also log the run to MLflow (pip install 'zoo[mlflow]'; MLFLOW_TRACKING_URI, "
+        "default: MLflow's local store): params, epochs, data, artifacts; zoo export, "
+        "quantize and bench of the run log into it too",
+    )
+    option.envvar = "ZOO_TRACK"  # choice() takes no envvar; the value is checked the same
+    return option
+
+
+TrackOpt = Annotated[Track, _track_option()]
+RejectOpt = Annotated[
+    RejectMode,
+    choice(
+        RejectMode,
+        "--reject",
+        help="also fit on validation a threshold below which predict and serve answer "
+        "'unknown' (images from outside the classes): auto (the measured best score), msp "
+        "(calibrated top-1 probability) or energy (logsumexp of the logits); off: never",
+    ),
+]
+AcceptanceOpt = Annotated[
+    float,
+    typer.Option(
+        callback=lambda v: check_unit(v, closed=True),
+        help="with --reject: the share of validation images the threshold accepts",
+    ),
+]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Format = Literal["onnx", "torchscript", "pt2", "triton", "openvino"]
+Format = Literal["onnx", "torchscript", "pt2", "triton", "openvino", "kserve"]
 """``zoo export --format``."""
+KServeRuntime = Literal["triton", "zoo"]
+"""``zoo export --format kserve --kserve-runtime``: KServe's Triton runtime over zoo's Triton
+repository, or a ``zoo serve`` container (the repository's ``Dockerfile``)."""
 Exporter = Literal["auto", "dynamo", "legacy"]
 """ONNX exporter: torch.export-based (dynamo), TorchScript-based (legacy), or dynamo first."""
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
@@ -56,3 +59,4 @@ QUANT_ENGINES: tuple[str, ...] = get_args(QuantEngine)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
+KSERVE_RUNTIMES: tuple[str, ...] = get_args(KServeRuntime)

@@ -11,7 +11,9 @@ import difflib
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
+from zoo.calibration import DEFAULT_ACCEPTANCE, RejectMode
 from zoo.errors import ConfigError
+from zoo.tracking import Track
 
 Strategy = Literal["linear", "full", "gradual"]
 """Which parameters train and when (see ``strategy.py``)."""
@@ -40,6 +42,7 @@ RUNTIME_KEYS = frozenset(
         "progress",
         "log_grad_norms",
         "detect_anomaly",
+        "track",
     }
 )
 
@@ -88,6 +91,9 @@ class TrainConfig:
     monitor: Monitor | None = None
     save_every_steps: int | None = None
     top_k_checkpoints: int = 0
+    # at the end: temperature always; --reject fits an "unknown" threshold (zoo/calibration.py)
+    reject: RejectMode = "off"
+    acceptance: float = DEFAULT_ACCEPTANCE  # --reject: the share of validation images accepted
     strict_data: bool = False
     max_nonfinite: int = 3
     max_rollbacks: int = 2
@@ -97,6 +103,7 @@ class TrainConfig:
     log_grad_norms: bool = False
     dry_run: bool = False
     progress: bool = True
+    track: Track = "none"  # also log to an experiment tracker (zoo/tracking.py)
     runs_root: str = "runs"
     name: str | None = None
     resume: str | None = None

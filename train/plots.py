@@ -147,6 +147,29 @@ def plot_curves(history: list[dict[str, Any]], out: Path) -> None:
     _save(curves_image(history), out)
 
 
+# matplotlib's tab10: one colour per run in a comparison
+_RUN_COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+                (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))  # fmt: skip
+
+
+def plot_runs_curves(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> None:
+    """Several runs' validation loss and accuracy in one PNG (``zoo runs compare --plot``):
+    ``runs`` is (name, epoch rows) each, one colour a run."""
+    im = Image.new("RGB", (1000, 400), "white")
+    draw = ImageDraw.Draw(im)
+    for box, metric, title, ylim in (
+        ((110, 40, 480, 340), "loss", "Validation loss", None),
+        ((610, 40, 980, 340), "acc", "Validation accuracy", (0.0, 1.0)),
+    ):
+        series = [
+            (name, _finite(history, f"val/{metric}"), _RUN_COLOURS[i % len(_RUN_COLOURS)])
+            for i, (name, history) in enumerate(runs)
+        ]
+        ylabel = "loss" if metric == "loss" else "accuracy"
+        _panel(draw, box, series, title, ylabel, ylim, legend_at_top=metric == "loss")
+    _save(im, out)
+
+
 def plot_lr_curve(lrs: list[float], loss: list[float], suggested: float, out: Path) -> None:
     """``zoo lr-find``'s curve: loss against the learning rate (log scale), the suggestion
     marked."""

@@ -15,12 +15,14 @@ from zoo.deploy.choices import (
     EXPORTERS,
     FORMATS,
     JIT_MODES,
+    KSERVE_RUNTIMES,
     ONNX_PRECISIONS,
     OPENVINO_PRECISIONS,
     PRECISIONS,
     Exporter,
     Format,
     JitMode,
+    KServeRuntime,
     Precision,
 )
 from zoo.errors import ChoiceError, UsageError
@@ -28,7 +30,14 @@ from zoo.errors import ChoiceError, UsageError
 if TYPE_CHECKING:
     from zoo.ref import ModelRef
 
-_EXTENSIONS = {"onnx": ".onnx", "torchscript": ".ts", "pt2": ".pt2", "triton": "", "openvino": ""}
+_EXTENSIONS = {
+    "onnx": ".onnx",
+    "torchscript": ".ts",
+    "pt2": ".pt2",
+    "triton": "",
+    "openvino": "",
+    "kserve": ".isvc.yaml",
+}
 
 
 def export_variant_name(
@@ -50,7 +59,7 @@ def export_variant_name(
 def default_output(ref: ModelRef, fmt: str, variant: str | None) -> Path:
     """Where an export goes without ``-o``: a run's or model folder's ``model.onnx`` or
     ``variants/NAME``, ``model_repository`` for Triton, else a file named after the model in
-    the working folder (an OpenVINO IR: a ``NAME_openvino`` folder)."""
+    the working folder (an OpenVINO IR: a ``NAME_openvino`` folder; KServe: ``NAME.isvc.yaml``)."""
     if fmt == "triton":
         return Path("model_repository")
     if ref.kind in ("run", "model-folder"):
@@ -75,9 +84,9 @@ class ExportOptions:
 
     Args:
         model: what to export, a model reference's text (:meth:`zoo.ref.ModelRef.parse`).
-        format: ``onnx``, ``torchscript``, ``pt2``, ``triton`` or ``openvino``.
-        output: the file (Triton: repository folder; OpenVINO: IR folder); default
-            :func:`default_output`.
+        format: ``onnx``, ``torchscript``, ``pt2``, ``triton``, ``openvino`` or ``kserve``.
+        output: the file (Triton: repository folder; OpenVINO: IR folder; KServe: the
+            manifest, its Triton repository beside it); default :func:`default_output`.
         static_batch: onnx: fix the batch at this size; default: a dynamic batch axis.
         dynamic_batch: onnx: the default, kept for old scripts (refused with ``static_batch``).
         dynamic_size: dynamic height and width, proven at two resolutions.
@@ -97,9 +106,16 @@ class ExportOptions:
         embed_preprocessing: onnx/triton: the graph takes uint8 NHWC pixels of any size.
         fp16_io: onnx, fp16: float16 inputs and outputs too.
         weights: ``none`` for random init, or a safetensors file; default the entry's own.
+        kserve_runtime: kserve: ``triton`` (KServe's Triton runtime) or ``zoo`` (a
+            ``zoo serve`` container built from the repository's ``Dockerfile``).
+        storage_uri: kserve: where the Triton repository will be (``s3://…``, ``gs://…``,
+            ``pvc://…``); default the ``file://`` URI of the one written beside the manifest.
+        image: kserve, runtime ``zoo``: the container image; default
+            :data:`zoo.deploy.export.kserve.DEFAULT_IMAGE`.
 
     Raises:
-        ChoiceError: an unknown ``format``, ``exporter``, ``jit`` or ``precision``.
+        ChoiceError: an unknown ``format``, ``exporter``, ``jit``, ``precision`` or
+            ``kserve_runtime``.
         UsageError: options that contradict each other or the format, quoting the option.
     """
 
@@ -122,12 +138,16 @@ class ExportOptions:
     embed_preprocessing: bool = False
     fp16_io: bool = False
     weights: str | None = None
+    kserve_runtime: KServeRuntime = "triton"
+    storage_uri: str | None = None
+    image: str | None = None
 
     def __post_init__(self) -> None:
         ChoiceError.check("format", self.format, FORMATS)
         ChoiceError.check("exporter", self.exporter, EXPORTERS)
         ChoiceError.check("jit", self.jit, JIT_MODES)
         ChoiceError.check("precision", self.precision, PRECISIONS)
+        ChoiceError.check("kserve_runtime", self.kserve_runtime, KSERVE_RUNTIMES)
         fmt = self.format
         if self.static_batch is not None and self.static_batch < 1:
             raise UsageError(
@@ -153,6 +173,7 @@ class ExportOptions:
             )
         if self.embed_preprocessing:
             self._check_embedded()
+        self._check_kserve()
 
     def _check_precision(self) -> None:
         """``precision``, ``calib`` and ``min_agreement`` for the chosen ``format``."""
@@ -185,11 +206,38 @@ class ExportOptions:
                 param_hint="--min-agreement",
             )
 
+    def _check_kserve(self) -> None:
+        """``kserve_runtime``, ``storage_uri`` and ``image``: for ``--format kserve`` only."""
+        given = (
+            (self.kserve_runtime != "triton", "--kserve-runtime"),
+            (self.storage_uri is not None, "--storage-uri"),
+            (self.image is not None, "--image"),
+        )
+        for was_given, flag in given:
+            if was_given and self.format != "kserve":
+                raise UsageError(
+                    f"{flag} applies to --format kserve, not {self.format!r}", param_hint=flag
+                )
+        uri = self.storage_uri
+        if uri is not None and "://" not in uri[1:]:
+            raise UsageError(
+                f"{uri!r} is not a storage URI: give where the Triton repository will be, "
+                "e.g. s3://bucket/models, gs://bucket/models or pvc://claim/models",
+                param_hint="--storage-uri",
+            )
+        if self.image is not None and (self.kserve_runtime != "zoo" or not self.image.strip()):
+            raise UsageError(
+                "--image names the zoo serve container: give a non-empty image with "
+                "--kserve-runtime zoo (the triton runtime brings its own)",
+                param_hint="--image",
+            )
+
     def _check_embedded(self) -> None:
         """``embed_preprocessing``: a format that carries it, a dynamic batch and size."""
-        if self.format not in ("onnx", "triton"):
+        if self.format not in ("onnx", "triton", "kserve"):
             raise UsageError(
-                f"--embed-preprocessing applies to --format onnx or triton, not {self.format!r}",
+                "--embed-preprocessing applies to --format onnx, triton or kserve, "
+                f"not {self.format!r}",
                 param_hint="--embed-preprocessing",
             )
         fixed = (

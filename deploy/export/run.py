@@ -26,6 +26,7 @@ def run_export(options: ExportOptions) -> ExportResult:
         (:func:`zoo.deploy.export.onnx_export.export_onnx`,
         :func:`zoo.deploy.export.openvino.export_openvino`,
         :func:`zoo.deploy.export.triton.export_triton`,
+        :func:`zoo.deploy.export.kserve.export_kserve`,
         :func:`zoo.deploy.export.torch_export.export_torch`).
     """
     from zoo.deploy.export.onnx_export import DEFAULT_OPSET, export_onnx
@@ -69,6 +70,21 @@ def run_export(options: ExportOptions) -> ExportResult:
         return export_triton(
             ref,
             path,
+            max_batch=o.max_batch,
+            opset=o.opset or DEFAULT_OPSET,
+            data=o.data,
+            weights=o.weights,
+            embed_preprocessing=o.embed_preprocessing,
+        )
+    if o.format == "kserve":
+        from zoo.deploy.export.kserve import export_kserve
+
+        return export_kserve(
+            ref,
+            path,
+            runtime=o.kserve_runtime,
+            storage_uri=o.storage_uri,
+            image=o.image,
             max_batch=o.max_batch,
             opset=o.opset or DEFAULT_OPSET,
             data=o.data,

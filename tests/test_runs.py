@@ -1,0 +1,139 @@
+"""``zoo runs ls`` and ``zoo runs compare`` on real run folders (no tracking server): runs that
+finished, one stopped with Ctrl-C (SIGINT) after its first epoch, one that failed before it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ZOO, run_zoo
+
+pytestmark = pytest.mark.slow
+
+COMMON = ("--epochs", "2", "--no-progress", "--num-workers", "0")
+
+
+@pytest.fixture(scope="module")
+def runs(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``runs/``: ``a`` and ``b`` done (b: SGD at another LR), ``stopped`` interrupted after
+    epoch 1, ``bad`` failed at its first step (a non-finite loss, no rollback allowed)."""
+    root = tmp_path_factory.mktemp("runs")
+    data = ("finetune", "mlp", "--data", str(four_digits))
+    for name, extra in (("a", ()), ("b", ("--optimizer", "sgd", "--lr", "0.05"))):
+        r = run_zoo(*data, *COMMON, "--name", name, *extra, cwd=root)
+        assert r.returncode == 0, r.stderr
+    bad = run_zoo(*data, *COMMON, "--name", "bad", "--lr", "1e30", "--max-nonfinite", "1",
+                  "--max-rollbacks", "0", cwd=root)  # fmt: skip
+    assert bad.returncode == 1 and "Loss is not finite" in bad.stderr
+    proc = subprocess.Popen(
+        [ZOO, *data, "--epochs", "50", "--no-progress", "--num-workers", "0", "--name", "stopped"],
+        cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("epoch 1/50"):
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            break
+    proc.stderr.read()
+    assert proc.wait() == 130
+    return root / "runs"
+
+
+def test_ls_lists_every_run_with_its_state(runs: Path) -> None:
+    r = run_zoo("runs", "ls", cwd=runs.parent)  # default: ./runs
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert set(lines) == {"a", "b", "bad", "stopped"}
+    assert lines["a"].endswith("done") and lines["b"].endswith("done")
+    assert lines["stopped"].endswith("interrupted") and lines["bad"].endswith("failed")
+    report = json.loads((runs / "a" / "report.json").read_text())
+    assert (
+        f"val/acc {report['best']['val/acc']:.4f} (epoch {report['best']['epoch']})" in lines["a"]
+    )
+    assert "mlp" in lines["a"] and "digits" in lines["a"] and "epochs 2/2" in lines["a"]
+
+    j = run_zoo("runs", "ls", str(runs), "--json")
+    assert j.returncode == 0, j.stderr
+    by_name = {Path(d["run"]).name: d for d in json.loads(j.stdout)}
+    assert by_name["a"]["best"]["val/acc"] == report["best"]["val/acc"]
+    assert by_name["a"]["seconds"] == report["timing"]["total_s"]
+    stopped = by_name["stopped"]
+    rows = [json.loads(x) for x in (runs / "stopped" / "metrics.jsonl").read_text().splitlines()]
+    best = max(rows, key=lambda row: row["val/acc"])  # the first of the best
+    assert stopped["epochs"] == len(rows) >= 1 and stopped["epochs_planned"] == 50
+    assert stopped["best_epoch"] == best["epoch"]
+    assert stopped["best"]["val/acc"] == best["val/acc"]
+    assert by_name["bad"]["epochs"] == 0 and by_name["bad"]["best_epoch"] is None
+    # one run folder is a listing of itself
+    one = run_zoo("runs", "ls", str(runs / "a"), "--json")
+    assert [Path(d["run"]).name for d in json.loads(one.stdout)] == ["a"]
+
+
+def test_compare_shows_what_differs_and_the_best_metrics(runs: Path, tmp_path: Path) -> None:
+    j = run_zoo("runs", "compare", str(runs / "a"), str(runs / "b"), str(runs / "stopped"),
+                "--json")  # fmt: skip
+    assert j.returncode == 0, j.stderr
+    d = json.loads(j.stdout)
+    diff = d["differences"]
+    assert diff["optimizer"] == ["adamw", "sgd", "adamw"]
+    assert diff["lr"][1] == 0.05 and diff["epochs"] == [2, 2, 50]
+    assert not {"name", "run_dir", "num_workers", "resume", "progress"} & set(diff)
+    reports = [json.loads((runs / n / "report.json").read_text()) for n in ("a", "b")]
+    assert [r["best"]["val/loss"] for r in d["runs"][:2]] == [
+        r["best"]["val/loss"] for r in reports
+    ]
+
+    t = run_zoo(
+        "runs", "compare", str(runs / "a"), str(runs / "b"), "--plot", str(tmp_path / "c.png")
+    )
+    assert t.returncode == 0, t.stderr
+    lines = t.stdout.splitlines()
+    assert lines[0].split() == ["a", "b"]
+    optimizer = next(line for line in lines if line.split()[0] == "optimizer")
+    assert optimizer.split() == ["optimizer", "adamw", "sgd"]
+    acc = next(line for line in lines if line.split()[0] == "val/acc")
+    assert acc.split()[1:] == [f"{r['best']['val/acc']:.4f}" for r in reports]
+    # the curves: one colour a run (matplotlib's blue, then orange), in both panels
+    im = Image.open(tmp_path / "c.png").convert("RGB")
+    assert im.size == (1000, 400)
+    for colour in ((31, 119, 180), (255, 127, 14)):
+        for panel in ((110, 40, 480, 340), (610, 40, 980, 340)):
+            pixels = {tuple(p) for p in np.asarray(im.crop(panel)).reshape(-1, 3).tolist()}
+            assert colour in pixels, (colour, panel)
+
+
+def test_bad_input_names_what_to_do(runs: Path, tmp_path: Path) -> None:
+    one = run_zoo("runs", "compare", str(runs / "a"))
+    assert one.returncode == 2 and "two runs or more" in one.stderr
+    not_run = run_zoo("runs", "compare", str(runs / "a"), str(tmp_path))
+    assert not_run.returncode == 1 and "is not a zoo run folder" in not_run.stderr
+    missing = run_zoo("runs", "ls", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and "is not a folder" in missing.stderr
+    empty = run_zoo("runs", "ls", str(tmp_path))
+    assert empty.returncode == 0 and empty.stdout == "" and "no runs in" in empty.stderr
+    untracked = run_zoo("runs", "sync", str(runs / "a"))
+    assert untracked.returncode == 1 and "was not trained with --track mlflow" in untracked.stderr
+
+
+def test_ls_and_compare_read_json_only(runs: Path) -> None:
+    """Listing runs never imports torch (it reads the folders' JSON)."""
+    code = (
+        "import sys\nfrom zoo.cli.app import main\n"
+        "for args in (['runs', 'ls', sys.argv[1]], ['runs', 'compare', sys.argv[2], sys.argv[3]]):\n"
+        "    sys.argv = ['zoo', *args]\n"
+        "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+        "print('torch' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(runs), str(runs / "a"), str(runs / "b")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False"

@@ -1,0 +1,267 @@
+"""Runs side by side, from their folders alone (no server): what ``zoo runs ls`` and
+``zoo runs compare`` print.
+
+A run folder says everything needed: ``config.json`` (what was asked), ``metrics.jsonl`` (each
+finished epoch), ``report.json`` (written last: the run is done), ``checkpoints/last.pt`` (an
+epoch was committed: a run without a report stopped and can be resumed) and ``tracking.json``
+(its MLflow run). Reads JSON only; never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from zoo.errors import InputError, UsageError
+from zoo.tracking import TrackingRecord, read_record
+from zoo.train.config import RUNTIME_KEYS
+
+RunState = Literal["done", "interrupted", "failed"]
+"""``done``: ``report.json`` is written; ``interrupted``: a committed epoch and no report
+(``zoo finetune --resume RUN`` goes on); ``failed``: stopped before its first commit."""
+BEST_KEYS = ("val/acc", "val/loss", "val/macro_f1", "val/balanced_acc", "val/top5")
+# Keys that name where or how a run ran, not what it learned: never a "difference".
+_NOT_COMPARED = RUNTIME_KEYS | {"run_dir", "runs_root"}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run folder, read.
+
+    Attributes:
+        path: the run folder.
+        config: its ``config.json``.
+        state: done, interrupted or failed (:data:`RunState`).
+        history: each finished epoch's row (``metrics.jsonl``), epoch 1 first.
+        monitor: the metric that picked the best epoch.
+        best_epoch: the epoch whose weights ship (None: no epoch finished).
+        best: the best epoch's validation metrics (``val/acc``…; the shipped weights' for a
+            done run).
+        seconds: the epoch loop's time (a done run's report), else the epochs' sum.
+        tracking: its MLflow run, if tracked.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    state: RunState
+    history: tuple[dict[str, Any], ...]
+    monitor: str
+    best_epoch: int | None
+    best: dict[str, float]
+    seconds: float
+    tracking: TrackingRecord | None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def arch(self) -> str:
+        return str(self.config.get("model", "?")).rstrip("/").split("/")[-1]
+
+    @property
+    def data(self) -> str:
+        return Path(str(self.config.get("data", "?"))).name
+
+    @property
+    def epochs(self) -> str:
+        """``finished/planned``, e.g. ``3/5``."""
+        return f"{len(self.history)}/{self.config.get('epochs', '?')}"
+
+    @property
+    def best_value(self) -> float | None:
+        return self.best.get(self.monitor)
+
+    def line(self) -> str:
+        """One line of ``zoo runs ls``."""
+        value = "-" if self.best_value is None else f"{self.best_value:.4f}"
+        at = f" (epoch {self.best_epoch})" if self.best_epoch else ""
+        return (
+            f"{self.name:<24} {self.arch:<18} {self.data:<14} {self.monitor} {value}{at:<11} "
+            f"epochs {self.epochs:<7} {_duration(self.seconds):>7}  {self.state}"
+            + ("  [mlflow]" if self.tracking else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": str(self.path),
+            "arch": self.arch,
+            "data": self.data,
+            "state": self.state,
+            "epochs": len(self.history),
+            "epochs_planned": self.config.get("epochs"),
+            "monitor": self.monitor,
+            "best_epoch": self.best_epoch,
+            "best": self.best,
+            "seconds": round(self.seconds, 2),
+            "tracking": self.tracking.to_dict() if self.tracking else None,
+        }
+
+
+def is_run(path: Path) -> bool:
+    """A zoo run folder: it has ``config.json`` and ``checkpoints/``."""
+    return (path / "config.json").is_file() and (path / "checkpoints").is_dir()
+
+
+def read_run(path: Path) -> RunSummary:
+    """Read a run folder.
+
+    Raises:
+        InputError: ``path`` is not a zoo run folder (named, with what one holds).
+    """
+    path = Path(path)
+    if not is_run(path):
+        raise InputError(
+            f"{path} is not a zoo run folder (one holds config.json and checkpoints/, as "
+            "`zoo finetune` writes under runs/): `zoo runs ls` lists them."
+        )
+    config = json.loads((path / "config.json").read_text())
+    jsonl = path / "metrics.jsonl"
+    history = tuple(
+        json.loads(line)
+        for line in (jsonl.read_text().splitlines() if jsonl.is_file() else [])
+        if line.strip()
+    )
+    monitor = config.get("monitor") or ("val/macro_f1" if config.get("multi_label") else "val/acc")
+    report_path = path / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    if report is not None:
+        state: RunState = "done"
+        best_epoch = report["best"].get("epoch")
+        best = {k: float(v) for k, v in report["best"].items() if k in BEST_KEYS and v is not None}
+        seconds = float(report.get("timing", {}).get("total_s", 0.0))
+    else:
+        state = "interrupted" if (path / "checkpoints" / "last.pt").is_file() else "failed"
+        best_row = _best_row(history, monitor)
+        best_epoch = int(best_row["epoch"]) if best_row else None
+        best = {
+            k: float(best_row[k]) for k in BEST_KEYS if best_row and best_row.get(k) is not None
+        }
+        seconds = sum(float(r.get("epoch_s", 0.0)) for r in history)
+    return RunSummary(
+        path, config, state, history, monitor, best_epoch, best, seconds, read_record(path)
+    )
+
+
+def _best_row(history: tuple[dict[str, Any], ...], monitor: str) -> dict[str, Any] | None:
+    """The first epoch with the best ``monitor`` (an EMA's score counts, as the loop judged)."""
+    sign = -1.0 if monitor == "val/loss" else 1.0
+
+    def score(row: dict[str, Any]) -> float:
+        values = [row.get(monitor), row.get(f"ema/{monitor}")]
+        return max((sign * float(v) for v in values if v is not None), default=float("-inf"))
+
+    return max(history, key=score, default=None)  # max keeps the first of equals
+
+
+def list_runs(root: Path) -> list[RunSummary]:
+    """Every run folder directly under ``root`` (or ``root`` itself), by name.
+
+    Raises:
+        InputError: ``root`` is not a folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(
+            f"{root} is not a folder: give the folder the runs are in (zoo finetune --runs DIR; "
+            "default runs/)."
+        )
+    if is_run(root):
+        return [read_run(root)]
+    return [read_run(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run(p)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Runs side by side: the config keys whose values differ, and the best metrics."""
+
+    runs: tuple[RunSummary, ...]
+    differences: dict[str, tuple[Any, ...]]  # key → each run's value, in the runs' order
+
+    def lines(self) -> list[str]:
+        """The table ``zoo runs compare`` prints: one column a run."""
+        width = max(12, *(len(r.name) + 2 for r in self.runs))
+        head = f"{'':<22}" + "".join(f"{r.name:>{width}}" for r in self.runs)
+        rows = [head, "config that differs:" if self.differences else "config: the same"]
+        for key, values in self.differences.items():
+            rows.append(f"  {key:<20}" + "".join(f"{_cell(v):>{width}}" for v in values))
+        rows.append("best (the shipped epoch):")
+        keys = [k for k in BEST_KEYS if any(k in r.best for r in self.runs)]
+        for key in keys:
+            rows.append(
+                f"  {key:<20}" + "".join(f"{_cell(r.best.get(key)):>{width}}" for r in self.runs)
+            )
+        for label, get in (
+            ("best epoch", lambda r: r.best_epoch),
+            ("epochs", lambda r: r.epochs),
+            ("time", lambda r: _duration(r.seconds)),
+            ("state", lambda r: r.state),
+        ):
+            rows.append(f"  {label:<20}" + "".join(f"{_cell(get(r)):>{width}}" for r in self.runs))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runs": [r.to_dict() for r in self.runs],
+            "differences": {k: list(v) for k, v in self.differences.items()},
+        }
+
+
+def compare_runs(paths: list[Path]) -> Comparison:
+    """Read the runs and find the config keys whose values differ among them.
+
+    Raises:
+        UsageError: fewer than two runs.
+        InputError: a path that is not a run folder.
+    """
+    if len(paths) < 2:
+        raise UsageError(
+            "compare needs two runs or more: zoo runs compare RUN_A RUN_B [...]",
+            param_hint="RUNS",
+        )
+    runs = tuple(read_run(p) for p in paths)
+    keys = dict.fromkeys(k for r in runs for k in r.config if k not in _NOT_COMPARED)
+    differences = {
+        k: tuple(r.config.get(k) for r in runs)
+        for k in keys
+        if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1
+    }
+    return Comparison(runs, differences)
+
+
+def plot_comparison(comparison: Comparison, out: Path) -> Path:
+    """The runs' validation curves in one PNG (:func:`zoo.train.plots.plot_runs_curves`)."""
+    from zoo.train.plots import plot_runs_curves
+
+    plot_runs_curves([(r.name, list(r.history)) for r in comparison.runs], out)
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+__all__ = [
+    "BEST_KEYS",
+    "Comparison",
+    "RunState",
+    "RunSummary",
+    "compare_runs",
+    "is_run",
+    "list_runs",
+    "plot_comparison",
+    "read_run",
+]
