@@ -296,3 +296,15 @@ def test_the_estimate_prices_each_phase(small_mobilenet: dict) -> None:
     assert est["total_estimate_s"] == pytest.approx(sum(p["epoch_s"] for p in est["phases"]))
     assert "1 frozen-backbone epoch(s) at" in small_mobilenet["stderr"]
     assert "1 full epoch(s) at" in small_mobilenet["stderr"]
+
+
+def test_an_image_size_the_layers_cannot_take_is_a_usage_error(four_digits: Path, tmp_path) -> None:
+    """simple_cnn's head is sized for 32×32: --image-size 16 names the size it takes (exit 2,
+    no run folder), not a matrix-shape traceback."""
+    r = run_zoo("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+                "--image-size", "16", "--num-workers", "0", "--no-progress",
+                "--runs", str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "simple_cnn cannot take 16×16 images" in r.stderr
+    assert "--image-size 32" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()

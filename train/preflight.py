@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.errors import TrainingError
+from zoo.errors import TrainingError, UsageError
 from zoo.profile import count_params
 from zoo.train.build import RunParts, loader
 from zoo.train.console import say
@@ -47,6 +47,8 @@ def preflight(parts: RunParts) -> dict[str, Any]:
 
     Raises:
         TrainingError: the model's output is not (batch, number of classes).
+        UsageError: the model cannot take images of ``--image-size`` (layers sized for its
+            own input size).
     """
     cfg, device, state = parts.cfg, parts.device, parts.state
     strategy = cfg.strategy or "full"
@@ -107,7 +109,18 @@ def _time_step(parts: RunParts, x: torch.Tensor, n_classes: int) -> float:
     opt = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad] or [nn.Parameter(torch.zeros(1))]
     )
-    out = model(x)
+    try:
+        out = model(x)
+    except RuntimeError as e:  # a layer sized for other images (a flatten → Linear head)
+        if "shape" not in str(e) and "size" not in str(e):
+            raise
+        native = parts.parent[0].info.input_size
+        raise UsageError(
+            f"{parts.info.arch} cannot take {x.shape[-2]}×{x.shape[-1]} images: its layers are "
+            f"sized for {native[-2]}×{native[-1]} ({str(e).splitlines()[0]}); pass "
+            f"--image-size {native[-1]} or leave --image-size out",
+            param_hint="--image-size",
+        ) from None
     if out.shape != (x.shape[0], n_classes):
         raise TrainingError(f"Model output {tuple(out.shape)} ≠ (batch, {n_classes} classes).")
     times = []
