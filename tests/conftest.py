@@ -39,7 +39,13 @@ collect_ignore = [] if os.environ.get("ZOO_OPENVINO_CHILD") == "1" else ["test_o
 ZOO = str(Path(sys.executable).parent / "zoo")
 # The files that take longest start first, so that `-n auto --dist loadfile` (the README's
 # test command) does not end with one worker running a two-minute file alone.
-LONGEST_FIRST = ("test_openvino_process.py", "test_distributed.py", "test_serve_fuzz.py")
+LONGEST_FIRST = (
+    "test_tune.py",
+    "test_tracking.py",
+    "test_openvino_process.py",
+    "test_distributed.py",
+    "test_serve_fuzz.py",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,154 @@
+"""What does a `zoo tune` search cost, and does it pay? An 8-trial ASHA search against the same
+8 trials run to the end (FIFO) and against one `zoo finetune` with zoo's defaults, on the
+real digits (simple_cnn from scratch) and on the real photographs of `zoo example photos`
+(mobilenet_v2, ImageNet weights, 128 px), for several search seeds.
+
+Reported per task and seed: the epochs each search trained (the sum over its trials, from
+tune.json), ASHA's share of FIFO's, the best trial's validation accuracy under each, the
+default run's, and the images the search decoded (cache entries written; each image once).
+Goals (issue #31): ASHA trains ≤ 0.5× FIFO's epochs, and its best trial is at least as good as
+the defaults, on the mean over the seeds. Accuracy and epoch counts, not timings: the
+machine's load does not change them (the wall time is kept for reference).
+
+    python bench/tune_cost.py                       # writes docs/bench/tune_cost.json
+    python bench/tune_cost.py --smoke --out /tmp/t.json   # 2 trials × 1 epoch, digits only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
+from common import timed, zoo_cmd, zoo_finetune
+from provenance import Recording, headline
+
+from zoo.samples import write_digits_folder, write_photo_folder
+
+EPOCH_SHARE_GOAL = 0.5
+
+
+def search(
+    model: str, data: Path, root: Path, name: str, opts: list[str], *, trials: int,
+    epochs: int, scheduler: str, seed: int,
+) -> dict[str, Any]:  # fmt: skip
+    """One `zoo tune` with a fresh image cache; its tune.json, wall time and cache entries."""
+    cache = root / f"cache-{name}"
+    proc = timed(
+        [
+            *zoo_cmd(), "tune", model, "--data", str(data), "--trials", str(trials),
+            "--max-epochs", str(epochs), "--scheduler", scheduler, "--seed", str(seed),
+            "--runs", str(root), "--name", name, "--json", *opts,
+        ],
+        env={"ZOO_CACHE": str(cache)},
+    )  # fmt: skip
+    record = json.loads(proc.stdout)
+    best = record["best"]
+    return {
+        "epochs": sum(len(t["epochs"]) for t in record["trials"]),
+        "stopped": sum(t["status"] == "stopped" for t in record["trials"]),
+        "best_trial": best["trial"],
+        "best_val_acc": round(best["val/acc"], 4),
+        "best_params": next(t["params"] for t in record["trials"] if t["name"] == best["trial"]),
+        "images_decoded": len(list((cache / "images").rglob("*.npy"))),
+        "wall_s": round(proc.seconds, 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2", help="search seeds (at least 3)")
+    p.add_argument("--trials", type=int, default=8)
+    p.add_argument("--smoke", action="store_true", help="2 trials × 1 epoch, digits, one seed")
+    p.add_argument("--out", default=None, help="default: docs/bench/tune_cost.json")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.smoke else None]
+    trials = 2 if args.smoke else args.trials
+    rec = Recording("tune_cost")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tasks: dict[str, tuple[str, Path, list[str], int]] = {
+            "digits": ("simple_cnn", write_digits_folder(root / "digits"), ["-b", "64"], 6),
+        }
+        if not args.smoke:
+            tasks["photos"] = (
+                "mobilenet_v2",
+                write_photo_folder(root / "photos", per_class=60),
+                ["--image-size", "128", "--val-fraction", "0.5", "-b", "32"],
+                4,
+            )
+        results: dict[str, Any] = {}
+        for task, (model, data, opts, epochs) in tasks.items():
+            epochs = 1 if args.smoke else epochs
+            n_images = sum(1 for f in data.rglob("*") if f.is_file())
+            runs: list[dict[str, Any]] = []
+            for seed in seeds:
+                row: dict[str, Any] = {"seed": seed}
+                for scheduler in ("asha", "fifo"):
+                    row[scheduler] = search(
+                        model, data, root / "runs" / task, f"{scheduler}-{seed}", opts,
+                        trials=trials, epochs=epochs, scheduler=scheduler, seed=seed,
+                    )  # fmt: skip
+                default = zoo_finetune(
+                    model, data, root / "runs" / task / f"default-{seed}", *opts, "--epochs",
+                    str(epochs), "--seed", str(seed), "--no-progress",
+                    env={"ZOO_FINETUNE_REPORT": "0", "OMP_NUM_THREADS": "1"},
+                )  # fmt: skip
+                row["default_val_acc"] = round(default.extra["report"]["best"]["val/acc"], 4)
+                row["epoch_share"] = round(row["asha"]["epochs"] / row["fifo"]["epochs"], 3)
+                runs.append(row)
+                print(task, seed, row["epoch_share"], row["asha"]["best_val_acc"],
+                      row["default_val_acc"], flush=True)  # fmt: skip
+            mean = statistics.mean
+            results[task] = {
+                "model": model,
+                "options": " ".join(opts),
+                "trials": trials,
+                "max_epochs": epochs,
+                "images": n_images,
+                "runs": runs,
+                "epoch_share_mean": round(mean(r["epoch_share"] for r in runs), 3),
+                "asha_best_mean": round(mean(r["asha"]["best_val_acc"] for r in runs), 4),
+                "fifo_best_mean": round(mean(r["fifo"]["best_val_acc"] for r in runs), 4),
+                "default_mean": round(mean(r["default_val_acc"] for r in runs), 4),
+            }
+    worst_share = max(r["epoch_share_mean"] for r in results.values())
+    worst_margin = min(r["asha_best_mean"] - r["default_mean"] for r in results.values())
+    rec.write(
+        {
+            "seeds": seeds,
+            "smoke": args.smoke,
+            "tasks": results,
+            "worst_epoch_share": worst_share,
+            "worst_margin_over_defaults": round(worst_margin, 4),
+            "headlines": [
+                headline(
+                    "zoo tune: epochs an ASHA search trains / the same trials to the end, "
+                    "worst task (mean over seeds)",
+                    "worst_epoch_share",
+                    worst_share,
+                    "<=",
+                    EPOCH_SHARE_GOAL,
+                ),
+                headline(
+                    "zoo tune: best ASHA trial's val/acc minus zoo's defaults, worst task "
+                    "(mean over seeds)",
+                    "worst_margin_over_defaults",
+                    round(worst_margin, 4),
+                    ">=",
+                    0.0,
+                ),
+            ],
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("ZOO_FINETUNE_REPORT", "0")
+    main()

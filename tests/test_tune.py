@@ -1,0 +1,313 @@
+"""``zoo tune`` on a real Ray runtime with the real digits: the trials are ordinary runs that
+differ and re-train bitwise with plain ``zoo finetune``, ASHA stops weak ones as early stopping
+does, a SIGKILLed search resumes with every trial once, and a multi-node cluster (``ray start
+--head`` plus a worker, on this machine) runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ZOO, run_zoo
+from tests.crash import TIMING
+from zoo.artifact import REQUIRED_FILES
+
+SPACE = "lr: {loguniform: [3.0e-4, 3.0e-3]}\nmixup: 0.0\n"  # over the default space
+SEARCH = ["--max-epochs", "3", "--scheduler", "asha", "--max-concurrent", "1"]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real digits at 8 px, 30 per class, written by `zoo example` as a user would."""
+    root = tmp_path_factory.mktemp("tune")
+    r = run_zoo("example", "digits", str(root / "digits"), "--size", "8", "--per-class", "30")
+    assert r.returncode == 0, r.stderr
+    (root / "space.yaml").write_text(SPACE)
+    return root / "digits"
+
+
+@pytest.fixture(scope="module")
+def search(digits: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ASHA search (4 trials × up to 3 epochs, one at a time: ASHA's order is fixed) on a
+    local Ray, with a fresh image cache of its own."""
+    root = tmp_path_factory.mktemp("search")
+    cache = root / "cache"
+    r = run_zoo(
+        "tune", "simple_cnn", "--data", str(digits), "--trials", "4", *SEARCH,
+        "--space", str(digits.parent / "space.yaml"), "--runs", str(root), "--name", "s",
+        "--json", env={"ZOO_CACHE": str(cache)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return {"record": json.loads(r.stdout), "folder": root / "s", "cache": cache, "log": r.stderr}
+
+
+def rows(run: Path) -> list[dict[str, Any]]:
+    """A run's metrics without the clock's numbers."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+
+def rerun(command: str, runs: Path) -> Path:
+    """Run a trial's recorded `zoo finetune` command (its thread count in the environment)."""
+    env_part, argv = command.split(" zoo ", 1)
+    env = dict(kv.split("=", 1) for kv in shlex.split(env_part))
+    args = [*shlex.split(argv), "--runs", str(runs), "--name", "again", "--no-progress"]
+    r = subprocess.run([ZOO, *args], capture_output=True, text=True, env={**os.environ, **env})
+    assert r.returncode == 0, r.stderr
+    return runs / "again"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
+    """Every trial is a complete run folder in the search folder; the settings and the metric
+    curves differ from trial to trial; tune.json holds each trial's epochs as its run does."""
+    record, folder = search["record"], search["folder"]
+    assert record == json.loads((folder / "tune.json").read_text())
+    trials = record["trials"]
+    assert [t["name"] for t in trials] == ["trial-000", "trial-001", "trial-002", "trial-003"]
+    settings = [json.dumps(t["params"], sort_keys=True) for t in trials]
+    assert len(set(settings)) == 4
+    for t in trials:
+        assert set(t["params"]) == {"lr", "weight_decay", "label_smoothing", "auto_augment",
+                                    "random_erasing", "mixup"}  # fmt: skip
+        assert 3e-4 <= t["params"]["lr"] <= 3e-3 and t["params"]["mixup"] == 0.0
+        run = Path(t["run"])
+        assert run.parent == folder and t["status"] in ("done", "stopped")
+        assert {p.name for p in (run / "model").iterdir()} == REQUIRED_FILES
+        config = json.loads((run / "config.json").read_text())
+        assert {k: config[k] for k in t["params"]} == t["params"]
+        assert config["epochs"] == 3 and config["monitor"] == "val/acc"
+        assert [{k: v for k, v in r.items() if k not in TIMING} for r in t["epochs"]] == rows(run)
+        assert t["attempts"] == [0] and t["threads"] >= 1
+    curves = {json.dumps([r["val/loss"] for r in t["epochs"]]) for t in trials}
+    assert len(curves) == 4
+    best = max(trials, key=lambda t: max(r["val/acc"] for r in t["epochs"]))
+    assert record["best"]["trial"] == best["name"] and record["best"]["run"] == best["run"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_asha_stops_weak_trials_as_early_stopping_does(search: dict[str, Any]) -> None:
+    """One trial at a time, ASHA (reduction 2) stops every trial below the median of those
+    before it at epoch 1 or 2; a stopped trial's run finished with the epochs it had (its best
+    shipped, report written), like a run stopped by --patience."""
+    trials = search["record"]["trials"]
+    stopped = [t for t in trials if t["status"] == "stopped"]
+    assert stopped, "ASHA stopped no trial"
+    assert sum(len(t["epochs"]) for t in trials) < 4 * 3
+    assert all(len(t["epochs"]) == 3 for t in trials if t["status"] == "done")
+    for t in stopped:
+        n = len(t["epochs"])
+        assert n < 3 and f"{t['name']}: stopped after {n} epoch(s)" in search["log"]
+        report = json.loads((Path(t["run"]) / "report.json").read_text())
+        assert report["epochs"] == n
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_best_trial_retrains_bitwise_with_plain_finetune(
+    search: dict[str, Any], tmp_path: Path
+) -> None:
+    """The best trial's recorded command (`zoo finetune` with its settings) gives the same
+    metrics to the bit on the CPU; the trial's run evaluates like any run."""
+    best = search["record"]["best"]
+    again = rerun(best["rerun"], tmp_path)
+    assert rows(again) == rows(Path(best["run"]))
+    e = run_zoo("eval", best["run"], "--json")
+    assert e.returncode == 0, e.stderr
+    assert json.loads(e.stdout)["acc"] == pytest.approx(best["val/acc"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_share_one_decode_of_each_image(search: dict[str, Any]) -> None:
+    """The search decoded every image once, before the first trial's run folder existed; no
+    trial decoded (wrote) an entry again."""
+    entries = [p for p in (search["cache"] / "images").rglob("*.npy")]
+    assert len(entries) == 300
+    first_run = min((Path(t["run"]) / "config.json").stat().st_mtime_ns
+                    for t in search["record"]["trials"])  # fmt: skip
+    assert max(p.stat().st_mtime_ns for p in entries) < first_run
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_search_resumes_with_every_trial_once(digits: Path, tmp_path: Path) -> None:
+    """SIGKILL of the driver once trial-001 has an epoch (trial-000 finished); `--resume`
+    leaves trial-000 alone, continues trial-001 from its run's last checkpoint, and its metrics
+    equal an uninterrupted `zoo finetune` of its settings, bitwise."""
+    argv = ["tune", "simple_cnn", "--data", str(digits), "--trials", "2", "--max-epochs", "3",
+            "--scheduler", "fifo", "--max-concurrent", "1", "--runs", str(tmp_path),
+            "--name", "s"]  # fmt: skip
+    folder = tmp_path / "s"
+    driver = subprocess.Popen(
+        [ZOO, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        while driver.poll() is None and not _has_epoch(folder / "tune.json", "trial-001"):
+            time.sleep(0.05)  # tune.json is rewritten at every epoch: poll it
+        assert driver.poll() is None, "the search ended before it could be killed"
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        driver.wait()
+        _kill_group(driver.pid)  # Ray's processes that outlive their driver a moment
+    done = folder / "trial-000"
+    before = {p: p.stat().st_mtime_ns for p in done.rglob("*") if p.is_file()}
+    assert not (folder / "trial-001" / "report.json").exists()
+    r = run_zoo("tune", "--resume", str(folder))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(folder)
+    assert before == {p: p.stat().st_mtime_ns for p in done.rglob("*") if p.is_file()}
+    trials = {t["name"]: t for t in json.loads((folder / "tune.json").read_text())["trials"]}
+    assert trials["trial-000"]["attempts"] == [0]
+    first, resumed_at = trials["trial-001"]["attempts"]
+    assert first == 0 and 1 <= resumed_at <= 3
+    for t in trials.values():
+        assert t["status"] == "done" and [r["epoch"] for r in t["epochs"]] == [1, 2, 3]
+    killed = folder / "trial-001"
+    assert rows(rerun(trials["trial-001"]["rerun"], tmp_path / "again")) == rows(killed)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A two-node Ray cluster on this machine: `ray start --head` and a worker, 1 CPU each."""
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # loopback only
+    common = ["--block", "--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats"]
+    ray = str(Path(ZOO).parent / "ray")
+    head = subprocess.Popen(
+        [ray, "start", "--head", "--port", str(port), "--include-dashboard=false",
+         "--temp-dir", temp, *common],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+    )  # fmt: skip
+    nodes = [head]
+    try:
+        address = f"127.0.0.1:{port}"
+        _wait_for_nodes(address, 1, env)
+        worker = subprocess.Popen(
+            [ray, "start", "--address", address, *common],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        )  # fmt: skip
+        nodes.append(worker)
+        _wait_for_nodes(address, 2, env)
+        yield address
+    finally:
+        for p in reversed(nodes):
+            _kill_group(p.pid)
+            p.wait()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_search_joins_a_multi_node_cluster(cluster: str, digits: Path, tmp_path: Path) -> None:
+    """`--address` joins the cluster; with one CPU per node, the two trials run at once on
+    the two nodes, each a complete run in the search folder."""
+    r = run_zoo(
+        "tune", "simple_cnn", "--data", str(digits), "--trials", "2", "--max-epochs", "1",
+        "--scheduler", "fifo", "--address", cluster, "--runs", str(tmp_path), "--name", "c",
+        "--json", env={"RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    trials = json.loads(r.stdout)["trials"]
+    assert len({t["node"] for t in trials}) == 2
+    for t in trials:
+        assert t["status"] == "done" and (Path(t["run"]) / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("learning_rate: 0.1\n", "'learning_rate' is not a tunable option"),
+        ("lr: {loguniform: [0, 0.1]}\n", "low > 0"),
+        ("strategy: {choice: [gradual, sideways]}\n", "strategy cannot be 'sideways'"),
+        ("strategy: gradual\n", "random weights"),  # simple_cnn has no pretrained weights
+    ],
+)
+def test_a_refused_space_exits_2_naming_the_valid_keys(
+    space: str, message: str, digits: Path, tmp_path: Path
+) -> None:
+    """Bad --space files are usage errors before anything runs: no search folder written."""
+    (tmp_path / "space.yaml").write_text(space)
+    r = run_zoo(
+        "tune", "simple_cnn", "--data", str(digits), "--space", str(tmp_path / "space.yaml"),
+        "--runs", str(tmp_path / "runs"),
+    )  # fmt: skip
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and message in said, r.stderr
+    if "tunable" in message:
+        assert "Valid keys: lr, backbone_lr_mult, weight_decay" in said
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_refuses_new_options_and_a_folder_that_is_no_search(tmp_path: Path) -> None:
+    r = run_zoo("tune", "mlp", "--resume", str(tmp_path))
+    assert r.returncode == 2 and "drop arch" in r.stderr, r.stderr
+    r = run_zoo("tune", "--resume", str(tmp_path))
+    assert r.returncode == 1 and "not a zoo tune search folder" in r.stderr, r.stderr
+
+
+def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
+    """In-process: the draws, and a space too small for the trials asked."""
+    from zoo.errors import UsageError
+    from zoo.train.config import TrainConfig
+    from zoo.train.tune.space import TUNABLE, Dimension, default_space, sample_trials
+
+    assert set(TUNABLE) <= set(TrainConfig.__dataclass_fields__)
+    space = default_space(pretrained=True)
+    a, b = sample_trials(space, 6, seed=3), sample_trials(space, 6, seed=3)
+    assert a == b and len({json.dumps(t, sort_keys=True) for t in a}) == 6
+    assert sample_trials(space, 6, seed=4) != a
+    for t in a:
+        assert ("freeze_epochs" in t) == (t["strategy"] == "gradual")
+    assert "strategy" not in default_space(pretrained=False)
+    small = {"optimizer": Dimension.parse("optimizer", {"choice": ["adamw", "sgd"]})}
+    with pytest.raises(UsageError, match="only 2 distinct"):
+        sample_trials(small, 3, seed=0)
+
+
+def _has_epoch(book: Path, trial: str) -> bool:
+    try:
+        trials = json.loads(book.read_text())["trials"]
+    except (OSError, ValueError):  # not written yet (its writes are atomic)
+        return False
+    return any(t["name"] == trial and t["epochs"] for t in trials)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_nodes(address: str, n: int, env: dict[str, str]) -> None:
+    """Until the cluster at ``address`` has ``n`` live nodes (`ray status` lists them)."""
+    ray = str(Path(ZOO).parent / "ray")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = subprocess.run(
+            [ray, "status", "--address", address], capture_output=True, text=True, env=env
+        )
+        if r.returncode == 0 and r.stdout.count(" node_") >= n:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the Ray cluster at {address} did not reach {n} node(s)")

@@ -1,0 +1,254 @@
+"""The search space of ``zoo tune``: which :class:`~zoo.train.config.TrainConfig` fields a
+search varies, over which values, and the trials drawn from it.
+
+A space maps a field to a *dimension*, in a YAML or JSON file (``--space FILE``)::
+
+    lr: {loguniform: [1.0e-4, 1.0e-2]}   # low, high
+    label_smoothing: {uniform: [0.0, 0.2]}
+    freeze_epochs: {randint: [0, 2]}     # both ends included
+    strategy: {choice: [gradual, full]}
+    mixup: 0.2                           # a plain value: fixed for every trial
+
+The file's keys replace the default space's (:func:`default_space`); ``null`` removes one
+(the trainer's default then holds). Every key is a real field of the trainer (``TUNABLE``);
+anything else is refused with the valid keys named. Trials are drawn up front with Ray Tune's
+samplers from one seeded generator, so a search's trials are known (and written to
+``tune.json``) before the first one starts, and the same seed draws the same trials.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from zoo.errors import InputError, UsageError
+from zoo.train.config import TrainConfig
+
+Kind = Literal["fixed", "choice", "uniform", "loguniform", "randint"]
+KINDS: tuple[Kind, ...] = typing.get_args(Kind)
+
+# TrainConfig's fields a search may vary: how a step trains. What a run *is* (model, data,
+# seed, epochs: --max-epochs, the run folder) is the search's, the same for every trial.
+TUNABLE = (
+    "lr", "backbone_lr_mult", "weight_decay", "strategy", "freeze_epochs", "label_smoothing",
+    "auto_augment", "random_erasing", "mixup", "cutmix", "optimizer", "momentum", "schedule",
+    "warmup_epochs", "batch_size", "layer_decay", "ema", "ema_decay", "clip_grad_norm",
+    "class_weights", "sampler", "augment",
+)  # fmt: skip
+# Only a pretrained backbone gives these a meaning (a random-init model trains fully).
+BACKBONE_KEYS = ("strategy", "freeze_epochs", "backbone_lr_mult")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One field's values in a search: ``fixed`` (one value), ``choice`` (any of ``values``),
+    ``uniform``/``loguniform`` (a float in [low, high]) or ``randint`` (an int in [low, high])."""
+
+    key: str
+    kind: Kind
+    values: tuple[Any, ...]
+
+    @classmethod
+    def parse(cls, key: str, spec: Any) -> Dimension:
+        """A dimension from its file form (a plain value, or ``{kind: values}``).
+
+        Raises:
+            UsageError: an unknown key or kind, a malformed range, or a value the field
+                cannot take.
+        """
+        if key not in TUNABLE:
+            close = difflib.get_close_matches(key, TUNABLE, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UsageError(
+                f"--space: {key!r} is not a tunable option{hint}. Valid keys: "
+                f"{', '.join(TUNABLE)}.",
+                param_hint="--space",
+            )
+        if not isinstance(spec, dict):
+            dim = cls(key, "fixed", (spec,))
+        elif len(spec) != 1 or next(iter(spec)) not in KINDS[1:]:
+            raise UsageError(
+                f"--space: {key}: {spec!r} is not a dimension; give a plain value or one of "
+                f"{{{', '.join(f'{k}: [...]' for k in KINDS[1:])}}}.",
+                param_hint="--space",
+            )
+        else:
+            kind, values = next(iter(spec.items()))
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"--space: {key}: {kind} takes a list", param_hint="--space")
+            dim = cls(key, kind, tuple(values))
+        dim._check()
+        return dim
+
+    def _check(self) -> None:
+        bad = next((v for v in self.values if not _fits(self.key, v)), _OK)
+        if bad is not _OK:
+            raise UsageError(
+                f"--space: {self.key} cannot be {bad!r} (the trainer's {self.key}: "
+                f"{_field_types()[self.key]})",
+                param_hint="--space",
+            )
+        if self.kind in ("uniform", "loguniform", "randint"):
+            low, high = (*self.values, None)[:2]
+            ok = len(self.values) == 2 and all(_number(v) for v in self.values) and low < high
+            ok = ok and (self.kind != "loguniform" or low > 0)
+            ok = ok and (self.kind != "randint" or all(isinstance(v, int) for v in self.values))
+            if not ok:
+                raise UsageError(
+                    f"--space: {self.key}: {self.kind} takes [low, high] with low < high"
+                    + (" and low > 0" if self.kind == "loguniform" else "")
+                    + (", both integers" if self.kind == "randint" else "")
+                    + f"; got {list(self.values)}",
+                    param_hint="--space",
+                )
+
+    def sample(self, rng: Any) -> Any:
+        """One value, drawn with Ray Tune's sampler for this kind from ``rng`` (numpy)."""
+        from ray import tune
+
+        low, high = (*self.values, None)[:2]
+        domain = {
+            "fixed": lambda: None,
+            "choice": lambda: tune.choice(list(self.values)),
+            "uniform": lambda: tune.uniform(low, high),
+            "loguniform": lambda: tune.loguniform(low, high),
+            "randint": lambda: tune.randint(low, high + 1),  # Ray's high is excluded
+        }[self.kind]()
+        if domain is None:
+            return self.values[0]
+        value = domain.sample(random_state=rng)
+        return value.item() if hasattr(value, "item") else value  # numpy → JSON's types
+
+    def to_dict(self) -> Any:
+        return self.values[0] if self.kind == "fixed" else {self.kind: list(self.values)}
+
+
+Space = dict[str, Dimension]
+
+
+def default_space(pretrained: bool) -> Space:
+    """What matters for transfer learning: the head's LR and the backbone's share of it,
+    weight decay, how the backbone trains and when it thaws, label smoothing, augmentation
+    strength (RandAugment's magnitude, Random Erasing) and Mixup. ``pretrained=False``: a
+    random-init model trains fully, so the backbone's dimensions are left out."""
+    spec: dict[str, Any] = {
+        "lr": {"loguniform": [1e-4, 1e-2]},
+        "backbone_lr_mult": {"loguniform": [0.01, 1.0]},
+        "weight_decay": {"loguniform": [1e-4, 0.1]},
+        "strategy": {"choice": ["linear", "gradual", "full"]},
+        "freeze_epochs": {"randint": [0, 2]},
+        "label_smoothing": {"uniform": [0.0, 0.2]},
+        "auto_augment": {"choice": [None, "rand-m5-mstd0.5", "rand-m9-mstd0.5"]},
+        "random_erasing": {"uniform": [0.0, 0.25]},
+        "mixup": {"choice": [0.0, 0.2, 0.4]},
+    }
+    return {
+        k: Dimension.parse(k, v) for k, v in spec.items() if pretrained or k not in BACKBONE_KEYS
+    }
+
+
+def read_space(path: Path, base: Space) -> Space:
+    """``base`` with the file's dimensions over it (a key set to ``null`` is removed).
+
+    Raises:
+        InputError: the file is missing or neither YAML nor JSON mapping.
+        UsageError: a key or dimension is refused (:meth:`Dimension.parse`).
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"--space {path}: cannot read it ({exc.strerror})") from None
+    try:
+        if path.suffix.lower() == ".json":
+            given = json.loads(text)
+        else:
+            import yaml
+
+            given = yaml.safe_load(text)
+    except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parse errors
+        raise InputError(f"--space {path}: not valid {path.suffix[1:] or 'YAML'}: {exc}") from None
+    except Exception as exc:  # yaml.YAMLError is no ValueError
+        raise InputError(f"--space {path}: not valid YAML: {exc}") from None
+    if not isinstance(given, dict):
+        raise InputError(f"--space {path}: give a mapping of option → dimension")
+    space = dict(base)
+    for key, spec in given.items():
+        if spec is None and key in TUNABLE:
+            space.pop(key, None)
+        else:
+            space[key] = Dimension.parse(str(key), spec)
+    return space
+
+
+def sample_trials(space: Space, n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` distinct trial settings drawn from ``space`` (the same for the same seed).
+
+    Raises:
+        UsageError: the space holds fewer than ``n`` distinct settings.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    trials: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for _ in range(100 * n):
+        params = {key: dim.sample(rng) for key, dim in space.items()}
+        if params.get("strategy") not in (None, "gradual"):
+            params.pop("freeze_epochs", None)  # only gradual thaws: the rest never read it
+        if params.get("strategy") == "linear":
+            params.pop("backbone_lr_mult", None)  # a frozen backbone has no LR
+        key = json.dumps(params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            trials.append(params)
+            if len(trials) == n:
+                return trials
+    raise UsageError(
+        f"--trials {n}: the space gives only {len(trials)} distinct setting(s); ask for "
+        f"--trials {len(trials)} or widen --space",
+        param_hint="--trials",
+    )
+
+
+_OK = object()
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _fits(key: str, value: Any) -> bool:
+    """Whether ``value`` is of the type TrainConfig's field ``key`` declares."""
+    allowed: list[Any] = []
+    todo = [_field_types()[key]]
+    while todo:
+        t = todo.pop()
+        args = typing.get_args(t)
+        if typing.get_origin(t) is Literal:
+            allowed += [("literal", a) for a in args]
+        elif args:
+            todo += args
+        else:
+            allowed.append(t)
+    for entry in allowed:
+        if isinstance(entry, tuple) and entry == ("literal", value):
+            return True
+        if entry is type(None) and value is None:
+            return True
+        if entry is bool and isinstance(value, bool):
+            return True
+        if entry is float and _number(value):
+            return True
+        if entry is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if entry is str and isinstance(value, str):
+            return True
+    return False
