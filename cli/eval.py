@@ -67,6 +67,14 @@ def eval_cmd(
             "--report-out", help="--report: where (default: RUN/report.html, or ./report.html)"
         ),
     ] = None,
+    ood: Annotated[
+        Path | None,
+        typer.Option(
+            "--ood",
+            help="a folder of images from outside the classes: AUROC and FPR at 95% TPR of "
+            "each score (and what the model's --reject rule accepts), in the JSON and report",
+        ),
+    ] = None,
     variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -82,13 +90,21 @@ def eval_cmd(
         num_workers=num_workers, tta=tta, forward=forward, scored_by=scored_by,
     )  # fmt: skip
     result = ev.result
+    separation = None
+    if ood is not None:
+        from zoo.train.ood import evaluate_ood
+
+        separation = evaluate_ood(
+            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers
+        )
+        result = {**result, "ood": separation.to_dict()}
     if report:
         from zoo.train.report import write_report
 
         ref = ModelRef.parse(model)
         run = ref.path if ref.kind == "run" else None
         dest = report_out or (run / "report.html" if run is not None else Path("report.html"))
-        result = {**result, "report": write_report(ev, dest, run)}
+        result = {**result, "report": write_report(ev, dest, run, ood=separation)}
         err.print(f"report: {dest} ({result['report']['images']} images embedded)")
     if as_json:
         print_json(result)
@@ -112,6 +128,14 @@ def eval_cmd(
             f"test-time augmentation {t['mode']} ({t['views']} views): {names['acc']} "
             f"{result['acc']:.4f} vs {plain['acc']:.4f} without ({result['acc'] - plain['acc']:+.4f})"
         )
+    if "calibration" in result:
+        c = result["calibration"]
+        out.print(
+            f"calibration: temperature {c['temperature']:.4g}, expected calibration error "
+            f"{c['ece_before']:.4f} raw → {c['ece_after']:.4f} calibrated"
+        )
+    for line in separation.lines() if separation is not None else []:
+        out.print(line, markup=False)
     met = [r for r in result["per_class"] if r["support"] or r.get("predicted", 1)]
     for row in met:
         pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""

@@ -1,11 +1,15 @@
 """Calibration: does a confidence of 0.8 mean right 80% of the time? The reliability diagram's
-bins and the expected calibration error (ECE), from top-1 confidences and correctness."""
+bins and the expected calibration error (ECE), from top-1 confidences and correctness (or from
+logits at a temperature: :func:`ece_of`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 def reliability(
@@ -40,4 +44,13 @@ def reliability(
     return rows, ece
 
 
-__all__ = ["reliability"]
+def ece_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> float:
+    """The expected calibration error of ``softmax(logits / temperature)`` (10 bins)."""
+    import torch
+
+    probs = torch.softmax(logits.double() / temperature, 1)
+    conf, pred = probs.max(1)
+    return reliability(conf.numpy(), (pred == targets).numpy())[1]
+
+
+__all__ = ["ece_of", "reliability"]

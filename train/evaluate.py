@@ -189,6 +189,15 @@ def evaluate_split(
         plain = summary(per_view[:, 0], targets, names)
         extra = {"tta": {"mode": tta, "views": n_views, "without": plain}}
     result = summary(logits, targets, names)
+    if info.calibration is not None and not info.multi_label:
+        from zoo.train.calibration import ece_of
+
+        t = info.calibration.temperature  # the fitted temperature, judged on this split
+        extra["calibration"] = {
+            "temperature": t,
+            "ece_before": round(ece_of(logits, targets, 1.0), 6),
+            "ece_after": round(ece_of(logits, targets, t), 6),
+        }
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
     if scored_by is not None:
         result["scored_by"] = scored_by

@@ -22,6 +22,7 @@ from zoo.train.recipes import policy_string
 from zoo.weights import sha256_file
 
 if TYPE_CHECKING:
+    from zoo.calibration import Calibration
     from zoo.train.build import RunData, RunParts
     from zoo.train.config import TrainConfig
     from zoo.train.run_dir import RunDir
@@ -51,8 +52,9 @@ class RunResult:
         return self.parts.state
 
 
-def model_config(r: RunResult) -> dict[str, Any]:
-    """config.json of the model folder: architecture, classes, preprocessing, lineage, metrics."""
+def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[str, Any]:
+    """config.json of the model folder: architecture, classes, preprocessing, lineage, metrics,
+    and the calibration fitted on validation (None: multi-label, whose thresholds are its own)."""
     parts, val = r.parts, r.val
     entry, parent_folder = parts.parent
     base = entry.info.parent if parent_folder is not None else entry.info.name
@@ -72,6 +74,7 @@ def model_config(r: RunResult) -> dict[str, Any]:
         "class_names": r.data.classes,
         "multi_label": r.cfg.multi_label,
         "thresholds": val.get("thresholds"),
+        "calibration": calibration.to_dict() if calibration is not None else None,
         "params": sum(p.numel() for p in parts.model.parameters()),
         # measured at the run's own input size (--image-size), not the registry's 224 px
         "gflops": float(f"{count_gflops(parts.model, parts.info.input_size):.6g}"),
@@ -112,6 +115,31 @@ def model_config(r: RunResult) -> dict[str, Any]:
     }
 
 
+def fit_run_calibration(r: RunResult) -> Calibration:
+    """The shipped weights' temperature (and with ``--reject`` their threshold), fitted on
+    the run's validation split, said on stderr."""
+    from zoo.train.calibrate import fit_calibration, val_logits
+
+    logits, targets = val_logits(r.parts)
+    reject = r.cfg.reject if len(logits) else "off"
+    if reject != r.cfg.reject:
+        print("warning: no validation images: no rejection threshold fitted", file=sys.stderr)
+    cal = fit_calibration(logits, targets, reject=reject, acceptance=r.cfg.acceptance)
+    rule = (
+        f"; rejects below {cal.reject.score} {cal.reject.threshold:.4g} "
+        f"(accepts {cal.reject.acceptance:.0%} of them)"
+        if cal.reject is not None
+        else ""
+    )
+    print(
+        f"calibration: temperature {cal.temperature:.4g}, expected calibration error "
+        f"{cal.ece_before:.4f} → {cal.ece_after:.4f} on {cal.fitted_on} validation images{rule}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return cal
+
+
 def recipes_used(cfg: TrainConfig) -> dict[str, Any]:
     """The timm recipes a run used (off ones left out): what the model card and config say."""
     used = {
@@ -131,7 +159,8 @@ def finish_run(r: RunResult) -> None:
     state, val, data = r.state, r.val, r.data
     last_val = state.history[-1] if state.history else {}
     best_row = state.history[-1 - state.epochs_since_best] if state.history else {}
-    config = model_config(r)
+    calibration = None if r.cfg.multi_label else fit_run_calibration(r)
+    config = model_config(r, calibration)
     info = replace(
         r.parts.info,
         tag=config["tag"],
@@ -172,6 +201,7 @@ def finish_run(r: RunResult) -> None:
         "per_class": val["per_class"],
         "confusion_matrix": val.get("confusion_matrix"),
         "thresholds": val.get("thresholds"),
+        "calibration": config["calibration"],
         "classes": data.classes,
         "quarantined": data.check.corrupt,
         "data_check": data.check.to_dict(),

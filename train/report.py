@@ -25,6 +25,7 @@ from zoo.images import open_image
 from zoo.train.calibration import reliability
 from zoo.train.evaluate import Evaluated
 from zoo.train.gradcam import cam_layer, grad_cam, overlay, unnormalize
+from zoo.train.ood import OodReport
 from zoo.train.plots import blues
 from zoo.transforms import eval_transform
 
@@ -162,16 +163,72 @@ section.cell:target{outline:3px solid #2f6fde;outline-offset:.4rem}
 """
 
 
-def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
-    """The report's HTML for a single-label evaluation."""
+def _calibration(ev: Evaluated, probs: np.ndarray, pred: np.ndarray, target: np.ndarray) -> str:
+    """The reliability diagram and ECE, before and after the model's temperature."""
+    raw = torch.softmax(ev.logits.double(), 1).numpy()
+    ok = pred == target
+    before, ece_before = reliability(raw.max(1), ok)
+    after, ece_after = reliability(probs.max(1), ok)
+    cal = ev.info.calibration
+    if cal is None:
+        return (
+            f'{_reliability_svg(before)}<p id="calibration">Expected calibration error '
+            f"{ece_before:.4f} over {len(before)} equal-width confidence bins (bars: accuracy "
+            "per bin; the dashed line: perfect calibration). No temperature fitted: "
+            f"<code>zoo calibrate {_e(ev.result['model'])}</code> fits one.</p>"
+        )
+    rule = (
+        f" Images scoring below {cal.reject.score} {cal.reject.threshold:.4g} are answered "
+        f"<b>unknown</b> (fitted to accept {cal.reject.acceptance:.0%} of the validation images)."
+        if cal.reject is not None
+        else ""
+    )
+    return (
+        f'<div class="gallery"><figure>{_reliability_svg(before)}<figcaption>raw softmax: ECE '
+        f"{ece_before:.4f}</figcaption></figure><figure>{_reliability_svg(after)}<figcaption>"
+        f"at temperature {cal.temperature:.4g}: ECE {ece_after:.4f}</figcaption></figure></div>"
+        f'<p id="calibration">Expected calibration error {ece_before:.4f} before and '
+        f"<b>{ece_after:.4f}</b> after temperature scaling (T = {cal.temperature:.4g}, fitted on "
+        f"{cal.fitted_on} validation images; the accuracy is the same: T &gt; 0 keeps every "
+        f"top-1), over {len(before)} equal-width confidence bins (bars: accuracy per bin; the "
+        f"dashed line: perfect calibration). Probabilities below are calibrated.{rule}</p>"
+    )
+
+
+def _ood(ood: OodReport | None) -> str:
+    if ood is None:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(s.score)}</td><td>{s.auroc:.4f}</td><td>{s.fpr_at_95_tpr:.4f}</td></tr>"
+        for s in ood.separations
+    )
+    rule = (
+        f"<p>The model's rule ({_e(ood.rule['score'])} ≥ {ood.rule['threshold']:.4g}) accepts "
+        f"{ood.accepted_in:.1%} of the held-out images and rejects <b>{ood.rejected_out:.1%}</b> "
+        "of the outside ones.</p>"
+        if ood.rule is not None
+        else "<p>No rejection rule fitted (<code>zoo calibrate RUN --reject auto</code>).</p>"
+    )
+    return (
+        f"<h2>Images from outside the classes</h2><p>{ood.n_out} images from "
+        f"<code>{_e(ood.folder)}</code> against the {ood.n_in} held-out images.</p>"
+        '<table class="metrics" id="ood"><tr><th>score</th><th>AUROC</th>'
+        f"<th>FPR at 95% TPR</th></tr>{rows}</table>{rule}"
+    )
+
+
+def render(ev: Evaluated, pics: _Pictures, curves: str | None, ood: OodReport | None = None) -> str:
+    """The report's HTML for a single-label evaluation (probabilities at the model's fitted
+    temperature, when it has one)."""
     names, res = ev.names, ev.result
-    probs = torch.softmax(ev.logits.float(), 1).numpy()
+    t = ev.info.calibration.temperature if ev.info.calibration is not None else 1.0
+    probs = torch.softmax(ev.logits.double() / t, 1).numpy()
     target = ev.targets.numpy().astype(int)
     pred = probs.argmax(1)
     n = len(target)
     conf = probs[np.arange(n), pred]
     loss = -np.log(np.clip(probs[np.arange(n), target], 1e-12, None))
-    bins, ece = reliability(conf, pred == target)
+    ece = reliability(conf, pred == target)[1]
     cm = np.asarray(res["confusion_matrix"])
 
     def caption(i: int) -> str:
@@ -259,22 +316,24 @@ def render(ev: Evaluated, pics: _Pictures, curves: str | None) -> str:
 <h2>Most-confused pairs</h2><ol id="pairs">{pairs_html or "<li>none: no mistakes</li>"}</ol>
 <h2>Top losses</h2>{cam_note}<div class="gallery" id="losses">{losses}</div>
 <h2>A sample per class</h2><div class="gallery" id="samples">{"".join(samples)}</div>
-<h2>Calibration</h2>{_reliability_svg(bins)}
-<p>Expected calibration error {ece:.4f} over {len(bins)} equal-width confidence bins (bars:
-accuracy per bin; the dashed line: perfect calibration).</p>
+<h2>Calibration</h2>{_calibration(ev, probs, pred, target)}
+{_ood(ood)}
 <h2>Training curves</h2>{curves_html}
 <h2>Images by cell</h2>{"".join(cells)}
 </body></html>
 """
 
 
-def write_report(ev: Evaluated, out: Path, run: Path | None = None) -> dict[str, Any]:
+def write_report(
+    ev: Evaluated, out: Path, run: Path | None = None, *, ood: OodReport | None = None
+) -> dict[str, Any]:
     """Write the report of ``ev`` to ``out`` (atomically).
 
     Args:
         ev: a single-label evaluation (:func:`zoo.train.evaluate.evaluate_split`).
         out: the HTML file.
         run: the run folder, whose ``curves.png`` is embedded.
+        ood: ``zoo eval --ood``'s result, shown in its own section.
 
     Returns:
         ``{"path", "images", "grad_cam"}``: where it went, how many images it embeds, and the
@@ -296,7 +355,7 @@ def write_report(ev: Evaluated, out: Path, run: Path | None = None) -> dict[str,
         if curves_png is not None and curves_png.exists()
         else None
     )
-    page = render(ev, pics, curves)
+    page = render(ev, pics, curves, ood)
     durable.write_text(out, page, label=None)
     return {
         "path": str(out),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zoo import durable
+from zoo.calibration import Calibration
 from zoo.errors import ArtifactError
 from zoo.metadata import ModelInfo, WeightSource
 from zoo.preprocessing import Preprocessing
@@ -139,8 +140,36 @@ def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> M
         ),
         multi_label=bool(config.get("multi_label", False)),
         thresholds=tuple(config["thresholds"]) if config.get("thresholds") else None,
+        calibration=read_calibration(config, folder),
         description=f"{base.arch} fine-tuned by zoo from {config['base']}.",
     )
+
+
+def read_calibration(config: dict[str, Any], folder: Path) -> Calibration | None:
+    """A folder's fitted calibration (None: never calibrated, or written before zoo did).
+
+    Raises:
+        ArtifactError: the stored value is malformed.
+    """
+    found = config.get("calibration")
+    if not found:
+        return None
+    return Calibration.from_dict(found, where=f"{folder / CONFIG_FILE} 'calibration'")
+
+
+def write_calibration(folder: Path, calibration: Calibration) -> Path:
+    """Store ``calibration`` in a model folder's ``config.json`` (atomically; the weights and
+    their hash are untouched).
+
+    Returns:
+        The config file.
+
+    Raises:
+        ArtifactError: ``folder`` is not a model folder.
+    """
+    config = read_config(folder)
+    write_json(folder / CONFIG_FILE, {**config, "calibration": calibration.to_dict()})
+    return folder / CONFIG_FILE
 
 
 def save_model_folder(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from zoo.calibration import Calibration
 from zoo.preprocessing import Preprocessing
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -90,6 +91,7 @@ class ModelInfo:
     lineage: tuple[str, ...] = ()
     multi_label: bool = False
     thresholds: tuple[float, ...] | None = None  # multi-label: per-class sigmoid thresholds
+    calibration: Calibration | None = None  # temperature and rejection (zoo/calibration.py)
 
     @property
     def name(self) -> str:

@@ -1,6 +1,6 @@
 """zoo's metadata embedded in an ONNX file (``metadata_props['zoo']``, one JSON object):
-registry id, class names, preprocessing, opset, exporter, versions, source-weights hash,
-parity summary. ``zoo predict`` and ``zoo serve`` need nothing else."""
+registry id, class names, preprocessing, calibration (temperature and rejection rule), opset,
+exporter, versions, source-weights hash, parity summary. ``zoo predict`` and ``zoo serve`` need nothing else."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx
 
+from zoo.calibration import Calibration
 from zoo.errors import InputError
 from zoo.preprocessing import Preprocessing
 
@@ -49,3 +50,16 @@ def read_preprocessing(meta: dict[str, Any], path: str | Path) -> Preprocessing:
     if not meta.get("preprocessing"):
         raise InputError(f"{path} carries no zoo metadata: export it with `zoo export`.")
     return Preprocessing.from_dict(meta["preprocessing"], where=f"{path} zoo metadata")
+
+
+def read_calibration(meta: dict[str, Any], path: str | Path) -> Calibration | None:
+    """The calibration in an ONNX file's zoo metadata (None: exported without one: its
+    softmax is the raw one and it never answers ``unknown``).
+
+    Raises:
+        ArtifactError: the stored calibration is malformed.
+    """
+    found = meta.get("calibration")
+    if not found:
+        return None
+    return Calibration.from_dict(found, where=f"{path} zoo metadata")

@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
+from zoo.calibration import Calibration
 from zoo.errors import InputError
 from zoo.images import to_channels
 from zoo.preprocessing import Preprocessing
@@ -118,7 +119,12 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def scores(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
-    """Class scores from raw logits: softmax, or an independent sigmoid per class (multi-label)."""
+def scores(
+    logits: np.ndarray, multi_label: bool = False, calibration: Calibration | None = None
+) -> np.ndarray:
+    """Class scores from raw logits: softmax (at the model's fitted temperature, when it has
+    one: :mod:`zoo.calibration`), or an independent sigmoid per class (multi-label)."""
     x = logits.astype(np.float64)
-    return 1.0 / (1.0 + np.exp(-x)) if multi_label else softmax(x)
+    if multi_label:
+        return 1.0 / (1.0 + np.exp(-x))
+    return calibration.probabilities(x) if calibration is not None else softmax(x)

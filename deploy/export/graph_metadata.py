@@ -1,5 +1,5 @@
 """The metadata zoo embeds in an exported graph: everything ``zoo predict`` and ``zoo serve``
-need to run it (classes, preprocessing, input layout) and the evidence it was shipped on
+need to run it (classes, preprocessing, input layout, calibration) and the evidence it was shipped on
 (the gate's summary, versions, the source weights and epoch)."""
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def export_metadata(
         "num_classes": info.num_classes,
         "multi_label": info.multi_label,
         "thresholds": list(info.thresholds) if info.thresholds else None,
+        # temperature and rejection rule, applied by the runtime (zoo.onnx_meta.read_calibration)
+        "calibration": info.calibration.to_dict() if info.calibration else None,
         "preprocessing": info.preprocessing().to_dict(),
         "opset": result.opset,
         "exporter": result.exporter,

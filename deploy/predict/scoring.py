@@ -216,7 +216,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
     def score(x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             logits = net(torch.from_numpy(x).to(dev)).float().cpu().numpy()
-        return scores(logits, info.multi_label)
+        return scores(logits, info.multi_label, info.calibration)
 
     both = torch_features(net, info.classifier) if embeddings else None
 
@@ -224,7 +224,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         assert both is not None
         with torch.inference_mode():
             logits, feats = both(torch.from_numpy(x).to(dev))
-        return scores(logits.float().cpu().numpy(), info.multi_label), feats
+        return scores(logits.float().cpu().numpy(), info.multi_label, info.calibration), feats
 
     return Scorer(
         prepare=lambda im: tf(im).numpy(),

@@ -15,7 +15,7 @@ import numpy as np
 
 from zoo.errors import InputError
 from zoo.images import open_image
-from zoo.onnx_meta import read_preprocessing
+from zoo.onnx_meta import read_calibration, read_preprocessing
 from zoo.preprocess import preprocess, scores
 from zoo.variants import warn_if_stale
 
@@ -85,6 +85,7 @@ class Classifier:
         self.static_batch = dim if isinstance(dim, int) and dim > 0 else None
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.multi_label = bool(self.meta.get("multi_label", False))
+        self.calibration = read_calibration(self.meta, self.path)  # temperature, reject rule
         # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
         self.embedded = self.input_type == "tensor(uint8)"
         # zoo export --fp16-io: float16 at the graph's boundary, cast here both ways
@@ -139,8 +140,8 @@ class Classifier:
         return run_padded(self._run_once, batch, self.static_batch)
 
     def score(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
-        """Scores of prepared samples (softmax, or one sigmoid per class for a multi-label
-        model), float64 ``(N, classes)``.
+        """Scores of prepared samples (softmax at the metadata's temperature, or one sigmoid
+        per class for a multi-label model), float64 ``(N, classes)``.
 
         Args:
             batch: ``(N, C, H, W)`` samples from :meth:`prepare`, or for a graph with embedded
@@ -150,7 +151,7 @@ class Classifier:
             One row of scores per sample, in order.
         """
         logits = self.run_each(list(batch)) if self.embedded else self.run(np.asarray(batch))
-        return scores(logits, self.multi_label)
+        return scores(logits, self.multi_label, self.calibration)
 
     def score_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`score` and each sample's penultimate features, ``(N, D)`` float32, in one pass.
@@ -160,7 +161,7 @@ class Classifier:
             ValueError: an ONNX Runtime model loaded without ``embeddings=True``.
         """
         logits, feats = self.run_with_features(batch)
-        return scores(logits, self.multi_label), feats
+        return scores(logits, self.multi_label, self.calibration), feats
 
     def preprocess_images(self, images: list[Any]) -> list[np.ndarray]:
         """:meth:`prepare` of each image (a path or bytes is decoded first)."""

@@ -1,0 +1,211 @@
+"""Calibration (issue #33): the temperature fit against a known answer, then the user's chain
+on a real run (SimpleCNN fine-tuned on real digits): ``zoo finetune --reject auto`` stores the
+temperature and rule, ``zoo eval`` judges them, ``zoo export`` carries them into the ONNX
+metadata, ``zoo calibrate`` refits an older run to the same value, and the report shows the
+reliability diagram before and after."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import run_zoo
+from zoo.calibration import DEFAULT_SCORE, Calibration, Rejection, ood_score
+from zoo.errors import ArtifactError
+from zoo.train.calibrate import fit_calibration, fit_rejection, fit_temperature
+from zoo.train.calibration import ece_of
+
+
+def test_fit_temperature_recovers_the_temperature_labels_were_drawn_at() -> None:
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(20000, 5, generator=g) * 3
+    y = torch.multinomial(torch.softmax(z / 2.5, 1), 1, generator=g)[:, 0]
+    assert fit_temperature(z, y) == pytest.approx(2.5, rel=0.05)
+    assert fit_temperature(z * 2.5, y) == pytest.approx(6.25, rel=0.05)  # over-confident logits
+
+
+def test_calibration_lowers_the_nll_and_keeps_every_top1() -> None:
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(2000, 10, generator=g) * 6  # far too sharp for labels drawn at T = 3
+    y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g)[:, 0]
+    cal = fit_calibration(z, y)
+    nll = torch.nn.functional.cross_entropy
+    assert nll(z / cal.temperature, y) < nll(z, y)
+    assert cal.ece_after < 0.5 * cal.ece_before  # the issue's goal, on a known miscalibration
+    probs = cal.probabilities(z.numpy())
+    assert (probs.argmax(1) == z.numpy().argmax(1)).all()
+    assert cal.ece_after == pytest.approx(ece_of(z, y, cal.temperature), abs=1e-6)
+
+
+def test_rejection_threshold_accepts_at_least_the_share_asked() -> None:
+    logits = torch.randn(101, 4, generator=torch.Generator().manual_seed(2))
+    for acceptance in (0.5, 0.9, 0.95, 1.0):
+        rule = fit_rejection(logits, "energy", 1.0, acceptance)
+        s = ood_score(logits.numpy(), "energy")
+        assert (s >= rule.threshold).mean() >= acceptance
+        assert (s > rule.threshold).mean() < acceptance  # the lowest threshold that does
+    with pytest.raises(Exception, match=r"--accept.*\(0, 1\]"):
+        fit_rejection(logits, "msp", 1.0, 1.5)
+
+
+def test_scores_by_hand() -> None:
+    x = np.array([[2.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert ood_score(x, "energy") == pytest.approx(np.log(np.exp(x).sum(1)))
+    e = np.exp(x / 2)
+    assert ood_score(x, "msp", 2.0) == pytest.approx((e / e.sum(1, keepdims=True)).max(1))
+
+
+def test_calibration_round_trip_and_malformed_values() -> None:
+    cal = Calibration(
+        2.0, Rejection("msp", 0.7, 0.95), fitted_on=10, ece_before=0.2, ece_after=0.05
+    )
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), where="x") == cal
+    with pytest.raises(ArtifactError, match=r"cfg.json: calibration is malformed.*positive"):
+        Calibration.from_dict({"temperature": -1}, where="cfg.json")
+    with pytest.raises(ArtifactError, match=r"Unknown rejection score 'knn'"):
+        Calibration.from_dict(
+            {"temperature": 1, "reject": {"score": "knn", "threshold": 1, "acceptance": 0.9}},
+            where="cfg.json",
+        )
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """21 real photographs (scikit-image's): images from outside any digit class."""
+    from zoo.samples import write_photo_folder
+
+    return write_photo_folder(tmp_path_factory.mktemp("ood") / "photos", per_class=3)
+
+
+@pytest.fixture(scope="module")
+def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("calib")
+    r = run_zoo(
+        "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "2", "--runs",
+        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--reject", "auto",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "calibration: temperature " in r.stderr and f"rejects below {DEFAULT_SCORE}" in r.stderr
+    return runs / "cnn"
+
+
+def _config(run: Path) -> dict:
+    return json.loads((run / "model" / "config.json").read_text())
+
+
+def test_finetune_stores_the_fit_and_eval_judges_it(run: Path) -> None:
+    cal = Calibration.from_dict(_config(run)["calibration"], where="config")
+    report = json.loads((run / "report.json").read_text())
+    assert report["calibration"] == cal.to_dict()
+    assert cal.fitted_on == len(json.loads((run / "split.json").read_text())["splits"]["val"])
+    assert cal.reject is not None and cal.reject.score == DEFAULT_SCORE
+    assert cal.reject.acceptance == 0.95
+    e = run_zoo("eval", str(run), "--json")
+    assert e.returncode == 0, e.stderr
+    result = json.loads(e.stdout)
+    # the same weights on the same split: the fit's figures, and the run's own accuracy
+    assert result["calibration"] == {
+        "temperature": cal.temperature,
+        "ece_before": cal.ece_before,
+        "ece_after": cal.ece_after,
+    }
+    assert result["acc"] == pytest.approx(report["best"]["val/acc"])
+
+
+def test_export_carries_the_calibration(run: Path) -> None:
+    from zoo.onnx_meta import read_calibration, read_metadata
+
+    r = run_zoo("export", str(run))
+    assert r.returncode == 0, r.stderr
+    onnx_file = run / "model" / "model.onnx"
+    stored = read_calibration(read_metadata(onnx_file), onnx_file)
+    assert stored == Calibration.from_dict(_config(run)["calibration"], where="config")
+
+
+def test_predict_answers_calibrated_probabilities(run: Path, four_digits: Path) -> None:
+    """The ONNX file (metadata alone) and the run through PyTorch give softmax(logits / T)."""
+    from zoo.factory import create_model, info_of
+    from zoo.images import open_image
+    from zoo.transforms import eval_transform
+
+    onnx_file = run / "model" / "model.onnx"
+    if not onnx_file.exists():
+        assert run_zoo("export", str(run)).returncode == 0
+    images = sorted((four_digits / "digit_7").iterdir())[:3]
+    net = create_model(str(run)).eval()
+    info = info_of(net)
+    x = torch.stack([eval_transform(info)(open_image(p)) for p in images])
+    with torch.inference_mode():
+        logits = net(x).double().numpy()
+    t = info.calibration.temperature
+    want = Calibration(t).probabilities(logits)
+    assert t != pytest.approx(1.0)  # a fitted temperature, so the check below means something
+    for model in (str(run), str(onnx_file)):
+        r = run_zoo("predict", model, *map(str, images), "-k", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        for row, p, z in zip(got, want, logits, strict=True):
+            top = row["top"][0]
+            assert top["index"] == int(p.argmax()) == int(z.argmax())
+            assert top["score"] == pytest.approx(p.max(), abs=1e-4)
+
+
+def test_calibrate_an_older_run_refits_the_same_value(run: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(run, old, symlinks=True)
+    config = _config(old)
+    fitted = config.pop("calibration")
+    (old / "model" / "config.json").write_text(json.dumps(config))  # as zoo wrote it before
+    e = run_zoo("eval", str(old), "--json")
+    assert e.returncode == 0 and "calibration" not in json.loads(e.stdout)
+    c = run_zoo("calibrate", str(old), "--reject", "auto", "--json")
+    assert c.returncode == 0, c.stderr
+    assert "export again" in c.stderr
+    refit = json.loads(c.stdout)
+    assert refit["temperature"] == pytest.approx(fitted["temperature"], rel=1e-6)
+    assert refit["reject"]["threshold"] == pytest.approx(fitted["reject"]["threshold"], rel=1e-6)
+    assert _config(old)["calibration"]["temperature"] == refit["temperature"]
+    # weights untouched: the folder still reads (its hash holds)
+    assert _config(old)["weights_sha256"] == config["weights_sha256"]
+    m = run_zoo("calibrate", str(old), "--reject", "msp", "--acceptance", "0.8", "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["reject"] == {
+        "score": "msp",
+        "threshold": pytest.approx(json.loads(m.stdout)["reject"]["threshold"]),
+        "acceptance": 0.8,
+    }
+
+
+def test_calibrate_refuses_bad_input(run: Path) -> None:
+    r = run_zoo("calibrate", "simple_cnn")
+    assert r.returncode == 1 and "not a run or model folder" in r.stderr
+    r = run_zoo("calibrate", str(run), "--split", "train")
+    assert r.returncode == 1 and "overfits the temperature" in r.stderr
+    r = run_zoo("calibrate", str(run), "--acceptance", "1.5")
+    assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
+    r = run_zoo("calibrate", str(run), "--reject", "knn")
+    assert r.returncode == 2 and "knn" in r.stderr
+
+
+def test_report_shows_before_and_after_and_the_outside_images(run: Path, photos: Path) -> None:
+    e = run_zoo("eval", str(run), "--report", "--ood", str(photos), "--json")
+    assert e.returncode == 0, e.stderr
+    result = json.loads(e.stdout)
+    page = (run / "report.html").read_text()
+    c = result["calibration"]
+    assert page.count('aria-label="reliability diagram"') == 2
+    assert f"raw softmax: ECE {c['ece_before']:.4f}" in page
+    assert f"ECE {c['ece_after']:.4f}</figcaption>" in page
+    ood = result["ood"]
+    assert ood["n_out"] == 21 and ood["n_in"] == result["n"]
+    for kind, s in ood["scores"].items():
+        assert 0.0 <= s["auroc"] <= 1.0
+        assert f"<tr><td>{kind}</td><td>{s['auroc']:.4f}</td>" in page
+    # the stored rule, fitted on these very images, accepts its share of them
+    assert ood["accepted_in"] >= 0.95
+    assert f"rejects <b>{ood['rejected_out']:.1%}</b>" in page

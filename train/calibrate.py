@@ -1,0 +1,231 @@
+"""Fitting a model's :class:`~zoo.calibration.Calibration` on its validation logits: the
+temperature (minimum NLL), and with ``--reject`` the threshold that accepts a chosen share of
+the validation images. ``zoo finetune`` fits it at the end of a run (:func:`val_logits` over the
+shipped weights); ``zoo calibrate`` refits an older run or a model folder
+(:func:`calibrate_model`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from zoo.calibration import (
+    DEFAULT_ACCEPTANCE,
+    DEFAULT_SCORE,
+    REJECT_MODES,
+    Calibration,
+    Rejection,
+    ood_score,
+)
+from zoo.errors import InputError
+from zoo.train.calibration import ece_of
+
+if TYPE_CHECKING:
+    from zoo.train.build import RunParts
+
+
+def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """The temperature minimising the negative log-likelihood of ``targets`` under
+    ``softmax(logits / T)`` (Guo et al. 2017): LBFGS on ``log T``, so T stays positive.
+
+    Args:
+        logits: ``(N, K)`` validation logits of the shipped weights.
+        targets: ``(N,)`` class indices.
+
+    Returns:
+        T > 0 (1.0 for no samples).
+    """
+    if not len(logits):
+        return 1.0
+    x, y = logits.detach().double().cpu(), targets.detach().long().cpu()
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    t = float(log_t.detach().exp())
+    # all-correct separable logits drive T → 0 (infinitely sharp); keep a usable range
+    return min(max(t, 1e-2), 1e2) if math.isfinite(t) else 1.0
+
+
+def fit_rejection(
+    logits: torch.Tensor, kind: str, temperature: float, acceptance: float
+) -> Rejection:
+    """The threshold accepting ``acceptance`` of the validation images (at least that share:
+    the ``⌊(1 − acceptance)·N⌋``-th lowest score).
+
+    Raises:
+        InputError: ``acceptance`` outside (0, 1], or no validation images.
+    """
+    if not 0.0 < acceptance <= 1.0:
+        raise InputError(f"--accept must be in (0, 1], got {acceptance}: e.g. 0.95.")
+    if not len(logits):
+        raise InputError("No validation images to fit a rejection threshold on.")
+    s = np.sort(ood_score(logits.double().cpu().numpy(), kind, temperature))
+    k = min(len(s) - 1, math.floor((1.0 - acceptance) * len(s) + 1e-9))
+    return Rejection(score=kind, threshold=float(s[k]), acceptance=acceptance)  # type: ignore[arg-type]
+
+
+def fit_calibration(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    reject: str = "off",
+    acceptance: float = DEFAULT_ACCEPTANCE,
+) -> Calibration:
+    """Temperature, ECE before and after, and with ``reject`` a rejection rule.
+
+    Args:
+        logits: ``(N, K)`` validation logits.
+        targets: ``(N,)`` class indices.
+        reject: one of :data:`REJECT_MODES` (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`).
+        acceptance: the share of validation images the rejection must accept.
+
+    Raises:
+        InputError: an unknown ``reject`` or an ``acceptance`` outside (0, 1].
+    """
+    if reject not in REJECT_MODES:
+        raise InputError(f"--reject {reject!r}: one of {', '.join(REJECT_MODES)}.")
+    t = fit_temperature(logits, targets)
+    return Calibration(
+        temperature=t,
+        reject=None
+        if reject == "off"
+        else fit_rejection(logits, DEFAULT_SCORE if reject == "auto" else reject, t, acceptance),
+        fitted_on=len(logits),
+        ece_before=round(ece_of(logits, targets, 1.0), 6),
+        ece_after=round(ece_of(logits, targets, t), 6),
+    )
+
+
+def val_logits(parts: RunParts) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shipped weights' logits on the whole validation split, in sample order, in this
+    process alone (rank 0 at the end of a run: the loop's loader is a shard under DDP), in
+    float32 as an export runs them (no ``--amp``)."""
+    from zoo.train.build import loader
+    from zoo.train.evaluate import collect_logits
+
+    val = parts.val_set
+    batches = loader(val, list(range(len(val))), parts.cfg.batch_size * 2, 0, 0, parts.device)
+    module = parts.trained  # the model, or its head over cached features: the same logits
+    was = module.training
+    module.eval()
+    try:
+        logits, targets, idx = collect_logits(module, batches, parts.device)
+    finally:
+        module.train(was)
+    order = idx.argsort()
+    return logits[order], targets[order]
+
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    """What ``zoo calibrate`` did: the fitted value, where it went, and on what."""
+
+    model: str
+    config: Path
+    split: str
+    calibration: Calibration
+    accuracy: float  # top-1 on the fitting images (the same before and after: T > 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "config": str(self.config),
+            "split": self.split,
+            "accuracy": self.accuracy,
+            **self.calibration.to_dict(),
+        }
+
+    def line(self) -> str:
+        c = self.calibration
+        text = (
+            f"temperature {c.temperature:.4g}: ECE {c.ece_before:.4f} → {c.ece_after:.4f} on "
+            f"{c.fitted_on} {self.split} images (accuracy {self.accuracy:.4f}, unchanged)"
+        )
+        if c.reject is not None:
+            text += (
+                f"; rejects below {c.reject.score} {c.reject.threshold:.4g} "
+                f"(accepts {c.reject.acceptance:.0%} of them)"
+            )
+        return text
+
+
+def calibrate_model(
+    model_arg: str,
+    *,
+    data: str | None = None,
+    split: str = "val",
+    reject: str = "off",
+    acceptance: float = DEFAULT_ACCEPTANCE,
+    batch_size: int = 64,
+    device: str = "auto",
+    num_workers: int = 0,
+) -> CalibrateResult:
+    """``zoo calibrate``: fit the calibration of a run or model folder on held-out images and
+    write it into the folder's ``config.json`` (the weights are untouched; exports made before
+    carry the old calibration until exported again).
+
+    Args:
+        model_arg: a run folder (its own validation split) or a model folder (with ``data``).
+        data: the image folder (default: a run's own).
+        split: the split to fit on (never the training images).
+        reject / acceptance: as :func:`fit_calibration`.
+
+    Returns:
+        The :class:`CalibrateResult`.
+
+    Raises:
+        InputError: not a run or model folder, a multi-label model, or the train split.
+        DataError: as :func:`zoo.train.evaluate.evaluate_split`.
+    """
+    from zoo.artifact import write_calibration
+    from zoo.ref import ModelRef
+    from zoo.train.evaluate import evaluate_split
+
+    ref = ModelRef.parse(model_arg)
+    if ref.kind not in ("run", "model-folder"):
+        raise InputError(
+            f"{model_arg} is not a run or model folder: zoo calibrate writes into the folder's "
+            "config.json (fine-tune first, or give the model folder)."
+        )
+    if split == "train":
+        raise InputError("Calibrating on the training images overfits the temperature: use val.")
+    ev = evaluate_split(
+        model_arg, data=data, split=split, batch_size=batch_size, device=device,
+        num_workers=num_workers,
+    )  # fmt: skip
+    if ev.info.multi_label:
+        raise InputError(
+            f"{model_arg} is multi-label: its per-class thresholds are its calibration "
+            "(tuned on validation by zoo finetune)."
+        )
+    cal = fit_calibration(ev.logits, ev.targets, reject=reject, acceptance=acceptance)
+    return CalibrateResult(
+        model=model_arg,
+        config=write_calibration(ref.model_folder, cal),
+        split=ev.result["split"],
+        calibration=cal,
+        accuracy=float(ev.result["acc"]),
+    )
+
+
+__all__ = [
+    "CalibrateResult",
+    "calibrate_model",
+    "fit_calibration",
+    "fit_rejection",
+    "fit_temperature",
+    "val_logits",
+]

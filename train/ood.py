@@ -1,0 +1,175 @@
+"""``zoo eval MODEL --ood DIR``: how well a model's scores tell its own held-out images from a
+folder of images outside its classes. Per score kind (:data:`zoo.calibration.SCORE_KINDS`):
+AUROC, and the false-positive rate at 95% true-positive rate (the share of outside images a
+threshold accepting 95% of the held-out images still accepts); with the model's own rejection
+rule, what it accepts of each."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from zoo.calibration import SCORE_KINDS, Calibration, ood_score
+from zoo.errors import DataError
+from zoo.images import list_images
+from zoo.train.data import ImageFolderDataset
+from zoo.train.evaluate import Evaluated, Forward, evaluate_with
+from zoo.transforms import eval_transform
+
+TPR = 0.95
+
+
+@dataclass(frozen=True)
+class Separation:
+    """How one score kind separates held-out (positive) from outside (negative) images."""
+
+    score: str
+    auroc: float
+    fpr_at_95_tpr: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"score": self.score, "auroc": self.auroc, "fpr_at_95_tpr": self.fpr_at_95_tpr}
+
+
+@dataclass(frozen=True)
+class OodReport:
+    """``zoo eval --ood``'s result.
+
+    Attributes:
+        folder: the outside images' folder.
+        n_in / n_out: held-out images / outside images scored.
+        separations: one per score kind.
+        rule: the model's stored rejection rule (None: none fitted).
+        accepted_in / rejected_out: with a rule, the share of held-out images it accepts and
+            of outside images it rejects.
+    """
+
+    folder: str
+    n_in: int
+    n_out: int
+    separations: tuple[Separation, ...]
+    rule: dict[str, Any] | None = None
+    accepted_in: float | None = None
+    rejected_out: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "folder": self.folder,
+            "n_in": self.n_in,
+            "n_out": self.n_out,
+            "scores": {s.score: s.to_dict() for s in self.separations},
+            "rule": self.rule,
+            "accepted_in": self.accepted_in,
+            "rejected_out": self.rejected_out,
+        }
+
+    def lines(self) -> list[str]:
+        head = f"outside images {self.folder}: {self.n_out} against {self.n_in} held-out images"
+        rows = [
+            f"  {s.score:<7} AUROC {s.auroc:.4f}  FPR at 95% TPR {s.fpr_at_95_tpr:.4f}"
+            for s in self.separations
+        ]
+        if self.rule is not None:
+            rows.append(
+                f"  the model's rule ({self.rule['score']} ≥ {self.rule['threshold']:.4g}): "
+                f"accepts {self.accepted_in:.1%} of held-out, rejects {self.rejected_out:.1%} "
+                "of outside images"
+            )
+        return [head, *rows]
+
+
+def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Area under the ROC curve, positives scoring higher (scikit-learn's)."""
+    from sklearn.metrics import roc_auc_score
+
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    return float(roc_auc_score(y, np.r_[pos, neg]))
+
+
+def fpr_at_tpr(pos: np.ndarray, neg: np.ndarray, tpr: float = TPR) -> float:
+    """The share of negatives at or above the threshold that keeps ``tpr`` of the positives
+    (the ``⌊(1 − tpr)·N⌋``-th lowest positive: the rule ``--reject`` fits)."""
+    s = np.sort(pos)
+    cut = s[min(len(s) - 1, math.floor((1.0 - tpr) * len(s) + 1e-9))]
+    return float((neg >= cut).mean())
+
+
+def separation(
+    in_logits: np.ndarray, out_logits: np.ndarray, temperature: float
+) -> tuple[Separation, ...]:
+    """Each score kind's AUROC and FPR at 95% TPR on these logits."""
+    found = []
+    for kind in SCORE_KINDS:
+        pos = ood_score(in_logits, kind, temperature)
+        neg = ood_score(out_logits, kind, temperature)
+        found.append(Separation(kind, round(auroc(pos, neg), 6), round(fpr_at_tpr(pos, neg), 6)))
+    return tuple(found)
+
+
+def folder_logits(
+    ev: Evaluated, folder: Path, *, forward: Forward | None, batch_size: int, num_workers: int
+) -> np.ndarray:
+    """The logits of every image under ``folder`` (any layout), by the evaluated model (or
+    ``forward``: a variant of it).
+
+    Raises:
+        DataError: the folder is missing or holds no images.
+    """
+    if not folder.is_dir():
+        raise DataError(
+            f"--ood {folder}: no such folder (a folder of images from outside the classes)."
+        )
+    paths = list_images(folder)
+    if not paths:
+        raise DataError(f"--ood {folder} holds no images (.jpg, .png, …).")
+    ds = ImageFolderDataset([(p, 0) for p in paths], eval_transform(ev.info))
+    device = next(ev.model.parameters()).device
+    logits, _ = evaluate_with(
+        ev.model, forward or ev.model, DataLoader(ds, batch_size, num_workers=num_workers), device
+    )
+    return logits.double().numpy()
+
+
+def evaluate_ood(
+    ev: Evaluated,
+    folder: str | Path,
+    *,
+    forward: Forward | None = None,
+    batch_size: int = 64,
+    num_workers: int = 0,
+) -> OodReport:
+    """Score ``folder``'s images against the evaluated split's (see the module docstring).
+
+    Args:
+        ev: a single-label evaluation (its logits are the held-out side).
+        folder: images from outside the model's classes.
+        forward: the variant that scored ``ev`` (None: the PyTorch model).
+
+    Raises:
+        DataError: a multi-label model, or no images in ``folder``.
+    """
+    if ev.info.multi_label:
+        raise DataError("--ood covers single-label models (softmax scores).")
+    cal = ev.info.calibration or Calibration(temperature=1.0)
+    out = folder_logits(
+        ev, Path(folder), forward=forward, batch_size=batch_size, num_workers=num_workers
+    )
+    inside = ev.logits.double().numpy()
+    rule = cal.reject
+    return OodReport(
+        folder=str(folder),
+        n_in=len(inside),
+        n_out=len(out),
+        separations=separation(inside, out, cal.temperature),
+        rule=rule.to_dict() if rule else None,
+        accepted_in=float(1 - cal.decide(inside)[1].mean()) if rule else None,  # type: ignore[union-attr]
+        rejected_out=float(cal.decide(out)[1].mean()) if rule else None,  # type: ignore[union-attr]
+    )
+
+
+__all__ = ["OodReport", "Separation", "auroc", "evaluate_ood", "fpr_at_tpr", "separation"]

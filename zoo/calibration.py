@@ -1,0 +1,187 @@
+"""A model's calibration as one typed value: the temperature its logits are divided by before
+the softmax, and the optional rejection rule that answers ``unknown`` for an image from outside
+its classes. Stored in a model folder's ``config.json`` and in an exported graph's zoo metadata
+(:mod:`zoo.onnx_meta`) under ``calibration``; fitted by ``zoo finetune`` / ``zoo calibrate``
+(:mod:`zoo.train.calibrate`); applied by ``zoo predict``, ``zoo serve`` and the report.
+
+Nothing here imports numpy at module level (``zoo --help`` reads model metadata): the array
+functions import it when called.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from zoo.errors import ArtifactError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+ScoreKind = Literal["msp", "energy"]
+"""How in-distribution an image looks, higher is more: ``msp`` the calibrated top-1
+probability (max softmax of logits / T), ``energy`` the negative free energy, ``logsumexp`` of
+the raw logits (Liu et al. 2020, at T = 1)."""
+SCORE_KINDS: tuple[str, ...] = ("msp", "energy")
+DEFAULT_SCORE: ScoreKind = "energy"
+"""What ``--reject auto`` uses: measured by ``bench/ood.py`` (docs/bench/ood.json), digits
+models against photographs and back: see the README's calibration section."""
+DEFAULT_ACCEPTANCE = 0.95
+RejectMode = Literal["off", "auto", "msp", "energy"]
+"""``--reject``: no rejection, the measured default score (:data:`DEFAULT_SCORE`), or a named
+one."""
+REJECT_MODES: tuple[str, ...] = ("off", "auto", *SCORE_KINDS)
+UNKNOWN_LABEL = "unknown"
+"""The label ``zoo predict`` and ``zoo serve`` answer for a rejected image."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Answer ``unknown`` when an image's score falls below a threshold fitted on validation.
+
+    Attributes:
+        score: the score kind (:data:`SCORE_KINDS`).
+        threshold: images scoring below it are rejected.
+        acceptance: the share of the validation images the threshold was fitted to accept.
+    """
+
+    score: ScoreKind
+    threshold: float
+    acceptance: float
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORE_KINDS:
+            raise ArtifactError(
+                f"Unknown rejection score {self.score!r}: one of {', '.join(SCORE_KINDS)}."
+            )
+        if not math.isfinite(self.threshold):
+            raise ArtifactError(f"The rejection threshold must be finite, got {self.threshold}.")
+        if not 0.0 < self.acceptance <= 1.0:
+            raise ArtifactError(f"The acceptance must be in (0, 1], got {self.acceptance}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"score": self.score, "threshold": self.threshold, "acceptance": self.acceptance}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Temperature scaling (Guo et al. 2017) and the optional rejection rule of a model.
+
+    Attributes:
+        temperature: logits are divided by it before the softmax (> 0: the top-1 never
+            changes, only how confident it reads).
+        reject: the rule answering ``unknown`` (None: every image gets a class).
+        fitted_on: how many validation images it was fitted on.
+        ece_before / ece_after: the expected calibration error on them, raw and scaled.
+    """
+
+    temperature: float
+    reject: Rejection | None = None
+    fitted_on: int = 0
+    ece_before: float | None = None
+    ece_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ArtifactError(
+                f"The temperature must be a positive number, got {self.temperature}."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON written to ``config.json`` and the ONNX metadata."""
+        return {
+            "temperature": self.temperature,
+            "reject": self.reject.to_dict() if self.reject else None,
+            "fitted_on": self.fitted_on,
+            "ece_before": self.ece_before,
+            "ece_after": self.ece_after,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, where: str) -> Calibration:
+        """Read :meth:`to_dict`'s JSON back.
+
+        Raises:
+            ArtifactError: a field is missing or out of range (``where`` names the file).
+        """
+        try:
+            reject = d.get("reject")
+            return cls(
+                temperature=float(d["temperature"]),
+                reject=Rejection(
+                    score=reject["score"],
+                    threshold=float(reject["threshold"]),
+                    acceptance=float(reject["acceptance"]),
+                )
+                if reject
+                else None,
+                fitted_on=int(d.get("fitted_on", 0)),
+                ece_before=d.get("ece_before"),
+                ece_after=d.get("ece_after"),
+            )
+        except (KeyError, TypeError, ValueError, ArtifactError) as exc:
+            raise ArtifactError(f"{where}: calibration is malformed ({exc}).") from exc
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """Calibrated softmax of ``(N, K)`` logits, float64."""
+        return softmax(logits, self.temperature)
+
+    def decide(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Calibrated probabilities and, with a rejection rule, which rows it rejects.
+
+        Returns:
+            ``(probs, rejected)``: ``rejected`` is a boolean ``(N,)`` (None without a rule).
+        """
+        probs = self.probabilities(logits)
+        if self.reject is None:
+            return probs, None
+        s = ood_score(logits, self.reject.score, self.temperature)
+        return probs, s < self.reject.threshold
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Softmax of ``logits / temperature`` over the last axis, float64."""
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64) / temperature
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def ood_score(logits: np.ndarray, kind: str, temperature: float = 1.0) -> np.ndarray:
+    """Each row's in-distribution score (higher: more like the training classes).
+
+    Args:
+        logits: ``(N, K)`` raw logits.
+        kind: ``msp`` (max of the softmax at ``temperature``) or ``energy`` (``logsumexp`` of
+            the raw logits).
+        temperature: the model's fitted temperature (``msp`` only).
+
+    Returns:
+        ``(N,)`` float64 scores.
+    """
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64)
+    if kind == "msp":
+        return softmax(x, temperature).max(axis=-1)
+    if kind == "energy":
+        top = x.max(axis=-1)
+        return top + np.log(np.exp(x - top[:, None]).sum(axis=-1))
+    raise ArtifactError(f"Unknown score kind {kind!r}: one of {', '.join(SCORE_KINDS)}.")
+
+
+__all__ = [
+    "DEFAULT_ACCEPTANCE",
+    "DEFAULT_SCORE",
+    "REJECT_MODES",
+    "SCORE_KINDS",
+    "UNKNOWN_LABEL",
+    "Calibration",
+    "RejectMode",
+    "Rejection",
+    "ScoreKind",
+    "ood_score",
+    "softmax",
+]
