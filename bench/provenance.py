@@ -50,7 +50,9 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "trainer_overhead": (*_TRAIN, "bench/trainer_overhead.py", "bench/hand_train.py"),
     "feature_cache": (*_TRAIN, "bench/feature_cache.py"),
     "imbalance": (*_TRAIN, "bench/imbalance.py"),
-    "ood": (*_TRAIN, "bench/ood.py"),
+    "ood": (*_TRAIN, "deploy/predict", "bench/ood.py"),
+    "tracking_overhead": (*_TRAIN, "bench/tracking_overhead.py"),
+    "tune_cost": (*_TRAIN, "bench/tune_cost.py"),  # train/ holds train/tune
     "loader_cache": (*_TRAIN, "bench/loader_cache.py"),
     "cache_accuracy": (*_TRAIN, "bench/cache_accuracy.py"),
     "gpu_bench": (*_TRAIN, "deploy", "bench/gpu_bench.py", "bench/hand_train.py"),

@@ -3,13 +3,14 @@
 The generator owns every table and every figure: the prose around them lives in
 docs/bench/benchmarks.template.md, which holds ``{{summary}}`` (the goals table, from each
 file's ``results.headlines``) and one ``{{bench NAME}}`` per benchmark script (the provenance
-line, the staleness mark, and the script's tables). Renderers only format values found in the
-JSON; they compute nothing. Staleness is computed, never set by hand (``bench/staleness.py``):
-each file names the commit and the paths it measured, and every commit since that touched
-those paths (uncommitted changes count as one) marks its figures "stale: N commits touched
-the measured code since", in the summary row and above the section. The same marks go into
-docs/quality.md's mutation-score table (from docs/quality.json), between its
-``<!-- staleness:begin -->`` and ``<!-- staleness:end -->`` lines.
+line, the staleness mark, and the script's tables; "not measured yet" while docs/bench has no
+file of it). Renderers only format values found in the JSON; they compute nothing.
+Staleness is computed, never set by hand (``bench/staleness.py``): each file names the commit
+and the paths it measured, and every commit since that touched those paths (uncommitted
+changes count as one) marks its figures "stale: N commits touched the measured code since",
+in the summary row and above the section. The same marks go into docs/quality.md's
+mutation-score table (from docs/quality.json), between its ``<!-- staleness:begin -->`` and
+``<!-- staleness:end -->`` lines.
 
     python scripts/make_benchmarks_doc.py           # rewrite docs/bench/../benchmarks.md
     python scripts/make_benchmarks_doc.py --check   # exit 1 if the committed doc differs
@@ -866,6 +867,153 @@ def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def tracking_overhead(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, s = d["results"], d["results"]["setup"]
+    t = Table(
+        name,
+        "clock",
+        "untracked (s, median)",
+        "`--track mlflow` (s, median)",
+        "tracked / untracked (per round)",
+        "median ratio",
+    )
+    for clock, label in (("wall", "wall clock"), ("cpu", "CPU time")):
+        c = r[clock]
+        t.add(
+            label,
+            fmt(c["median_s"]["untracked"]),
+            fmt(c["median_s"]["tracked"]),
+            ", ".join(fmt(x, 4) for x in c["ratio_per_round"]),
+            f"**{fmt(c['ratio'], 4)}**",
+        )
+    w = r["warmup_1_epoch_s"]
+    t.add(
+        "warm-up run of one epoch (s, not compared)", fmt(w["untracked"]), fmt(w["tracked"]), "", ""
+    )
+    return [
+        f"`{s['model']}` on {s['data']}, {s['epochs']} epochs, batch {s['batch']}, "
+        f"{s['workers']} loader worker(s), {s['device']}; {s['rounds']} rounds, the order "
+        f"alternating. Server: {s['server']}. Every epoch of every tracked run read back from "
+        f"MLflow: {fmt(r['all_epochs_logged'])}. Command: `{s['zoo_command']}`.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
+def tune_cost(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(
+        name,
+        "task",
+        "seed",
+        "epochs: ASHA (trials stopped)",
+        "epochs: FIFO",
+        "ASHA / FIFO epochs",
+        "best val acc: ASHA",
+        "best val acc: FIFO",
+        "zoo's defaults",
+        "images decoded: ASHA, FIFO",
+        "wall clock: ASHA, FIFO (s)",
+    )
+    for task, x in r["tasks"].items():
+        for run in x["runs"]:
+            a, f = run["asha"], run["fifo"]
+            t.add(
+                task,
+                run["seed"],
+                f"{fmt(a['epochs'])} ({fmt(a['stopped'])})",
+                fmt(f["epochs"]),
+                fmt(run["epoch_share"], 3),
+                fmt(a["best_val_acc"], 4),
+                fmt(f["best_val_acc"], 4),
+                fmt(run["default_val_acc"], 4),
+                f"{fmt(a['images_decoded'])}, {fmt(f['images_decoded'])}",
+                f"{fmt(a['wall_s'], 1)}, {fmt(f['wall_s'], 1)}",
+            )
+        t.add(
+            f"**{task}: mean over seeds**",
+            "",
+            "",
+            "",
+            f"**{fmt(x['epoch_share_mean'], 3)}**",
+            f"**{fmt(x['asha_best_mean'], 4)}**",
+            fmt(x["fifo_best_mean"], 4),
+            f"**{fmt(x['default_mean'], 4)}**",
+            "",
+            "",
+        )
+    tasks = "; ".join(
+        f"{task}: `zoo tune {x['model']} {x['options']}`, {x['trials']} trials of at most "
+        f"{x['max_epochs']} epochs, {fmt(x['images'])} images"
+        for task, x in r["tasks"].items()
+    )
+    smoke = " A smoke run (`--smoke`): not a measurement." if r.get("smoke") else ""
+    return [
+        f"Search seeds {', '.join(str(s) for s in r['seeds'])}. {tasks}.{smoke}",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
+def ood(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, s = d["results"], d["results"]["setup"]
+    kinds = list(r["fpr_at_95_tpr_by_score"])
+    labels = {
+        "digits_vs_photos": "digits model, photographs outside",
+        "photos_vs_digits": "photos model, digits outside",
+    }
+    head = ["test accuracy", "ECE before → after", "test images accepted", "outside rejected"]
+    scores = [f"`{k}`: AUROC; FPR at TPR95" for k in kinds]
+    t = Table(name, "model, outside images (mean over seeds)", *head, *scores)
+    for key, m in r["summary"].items():
+        t.add(
+            labels.get(key, key),
+            fmt(m["acc"], 4),
+            f"{fmt(m['ece_before'], 4)} → {fmt(m['ece_after'], 4)}",
+            pct(m["accepted_in"]),
+            pct(m["rejected_out"]),
+            *(f"{fmt(m[k]['auroc'], 3)}; {fmt(m[k]['fpr_at_95_tpr'], 3)}" for k in kinds),
+        )
+    per = Table(
+        name,
+        "run",
+        "seed",
+        "temperature",
+        "rule: score, threshold",
+        "accepted of the test images",
+        "rejected of the outside images",
+    )
+    for key, rows in r["runs"].items():
+        for x in rows:
+            per.add(
+                labels.get(key, key),
+                x["seed"],
+                fmt(x["temperature"], 3),
+                f"`{x['rule']['score']}`, {fmt(x['rule']['threshold'], 3)}",
+                f"{pct(x['accepted_in'])} of {fmt(x['n_in'])}",
+                f"{pct(x['rejected_out'])} of {fmt(x['n_out'])}",
+            )
+    default = "the same" if r["default_is_best"] else "**not the best**"
+    split = ", ".join(f"{k} {pct(v, 0)}" for k, v in s["split"].items())
+    return [
+        f"`{s['command']}`; seeds {', '.join(str(x) for x in s['seeds'])}; "
+        f"{s['photos_per_class']} photographs per class; split per class: {split}. FPR at TPR95: "
+        "the share of outside images accepted at the threshold that keeps 95% of the test "
+        "images.",
+        "",
+        *t.lines(out),
+        "",
+        f"Best score kind (lowest mean FPR at TPR95 over every run): `{r['best_score']}`; zoo's "
+        f"default `{s['default_score']}`: {default}. ECE after / before, mean over runs: "
+        f"{fmt(r['ece_after_over_before'], 3)}.",
+        "",
+        *per.lines(out),
+        "",
+    ]
+
+
 RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "trainer_overhead": trainer_overhead,
     "feature_cache": feature_cache,
@@ -880,6 +1028,9 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "predict_throughput": predict_throughput,
     "openvino_bench": openvino_bench,
     "quantize_defaults": quantize_defaults,
+    "tracking_overhead": tracking_overhead,
+    "tune_cost": tune_cost,
+    "ood": ood,
 }
 
 
@@ -893,9 +1044,15 @@ def busy(d: dict[str, Any]) -> bool:
     return bool(load and cpus and load[0] > cpus)
 
 
-def summary(results: dict[str, dict[str, Any]], marks: dict[str, Staleness], out: Doc) -> list[str]:
+def summary(
+    results: dict[str, dict[str, Any]],
+    marks: dict[str, Staleness],
+    out: Doc,
+    missing: list[str] | None = None,
+) -> list[str]:
     """One row per goal (each file's ``results.headlines``): the commit and date it was
-    measured at, the CPU flags an ISA-dependent figure relied on, and the staleness mark."""
+    measured at, the CPU flags an ISA-dependent figure relied on, and the staleness mark;
+    then the benchmarks the template shows that have no result file yet (``missing``)."""
     ops = {"<=": "≤", ">=": "≥", "<": "<"}
     t = Table("", "goal", "target", "measured", "met?", "measured at", "raw")
     for name, d in results.items():
@@ -919,7 +1076,18 @@ def summary(results: dict[str, dict[str, Any]], marks: dict[str, Staleness], out
             goal = f"{ops[h['goal']['op']]} {h['goal']['target']:g}"
             at = f"`{(mark.commit or 'unknown')[:7]}`, {mark.date}{isa_note(h, d)}"
             t.add(h["what"], goal, shown, verdict, at, f"[{name}](bench/{name}.json)", source=name)
-    return t.lines(out)
+    if not missing:
+        return t.lines(out)
+    names = ", ".join(f"`{b}`" for b in missing)
+    return [*t.lines(out), "", f"Not measured yet (no result file, so no goal rows): {names}."]
+
+
+def not_measured(bench: str) -> str:
+    """The section of a benchmark the template shows but docs/bench has no file of (yet)."""
+    return (
+        f"Not measured yet: `docs/bench/{bench}.json` does not exist. "
+        f"`bench/run_all.sh --only {bench}` measures it and regenerates this page."
+    )
 
 
 # ---------------------------------------------------------------------------- generation
@@ -953,16 +1121,20 @@ def generate(
     marks = marks_of(results) if marks is None else marks
     out = Doc("")
     shown: set[str] = set()
+    measured = {d["bench"] for d in results.values()}
+    missing = [b for b in PLACEHOLDER.findall(template) if b[1] and b[1] not in measured]
 
     def expand(m: re.Match[str]) -> str:
         if m.group(1) == "summary":
-            return "\n".join(summary(results, marks, out))
+            return "\n".join(summary(results, marks, out, [b[1] for b in missing]))
         bench = m.group(2)
         names = [n for n, d in results.items() if d["bench"] == bench]
-        if not names:
+        if bench not in RENDERERS:
             raise ValueError(
-                f"the template shows {{{{bench {bench}}}}} but docs/bench has no {bench} result"
+                f"the template shows {{{{bench {bench}}}}} but {__file__} has no renderer for it"
             )
+        if not names:
+            return not_measured(bench)
         parts = []
         for n in names:
             shown.add(n)

@@ -139,6 +139,119 @@ def test_unshown_or_incomplete_result_files_are_refused(
         gen.load_results(tmp_path)
 
 
+def test_a_benchmark_without_a_result_file_reads_not_measured_yet(
+    results: dict, template: str, marks: dict
+) -> None:
+    """A script whose JSON does not exist yet: its section and the summary say so, and the
+    doc still passes every check."""
+    without = {n: d for n, d in results.items() if d["bench"] != "cli_startup"}
+    text = gen.generate(template, without, marks).text
+    section = text.split("## CLI start-up", 1)[1].split("\n## ", 1)[0]
+    assert "Not measured yet: `docs/bench/cli_startup.json` does not exist" in section
+    assert "| " not in section and "Measured " not in section
+    head = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "Not measured yet (no result file, so no goal rows):" in head and "`cli_startup`" in head
+    assert "[cli_startup](" not in text
+    assert gen.check_doc(text, template, without, marks) == []
+    with pytest.raises(ValueError, match="no renderer"):
+        gen.generate(template + "\n{{bench no_such_bench}}\n", results, marks)
+
+
+def _fake(results: dict, bench: str, body: dict) -> dict:
+    """A result file of ``bench`` with ``body`` as its results (another file's provenance)."""
+    doc = json.loads(json.dumps(results["cli_startup"]))
+    doc.update(bench=bench, command=f"python bench/{bench}.py", results=body)
+    return doc
+
+
+def _tune_run(seed: int, share: float) -> dict:
+    search = {"stopped": 0, "best_trial": "trial-001", "best_params": {"lr": 0.003}}
+    return {
+        "seed": seed,
+        "asha": {**search, "epochs": 23, "stopped": 5, "best_val_acc": 0.9652,
+                 "images_decoded": 1797, "wall_s": 61.3},
+        "fifo": {**search, "epochs": 48, "best_val_acc": 0.9708, "images_decoded": 1797,
+                 "wall_s": 118.6},
+        "default_val_acc": 0.9387,
+        "epoch_share": share,
+    }  # fmt: skip
+
+
+def _ood_run(seed: int) -> dict:
+    scores = {
+        "msp": {"score": "msp", "auroc": 0.853455, "fpr_at_95_tpr": 0.652381},
+        "energy": {"score": "energy", "auroc": 0.933187, "fpr_at_95_tpr": 0.319048},
+    }
+    return {
+        "seed": seed, "acc": 0.9220055710306406, "ece_before": 0.099028, "ece_after": 0.031734,
+        "temperature": 0.37114230716499885, "scores": scores,
+        "rule": {"score": "energy", "threshold": 4.019289061682255, "acceptance": 0.95},
+        "accepted_in": 0.9220055710306406, "rejected_out": 0.7380952380952381, "n_in": 359,
+        "n_out": 210,
+    }  # fmt: skip
+
+
+def test_the_new_benchmarks_render_from_their_files(
+    results: dict, template: str, marks: dict
+) -> None:
+    """tracking_overhead, tune_cost and ood files in the shape their scripts write: every
+    figure of their sections and summary rows traces to the file."""
+    h = provenance.headline
+    clock = {
+        "runs_s": {"untracked": [33.1, 32.8, 33.5], "tracked": [33.6, 33.2, 33.9]},
+        "median_s": {"untracked": 33.1, "tracked": 33.6},
+        "ratio_per_round": [1.0151, 1.0122, 1.0119],
+        "ratio": 1.0122,
+    }
+    tracking = {
+        "setup": {"model": "simple_cnn", "data": "sklearn digits (1,797 images)", "epochs": 6,
+                  "rounds": 3, "batch": 64, "workers": 1, "device": "cpu",
+                  "server": "mlflow server, SQLite store", "zoo_command": "zoo finetune MODEL"},
+        "warmup_1_epoch_s": {"untracked": 14.1, "tracked": 17.9},
+        "all_epochs_logged": True,
+        "wall": clock,
+        "cpu": {**clock, "ratio": 1.0087},
+        "headlines": [h("tracking overhead, whole run", "wall.ratio", 1.0122, "<=", 1.02)],
+    }  # fmt: skip
+    runs = [_tune_run(s, x) for s, x in ((0, 0.479), (1, 0.5), (2, 0.438))]
+    task = {"model": "simple_cnn", "options": "-b 64", "trials": 8, "max_epochs": 6,
+            "images": 1797, "runs": runs, "epoch_share_mean": 0.472, "asha_best_mean": 0.9652,
+            "fifo_best_mean": 0.9708, "default_mean": 0.9387}  # fmt: skip
+    tune = {
+        "seeds": [0, 1, 2], "smoke": False, "tasks": {"digits": task},
+        "worst_epoch_share": 0.472, "worst_margin_over_defaults": 0.0265,
+        "headlines": [h("zoo tune: epochs, worst task", "worst_epoch_share", 0.472, "<=", 0.5)],
+    }  # fmt: skip
+    mean = {"acc": 0.922, "ece_before": 0.099, "ece_after": 0.0317, "accepted_in": 0.922,
+            "rejected_out": 0.7381, "msp": {"auroc": 0.8535, "fpr_at_95_tpr": 0.6524},
+            "energy": {"auroc": 0.9332, "fpr_at_95_tpr": 0.319}}  # fmt: skip
+    ood = {
+        "setup": {"model": "simple_cnn", "epochs": 6, "seeds": [0], "photos_per_class": 150,
+                  "split": {"train": 0.6, "val": 0.2, "test": 0.2}, "default_score": "energy",
+                  "command": "zoo finetune simple_cnn --data IN --reject auto"},
+        "runs": {"digits_vs_photos": [_ood_run(0)], "photos_vs_digits": [_ood_run(0)]},
+        "summary": {"digits_vs_photos": mean, "photos_vs_digits": mean},
+        "fpr_at_95_tpr_by_score": {"msp": 0.6524, "energy": 0.319},
+        "best_score": "energy", "default_is_best": True, "ece_after_over_before": 0.3205,
+        "headlines": [h("ECE after / before", "ece_after_over_before", 0.3205, "<=", 0.5)],
+    }  # fmt: skip
+    files = {"tracking_overhead": tracking, "tune_cost": tune, "ood": ood}
+    extra = dict(results, **{b: _fake(results, b, body) for b, body in files.items()})
+    both = dict(marks, **dict.fromkeys(files, marks["cli_startup"]))
+    text = gen.generate(template, extra, both).text
+    assert gen.check_doc(text, template, extra, both) == []
+    assert "Not measured yet" not in text
+    for bench in files:
+        assert f"[{bench}](bench/{bench}.json)" in text  # its goal rows in the summary
+    assert "| wall clock | 33.10 | 33.60 | 1.0151, 1.0122, 1.0119 | **1.0122** |" in text
+    assert "| digits | 2 | 23 (5) | 48 | 0.438 | 0.9652 | 0.9708 | 0.9387 |" in text
+    assert "| **digits: mean over seeds** |  |  |  | **0.472** |" in text
+    assert (
+        "| digits model, photographs outside | 0.9220 | 0.0990 → 0.0317 | 92.2% | 73.8% |" in text
+    )
+    assert "`energy`, 4.019 | 92.2% of 359 | 73.8% of 210 |" in text
+
+
 # ---------------------------------------------------------------------------- provenance
 def test_recording_writes_provenance_from_git(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
