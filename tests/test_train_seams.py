@@ -249,10 +249,25 @@ def test_artifacts_get_the_umask_modes(small_mobilenet: dict) -> None:
     assert modes == dict.fromkeys(files, "0o644")
 
 
+def test_an_export_gets_the_umask_modes(small_mobilenet: dict) -> None:
+    """model.onnx is readable by whoever may read the run (a container's other uid): not the
+    0600 of a plain mkstemp."""
+    run = small_mobilenet["run"]
+    r = _zoo_umask_022("export", str(run), cwd=run.parent)
+    assert r.returncode == 0, r.stderr
+    assert oct(stat.S_IMODE((run / "model" / "model.onnx").stat().st_mode)) == "0o644"
+    assert not [p for p in (run / "model").iterdir() if p.name.startswith(".")]  # no temp left
+
+
 def test_durable_writes_honour_the_umask(tmp_path: Path) -> None:
     old = os.umask(0o027)
     try:
         durable.write_bytes(tmp_path / "a.bin", b"x", label=None)
+        with durable.file_output(tmp_path / "by_name.onnx") as tmp:
+            tmp.write_bytes(b"onnx")  # as an exporter writes to a file name
+        with pytest.raises(RuntimeError), durable.file_output(tmp_path / "failed.onnx") as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("exporter failed")
         folder = durable.temp_path(tmp_path / "dir", folder=True)
         (folder / "w").write_bytes(b"w")
         os.chmod(folder / "w", 0o600)  # as safetensors creates its files
@@ -260,6 +275,9 @@ def test_durable_writes_honour_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.bin").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "by_name.onnx").stat().st_mode) == 0o640
+    assert (tmp_path / "by_name.onnx").read_bytes() == b"onnx"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "by_name.onnx", "dir"]
     assert stat.S_IMODE((tmp_path / "dir" / "w").stat().st_mode) == 0o640
     assert stat.S_IMODE((tmp_path / "dir").stat().st_mode) == 0o750
 

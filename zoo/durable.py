@@ -28,7 +28,8 @@ import secrets
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -140,6 +141,30 @@ def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str | 
         with open(tmp, "wb") as f:
             fill(f)
             f.flush()
+            os.fsync(f.fileno())
+        share_modes(tmp)
+        if label is not None:
+            inside()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_dir(path.parent)
+    if label is not None:
+        boundary(label)
+
+
+@contextmanager
+def file_output(path: Path, *, label: str | None = None) -> Iterator[Path]:
+    """A fresh temporary path beside ``path`` for a writer that takes a file name (an ONNX
+    exporter). When the block succeeds the file is fsynced, given the umask's modes and moved
+    over ``path`` in one step; when it raises, the temporary file goes and ``path`` is
+    untouched. ``label``: as for :func:`write_with`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         share_modes(tmp)
         if label is not None:

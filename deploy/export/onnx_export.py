@@ -5,8 +5,6 @@ stamped with zoo's metadata (:mod:`zoo.deploy.export.graph_metadata`) and writte
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from zoo import durable
 from zoo.deploy.choices import EXPORTERS, ONNX_PRECISIONS, Exporter, Precision
 from zoo.deploy.export.graph_metadata import export_metadata
 from zoo.deploy.export.lint import lint_graph
@@ -41,16 +40,14 @@ EXPORT_BATCH = 2  # the example batch of a dynamic-batch export (checked again a
 
 @contextmanager
 def atomic_output(out: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``out``; it replaces ``out`` only if the block succeeds."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
+    """Yield a temporary path beside ``out``; it replaces ``out`` (fsynced, with the umask's
+    modes: :func:`zoo.durable.file_output`) only if the block succeeds."""
     try:
-        yield Path(tmp)
-        os.replace(tmp, out)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-        Path(tmp + ".data").unlink(missing_ok=True)
+        with durable.file_output(out) as tmp:
+            yield tmp
+    finally:  # external data an exporter may have written beside the temporary file
+        for stray in out.parent.glob(f".{out.name}.*.data"):
+            stray.unlink(missing_ok=True)
 
 
 def load_for_export(
