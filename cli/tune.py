@@ -14,6 +14,7 @@ from zoo.cli.train_options import (
     D,
     ImageCacheOpt,
     ImageSizeOpt,
+    TrackOpt,
     ValFractionOpt,
     WeightsOpt,
     train_config,
@@ -22,7 +23,7 @@ from zoo.train.config import Monitor
 from zoo.train.tune.book import Scheduler
 
 # `--resume DIR` continues the search as tune.json records it: these may change on the way
-RESUME_OPTIONS = {"resume", "address", "as_json"}
+RESUME_OPTIONS = {"resume", "address", "as_json", "track"}
 
 
 def tune_cmd(
@@ -86,6 +87,7 @@ def tune_cmd(
     resume: Annotated[
         str | None, typer.Option(help="continue the search in DIR (its tune.json)")
     ] = None,
+    track: TrackOpt = D["track"],
     as_json: JsonOpt = False,
 ) -> None:
     """Search hyper-parameters on Ray Tune; every trial is a zoo run in the search folder."""
@@ -102,7 +104,9 @@ def tune_cmd(
             raise typer.BadParameter(
                 f"--resume continues the search as its tune.json records it; drop {given}"
             )
-        options = TuneOptions(resume=resume, address=address)
+        # a tracked search goes on in its parent run unless --track none is typed (finetune's rule)
+        on = True if track == "mlflow" else (False if "track" in typed else None)
+        options = TuneOptions(resume=resume, address=address, track=on)
     else:
         if arch is None or data is None:
             raise typer.BadParameter("give ARCH and --data (or --resume DIR)")
@@ -135,7 +139,9 @@ def tune_cmd(
             trial_gpus=trial_gpus,
             max_concurrent=max_concurrent,
         )
-        options = TuneOptions(spec=spec, runs_root=runs_root, name=name, address=address)
+        options = TuneOptions(
+            spec=spec, runs_root=runs_root, name=name, address=address, track=track == "mlflow"
+        )
     with interrupt_exits():
         result = run_search(options)
     for line in result.lines():

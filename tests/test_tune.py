@@ -229,6 +229,74 @@ def test_a_search_joins_a_multi_node_cluster(cluster: str, digits: Path, tmp_pat
         assert t["status"] == "done" and (Path(t["run"]) / "model" / "model.safetensors").exists()
 
 
+@pytest.mark.ray
+@pytest.mark.serve
+@pytest.mark.slow
+def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
+    digits: Path, tmp_path: Path
+) -> None:
+    """`--track mlflow` against a real `mlflow server`: the search is a parent run (the
+    search as params, the best trial at the end, tune.json), each trial's run is nested under
+    it with its epochs; `--resume` continues the same parent run; an unreachable server stops
+    a search before its folder is written (exit 1)."""
+    pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    from tests.mlflow_server import MlflowServer, free_port
+
+    argv = ["tune", "simple_cnn", "--data", str(digits), "--trials", "2", "--max-epochs", "2",
+            "--scheduler", "fifo", "--runs", str(tmp_path)]  # fmt: skip
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    r = run_zoo(*argv, "--name", "down", "--track", "mlflow", env={"MLFLOW_TRACKING_URI": down})
+    assert r.returncode == 1 and f"The MLflow tracking server at {down} does not answer" in r.stderr
+    assert not (tmp_path / "down").exists()
+    (tmp_path / "mlflow").mkdir()
+    server = MlflowServer(tmp_path / "mlflow")
+    server.start()
+    try:
+        env = {"MLFLOW_TRACKING_URI": server.uri, "ZOO_TRACK": "mlflow"}  # the variable
+        r = run_zoo(*argv, "--name", "t", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "tracking: the search and its trials are in MLflow" in r.stderr
+        book, folder = json.loads(r.stdout), tmp_path / "t"
+        parent_id = json.loads((folder / "tracking.json").read_text())["run_id"]
+        c = MlflowClient(server.uri)
+        parent = c.get_run(parent_id)
+        assert parent.info.status == "FINISHED"
+        p = parent.data.params
+        assert p["trials"] == "2" and p["scheduler"] == "fifo" and p["max_epochs"] == "2"
+        assert json.loads(p["space.lr"]) == book["search"]["space"]["lr"]
+        best = next(t for t in book["trials"] if t["name"] == book["best"]["trial"])
+        assert {k: p[f"best.{k}"] for k in best["params"]} == {
+            k: str(v) for k, v in best["params"].items()
+        }
+        assert parent.data.metrics["best/val/acc"] == pytest.approx(book["best"]["val/acc"])
+        assert parent.data.tags["zoo.best.run"] == book["best"]["run"]
+        assert "tune.json" in {f.path for f in c.list_artifacts(parent_id)}
+        children = c.search_runs(
+            [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'"
+        )
+        assert sorted(ch.info.run_name for ch in children) == ["trial-000", "trial-001"]
+        for ch in children:
+            trial = next(t for t in book["trials"] if t["name"] == ch.info.run_name)
+            run = Path(trial["run"])
+            assert json.loads((run / "tracking.json").read_text())["run_id"] == ch.info.run_id
+            assert ch.info.status == "FINISHED" and ch.data.params["lr"] == str(
+                trial["params"]["lr"]
+            )
+            history = c.get_metric_history(ch.info.run_id, "val/acc")
+            assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
+                (e["epoch"], pytest.approx(e["val/acc"])) for e in trial["epochs"]
+            ]
+        again = run_zoo("tune", "--resume", str(folder), env={"MLFLOW_TRACKING_URI": server.uri})
+        assert again.returncode == 0, again.stderr
+        assert json.loads((folder / "tracking.json").read_text())["run_id"] == parent_id
+        assert c.get_run(parent_id).info.status == "FINISHED"
+        assert len(c.search_runs([parent.info.experiment_id])) == 3  # no new run
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize(
     ("space", "message"),
     [

@@ -21,14 +21,25 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from zoo.errors import InputError, UsageError
 from zoo.train.console import say
 from zoo.train.tune.book import SearchBook, SearchSpec, TrialRecord
+from zoo.train.tune.track import TrialTracking
 from zoo.train.tune.trial import VERDICTS, Verdicts, ZooTrial
 
 # passed on to the trials' processes on a cluster whose nodes started without them
-PASSED_ENV = ("ZOO_CACHE", "ZOO_OFFLINE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME")
+PASSED_ENV = (
+    "ZOO_CACHE", "ZOO_OFFLINE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "ZOO_TRACK_FLUSH_S",
+    "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+)  # fmt: skip
 
 
-def run_trials(book: SearchBook, todo: list[TrialRecord], address: str | None) -> None:
-    """Run ``todo`` (each an ordinary zoo run in the search folder) to their ends.
+def run_trials(
+    book: SearchBook,
+    todo: list[TrialRecord],
+    address: str | None,
+    tracked: TrialTracking | None = None,
+) -> None:
+    """Run ``todo`` (each an ordinary zoo run in the search folder) to their ends; with
+    ``tracked``, each trial's run is an MLflow run nested under the search's.
 
     Raises:
         InputError: the cluster at ``address`` cannot be reached.
@@ -39,7 +50,7 @@ def run_trials(book: SearchBook, todo: list[TrialRecord], address: str | None) -
         _init_ray(address)
     try:
         _check_resources(book.spec)
-        _fit(book, todo)
+        _fit(book, todo, tracked)
     finally:
         if started:
             ray.shutdown()
@@ -85,7 +96,7 @@ def _check_resources(spec: SearchSpec) -> None:
             )
 
 
-def _fit(book: SearchBook, todo: list[TrialRecord]) -> None:
+def _fit(book: SearchBook, todo: list[TrialRecord], tracked: TrialTracking | None) -> None:
     spec = book.spec
     verdicts = Verdicts.options(name=VERDICTS).remote()  # type: ignore[attr-defined]
     scheduler = (
@@ -95,7 +106,12 @@ def _fit(book: SearchBook, todo: list[TrialRecord]) -> None:
         else FIFOScheduler()
     )  # fmt: skip
     plans = [
-        {"trial": t.name, "options": t.config(spec, book.folder).to_dict(), "metric": spec.metric}
+        {
+            "trial": t.name,
+            "options": t.config(spec, book.folder).to_dict(),
+            "metric": spec.metric,
+            "track": tracked.to_dict() if tracked else None,
+        }
         for t in todo
     ]
     storage = tempfile.mkdtemp(prefix="zoo-tune-ray-")  # Ray's own files; the record is ours

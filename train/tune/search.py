@@ -29,19 +29,22 @@ from zoo.train.tune.book import (
     metric_value,
 )
 from zoo.train.tune.space import Space, default_space, read_space, sample_trials
+from zoo.train.tune.track import TrialTracking
 
 
 @dataclass(frozen=True)
 class TuneOptions:
     """A new search (``spec``, in ``runs_root/name``; default name ``tune-ARCH-DATA``) or
     the continuation of one (``resume``: its folder); ``address``: a Ray cluster to join
-    (default: a local Ray for the search's length)."""
+    (default: a local Ray for the search's length); ``track``: log the search to MLflow, a
+    parent run with each trial nested (None: as the resumed folder's ``tracking.json`` says)."""
 
     spec: SearchSpec | None = None
     runs_root: str = "runs"
     name: str | None = None
     resume: str | None = None
     address: str | None = None
+    track: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class SearchResult:
     trials: tuple[TrialRecord, ...]
     best: TrialRecord | None
     spec: SearchSpec
+    tracking: str | None = None  # with --track: where the search is in MLflow, or what is not
 
     def record(self) -> dict[str, Any]:
         """The search's ``tune.json``."""
@@ -74,6 +78,8 @@ class SearchResult:
                 f"{self.folder / self.best.name}"
             )
             out.append(f"re-run it: {self.best.rerun(self.spec)}")
+        if self.tracking:
+            out.append(self.tracking)
         return out
 
 
@@ -131,25 +137,54 @@ def run_search(options: TuneOptions) -> SearchResult:
             the resources one trial asks for.
         TrainingError: every trial failed (the first error is named).
         Interrupted: Ctrl-C; the message names the ``--resume`` command.
+        TrackingError: with ``track``, the MLflow server does not answer at the start (before
+            any trial; a new search writes no folder).
     """
     try:
-        from zoo.train.tune import ray_run
+        from zoo.train.tune import ray_run  # noqa: F401  (Ray Tune, checked before any work)
     except ImportError as exc:
         raise BackendUnavailableError("zoo tune needs Ray Tune: pip install 'zoo[tune]'") from exc
+    from zoo.train.tune import track
+
     if options.resume:
         book = SearchBook.read(Path(options.resume).resolve())
         say(f"resuming the search in {book.folder}")
+        tracked = track.recorded(book.folder) if options.track is None else options.track
     else:
         if options.spec is None:
             raise UsageError("give a search to run, or --resume DIR")
+        tracked = bool(options.track)
+        if tracked:  # an unreachable server: refused before the search folder is written
+            track.check_server()
         book = _new_search(options.spec, Path(options.runs_root), options.name)
+    parent = track.open_parent(book) if tracked else None
+    status, line = "KILLED", None
+    try:
+        result = _run(book, options.address, track.trial_tracking(parent) if parent else None)
+        status = "FINISHED"
+    except Interrupted:
+        raise  # KILLED: --resume continues the parent run
+    except Exception:
+        status = "FAILED"
+        raise
+    finally:
+        if parent is not None:
+            line = track.close_parent(parent, book, book.best(), status)
+            if status != "FINISHED":
+                say(line)
+    return replace(result, tracking=line)
+
+
+def _run(book: SearchBook, address: str | None, tracked: TrialTracking | None) -> SearchResult:
+    from zoo.train.tune import ray_run
+
     for rec in list(book.trials.values()):  # a run that finished is final, whatever the record
         if book.complete(rec.name) and rec.status not in ("done", "stopped"):
             book.finished(rec.name)
     todo = [t for t in book.trials.values() if not book.complete(t.name)]
     if todo:
         _warm_image_cache(book.spec.base)
-        ray_run.run_trials(book, todo, options.address)
+        ray_run.run_trials(book, todo, address, tracked)
     failed = [t for t in book.trials.values() if t.status == "failed"]
     unfinished = [
         t for t in book.trials.values() if not book.complete(t.name) and t.status != "failed"

@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -27,7 +27,10 @@ from ray import tune
 
 from zoo.train.config import TrainConfig
 from zoo.train.epoch_row import EpochRow
-from zoo.train.observe import StopRun
+from zoo.train.observe import RunObserver, StopRun
+
+if TYPE_CHECKING:
+    from zoo.train.tracking import MlflowTracker
 
 VERDICTS = "zoo-tune-verdicts"  # a search's named Verdicts actor (one Ray namespace per search)
 
@@ -82,10 +85,29 @@ class Reporter:
         pass
 
 
+def _tracker(name: str, track: dict[str, str] | None) -> MlflowTracker | None:
+    """The trial's MLflow tracker, nested under the search's run (None: not tracked). Not
+    checked here: a server that went down after the search started never stops a trial (the
+    tracker keeps what it could not send)."""
+    if track is None:
+        return None
+    import os
+
+    from zoo.train.tracking import MlflowTracker
+    from zoo.train.tune.track import TrialTracking
+
+    t = TrialTracking.from_dict(track)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = t.experiment_id  # the trial's run: the search's experiment
+    return MlflowTracker(
+        uri=t.uri, parent_run_id=t.parent_run_id, run_name=name, tags={"zoo.tune.trial": name}
+    )
+
+
 class ZooTrial(tune.Trainable):
     """A Tune trainable whose iterations are a zoo run's epochs (see the module's notes).
 
-    ``config["plan"]``: ``{"trial": name, "options": TrainConfig.to_dict(), "metric": …}``.
+    ``config["plan"]``: ``{"trial": name, "options": TrainConfig.to_dict(), "metric": …,
+    "track": TrialTracking.to_dict() | None}``.
     """
 
     def setup(self, config: dict[str, Any]) -> None:
@@ -97,16 +119,24 @@ class ZooTrial(tune.Trainable):
         self.last: dict[str, Any] | None = None
         options = TrainConfig.from_dict(plan["options"])
         reporter = Reporter(plan["metric"], self.events, self.verdicts)
-        self.thread = threading.Thread(target=self._fit, args=(options, reporter), daemon=True)
+        tracker = _tracker(self.name, plan.get("track"))
+        self.thread = threading.Thread(
+            target=self._fit, args=(options, reporter, tracker), daemon=True
+        )
         self.thread.start()
 
-    def _fit(self, options: TrainConfig, reporter: Reporter) -> None:
+    def _fit(self, options: TrainConfig, reporter: Reporter, tracker: MlflowTracker | None) -> None:
+        from zoo.train.console import say
         from zoo.train.trainer import fit
 
+        observers: list[RunObserver] = [reporter] if tracker is None else [tracker, reporter]
         try:
-            self.events.put(("done", str(fit(options, observers=[reporter]))))
+            event: tuple[str, Any] = ("done", str(fit(options, observers=observers)))
         except BaseException as exc:  # the trial's failure, raised in step() for Tune
-            self.events.put(("error", exc))
+            event = ("error", exc)
+        if tracker is not None:  # sent before the trial ends; what did not arrive, in its log
+            say(f"{self.name}: {tracker.close().line()}")
+        self.events.put(event)
 
     def step(self) -> dict[str, Any]:
         if self.waiting:
