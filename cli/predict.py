@@ -107,13 +107,23 @@ def predict_cmd(
             "(flip), of five crops, or of those and their mirrors",
         ),
     ] = D["tta"],
+    no_reject: Annotated[
+        bool,
+        typer.Option(
+            "--no-reject",
+            help="show the top-k of every image, even one the model's rejection rule "
+            "(zoo finetune/calibrate --reject) answers `unknown` for",
+        ),
+    ] = not D["reject"],
     variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
 
     Without --out the labels are printed (a few images, all in memory); with --out any number
-    of images are scored into a file, resumably.
+    of images are scored into a file, resumably. A model with a rejection rule answers
+    `unknown` for an image scoring below its threshold (JSON and --out rows add `label`,
+    `accepted` and `score`).
     """
     if address and engine != "ray":
         raise typer.BadParameter("--address applies to --engine ray only.")
@@ -122,7 +132,7 @@ def predict_cmd(
         options = PredictFileOptions(
             model, inputs, out_file, top_k=top_k, device=device, batch_size=batch_size,
             chunk_size=chunk_size, workers=workers, strict=strict, overwrite=overwrite,
-            embeddings=embeddings, engine=engine, address=address, tta=tta,
+            embeddings=embeddings, engine=engine, address=address, tta=tta, reject=not no_reject,
         )  # fmt: skip
         _predict_to_file(options, as_json=as_json)
         return
@@ -134,7 +144,9 @@ def predict_cmd(
     from zoo.deploy.predict.scoring import predict
 
     check_inputs(inputs)
-    results = predict(model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta)
+    results = predict(
+        model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta, reject=not no_reject
+    )
     if as_json:
         print_json([r.to_dict() for r in results])
         return

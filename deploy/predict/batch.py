@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -169,16 +169,19 @@ def predict_to_file(
             embeddings=embeddings and engine == "local",
             tta=o.tta,
             spin=False,  # the decoding threads share the cores ORT's idle threads would spin on
+            reject=o.reject,
         )
     )
     k = min(o.top_k, scorer.num_classes)
-    store = ChunkStore(out, columns(k, scorer.multi_label, embeddings))
+    rule = scorer.rule if o.reject else None
+    store = ChunkStore(out, columns(k, scorer.multi_label, embeddings, judged=rule is not None))
     manifest = {
         "model": scorer.identity,
         "inputs": describe_inputs(inputs),
         "top_k": k,
         "chunk_size": o.chunk_size,
         "embeddings": embeddings,
+        **({"rejection": rule.to_dict()} if rule else {}),  # absent: as before rules existed
     }
     committed = store.open(manifest, overwrite=o.overwrite)
     paths = iter_inputs(inputs)
@@ -194,9 +197,12 @@ def predict_to_file(
         results = ray_results(
             paths, str(ref.path.resolve()) if ref.is_path else str(ref), k,
             embeddings=embeddings, device=o.device, batch_size=o.batch_size, actors=o.workers,
-            address=o.address, multi_label=scorer.multi_label, tta=o.tta,
+            address=o.address, multi_label=scorer.multi_label, tta=o.tta, reject=o.reject,
+            judged=rule is not None,
         )  # fmt: skip
     else:
+        if scorer.rule is not None and rule is None:  # a loaded Scorer, with reject=False
+            scorer = replace(scorer, rule=None)
         results = local_results(
             paths, scorer, k, embeddings=embeddings, batch_size=o.batch_size,
             workers=o.workers or available_cpus(),

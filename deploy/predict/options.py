@@ -43,6 +43,9 @@ class PredictFileOptions:
             :mod:`zoo.deploy.predict.ray_engine`; the file is written here, in the same chunks).
         address: the Ray cluster to join (default: a local Ray started for the job).
         tta: test-time augmentation (:mod:`zoo.tta`; a model reference only).
+        reject: apply the model's rejection rule, if it has one: a rejected image's row says
+            ``label`` ``unknown`` (with ``accepted`` and the rule's ``score``; ``False``: every
+            row its top-k only, ``zoo predict --no-reject``).
 
     Raises:
         InputError: an unknown output extension or engine, embeddings into CSV, an option
@@ -63,6 +66,7 @@ class PredictFileOptions:
     engine: PredictEngine = "local"
     address: str | None = None
     tta: Tta = "none"
+    reject: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))  # a str is welcome too

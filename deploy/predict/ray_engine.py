@@ -39,7 +39,7 @@ from zoo.deploy.predict.store import columns
 from zoo.errors import BackendUnavailableError, InputError
 from zoo.system import available_cpus
 
-MISSING = {"str": "", "int": -1, "float": float("nan")}
+MISSING = {"str": "", "int": -1, "float": float("nan"), "bool": False}
 
 
 class ZooPredictor:
@@ -53,6 +53,7 @@ class ZooPredictor:
         threads: the runtime's threads in this actor (default: its CPUs; 1 suits one actor
             per core).
         tta: test-time augmentation (:mod:`zoo.tta`).
+        reject: apply the model's rejection rule (``label``, ``accepted``, ``score``).
     """
 
     def __init__(
@@ -64,9 +65,10 @@ class ZooPredictor:
         device: str = "cpu",
         threads: int | None = None,
         tta: str = "none",
+        reject: bool = True,
     ) -> None:
         self.scorer = load_scorer(
-            model, device=device, embeddings=embeddings, threads=threads, tta=tta
+            model, device=device, embeddings=embeddings, threads=threads, tta=tta, reject=reject
         )
         if threads is not None and not model.endswith((".onnx", ".xml")):
             import torch
@@ -74,7 +76,8 @@ class ZooPredictor:
             torch.set_num_threads(threads)
         self.k = min(top_k, self.scorer.num_classes)
         self.embeddings = embeddings
-        self.cols = columns(self.k, self.scorer.multi_label, embeddings)
+        judged = self.scorer.rule is not None
+        self.cols = columns(self.k, self.scorer.multi_label, embeddings, judged=judged)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         paths = [str(p) for p in batch["path"]]
@@ -120,6 +123,8 @@ def ray_results(
     address: str | None,
     multi_label: bool,
     tta: str = "none",
+    reject: bool = True,
+    judged: bool = False,
 ) -> Generator[Result, None, None]:
     """The Ray engine: the same ``(path, row, reason)`` items as the local engine, in order.
 
@@ -165,12 +170,12 @@ def ray_results(
             ZooPredictor,
             fn_constructor_kwargs={
                 "model": model, "top_k": k, "embeddings": embeddings, "device": device,
-                "threads": 1, "tta": tta,
+                "threads": 1, "tta": tta, "reject": reject,
             },
             batch_size=batch_size, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=1, num_gpus=1 if gpu else 0,
         )  # fmt: skip
-        cols = columns(k, multi_label, embeddings)
+        cols = columns(k, multi_label, embeddings, judged=judged)
         given = iter(todo)
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             for path, row, reason in _rows(batch, cols):

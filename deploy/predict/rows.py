@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.predict.scoring import Scorer
 from zoo.images import open_image
 
@@ -28,12 +29,19 @@ def decode(
         return path, None, str(exc)
 
 
-def _row(scorer: Scorer, path: str, scores: np.ndarray, k: int) -> dict[str, Any]:
+def _row(
+    scorer: Scorer, path: str, scores: np.ndarray, k: int, verdict: Verdict | None
+) -> dict[str, Any]:
     row: dict[str, Any] = {"path": path}
-    for i, t in enumerate(scorer.top(scores, k), 1):
+    top = scorer.top(scores, k)
+    for i, t in enumerate(top, 1):
         row.update({f"label_{i}": t.label, f"index_{i}": t.index, f"score_{i}": t.score})
     if scorer.multi_label:
         row["labels"] = ";".join(scorer.decided(scores))
+    if verdict is not None:  # the columns of store.columns(judged=True)
+        row["label"] = top[0].label if verdict.accepted else UNKNOWN_LABEL
+        row["accepted"] = verdict.accepted
+        row["score"] = verdict.score
     return row
 
 
@@ -44,20 +52,18 @@ def score_decoded(
 
     Returns:
         ``(path, row, None)`` per scored input (with ``embedding``, a list of floats, when
-        ``embeddings``) and ``(path, None, reason)`` per input that could not be read, in order.
+        ``embeddings``; with ``label``, ``accepted`` and ``score`` when the scorer has a
+        rejection rule) and ``(path, None, reason)`` per input that could not be read, in order.
     """
     ok = [i for i, (_, a, _) in enumerate(batch) if a is not None]
     results: list[Result] = [(p, None, reason) for p, _, reason in batch]
     if not ok:
         return results
     x = scorer.batch([batch[i][1] for i in ok])  # type: ignore[misc]  # ok: arrays only
-    if embeddings:
-        assert scorer.embed is not None, "load the scorer with embeddings=True"
-        probs, feats = scorer.embed(x)
-    else:
-        probs, feats = scorer.score(x), None
+    a = scorer.scored(x, features=embeddings)
+    probs, feats, verdicts = a.probs, a.features, scorer.verdicts(a)
     for j, i in enumerate(ok):
-        row = _row(scorer, batch[i][0], probs[j], k)
+        row = _row(scorer, batch[i][0], probs[j], k, verdicts[j])
         if feats is not None:
             row["embedding"] = feats[j].tolist()
         results[i] = (batch[i][0], row, None)

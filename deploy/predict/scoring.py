@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from zoo.calibration import UNKNOWN_LABEL, Rejection, Verdict
+from zoo.deploy.runtimes.classifier import Assessed, judge_logits
 from zoo.errors import InputError
 from zoo.images import open_image
-from zoo.preprocess import scores
 from zoo.preprocessing import Preprocessing
 from zoo.ref import RUNTIME_KINDS, ModelRef
 from zoo.tta import average, check_tta, check_views, views
@@ -38,17 +39,37 @@ class ClassScore:
 
 @dataclass(frozen=True)
 class Prediction:
-    """An image's top-k classes, best first (what :func:`predict` gives for each image)."""
+    """An image's top-k classes, best first (what :func:`predict` gives for each image), and
+    the model's rejection rule's verdict on it (None: no rule, or ``reject=False``)."""
 
     image: str
     top: tuple[ClassScore, ...]
+    verdict: Verdict | None = None
+
+    @property
+    def label(self) -> str:
+        """The answer: the best class, or :data:`zoo.calibration.UNKNOWN_LABEL` if rejected."""
+        if self.verdict is not None and not self.verdict.accepted:
+            return UNKNOWN_LABEL
+        return self.top[0].label
 
     def to_dict(self) -> dict[str, Any]:
-        """``zoo predict --json``'s shape: ``{"image", "top": [{"label", "index", "score"}]}``."""
-        return {"image": self.image, "top": [t.to_dict() for t in self.top]}
+        """``zoo predict --json``'s shape: ``{"image", "top": [{"label", "index", "score"}]}``;
+        with a rule also ``label`` (the answer), ``accepted``, ``score``, ``score_kind`` and
+        ``threshold`` (:meth:`zoo.calibration.Verdict.to_dict`)."""
+        d: dict[str, Any] = {"image": self.image, "top": [t.to_dict() for t in self.top]}
+        if self.verdict is not None:
+            d.update(label=self.label, **self.verdict.to_dict())
+        return d
 
     def lines(self) -> list[str]:
-        """The image, then a ``score  label`` line per class."""
+        """The image, then a ``score  label`` line per class; a rejected image's one line
+        says ``unknown``, why, and its best class."""
+        v = self.verdict
+        if v is not None and not v.accepted:
+            best = self.top[0]
+            why = f"{v.reason()}; best class: {best.label} {best.score:.4f}"
+            return [f"{self.image}:", f"  {UNKNOWN_LABEL}  ({why})"]
         return [f"{self.image}:", *(f"  {t.score:.4f}  {t.label}" for t in self.top)]
 
 
@@ -73,6 +94,9 @@ class Scorer:
         pixels_in: the graph preprocesses itself (``zoo export --embed-preprocessing``):
             ``prepare`` gives ``(H, W, C)`` uint8 pixels of any size, and :meth:`batch` a list
             that ``score`` takes.
+        rule: the rejection rule applied (None: the model has none, or it was turned off).
+        assess: ``(batch, features)`` → :class:`Assessed`, the scores, the rule's scores and
+            (``features``) the embeddings from one model call; None: from ``score``/``embed``.
     """
 
     prepare: Callable[[Image.Image], np.ndarray]
@@ -85,6 +109,26 @@ class Scorer:
     embed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
     pre: Preprocessing | None = None
     pixels_in: bool = False
+    rule: Rejection | None = None
+    assess: Callable[[Any, bool], Assessed] | None = None
+
+    def scored(self, x: Any, *, features: bool = False) -> Assessed:
+        """Scores of a :meth:`batch`, the rule's scores when :attr:`rule` is set, and
+        (``features``, a scorer with ``embed``) the penultimate features, in one model call."""
+        if self.assess is not None:
+            a = self.assess(x, features)
+            return a if self.rule is not None else replace(a, rule_scores=None)
+        if features:
+            assert self.embed is not None, "load the scorer with embeddings=True"
+            probs, feats = self.embed(x)
+            return Assessed(probs, None, feats)
+        return Assessed(self.score(x))
+
+    def verdicts(self, a: Assessed) -> list[Verdict | None]:
+        """Each row's verdict of :attr:`rule` (Nones without one)."""
+        if self.rule is None or a.rule_scores is None:
+            return [None] * len(a.probs)
+        return [self.rule.verdict(s) for s in a.rule_scores]
 
     def batch(self, samples: list[np.ndarray]) -> Any:
         """What ``score`` takes for these prepared samples: one stacked array, or the list
@@ -127,6 +171,7 @@ def load_scorer(
     threads: int | None = None,
     tta: str = "none",
     spin: bool = True,
+    reject: bool = True,
 ) -> Scorer:
     """Load a model for prediction, once.
 
@@ -141,6 +186,8 @@ def load_scorer(
             image's views and ``score`` averages their probabilities.
         spin: let ONNX Runtime's idle threads busy-wait between runs (fastest when nothing
             else needs the cores; ``False`` when decoding threads run beside it).
+        reject: apply the model's rejection rule, if it has one (``False``: every image gets
+            its top-k, ``zoo predict --no-reject``).
 
     Returns:
         The loaded :class:`Scorer`.
@@ -155,6 +202,8 @@ def load_scorer(
             "views: drop --tta or --embeddings."
         )
     scorer = _load(ModelRef.parse(model), device, embeddings, threads, spin)
+    if not reject:
+        scorer = replace(scorer, rule=None)
     if scorer.pixels_in and (tta != "none" or embeddings):
         raise InputError(
             f"{model} preprocesses images inside its graph (exported with "
@@ -166,18 +215,26 @@ def load_scorer(
         )
     if tta == "none":
         return scorer
-    pre, base = scorer.pre, scorer.score
-    assert pre is not None
+    pre, base, base_assess = scorer.pre, scorer.score, scorer.assess
+    assert pre is not None and base_assess is not None
     check_views(pre, tta)  # refused here, not once per image
 
     def score_views(x: np.ndarray) -> np.ndarray:  # (N, V, C, H, W) → (N, K)
         n, v = x.shape[:2]
         return average(base(x.reshape(n * v, *x.shape[2:])).reshape(n, v, -1))
 
+    def assess_views(x: np.ndarray, features: bool) -> Assessed:
+        # the views' probabilities averaged as score_views does; the rule's score too
+        n, v = x.shape[:2]
+        a = base_assess(x.reshape(n * v, *x.shape[2:]), False)
+        s = None if a.rule_scores is None else a.rule_scores.reshape(n, v).mean(1)
+        return Assessed(average(a.probs.reshape(n, v, -1)), s)
+
     return replace(
         scorer,
         prepare=lambda im: views(im, pre, tta),
         score=score_views,
+        assess=assess_views,
         identity={**scorer.identity, "tta": tta},
     )
 
@@ -200,6 +257,8 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
             embed=clf.score_with_features if embeddings else None,
             pre=clf.pre,
             pixels_in=clf.embedded,
+            rule=clf.rule,
+            assess=lambda x, features: clf.assess(x, features=features),
         )
     import torch
 
@@ -213,18 +272,27 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
     info = info_of(net)
     tf = eval_transform(info)
 
-    def score(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            logits = net(torch.from_numpy(x).to(dev)).float().cpu().numpy()
-        return scores(logits, info.multi_label, info.calibration)
-
     both = torch_features(net, info.classifier) if embeddings else None
 
-    def torch_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        assert both is not None
+    def assess(x: np.ndarray, features: bool) -> Assessed:
         with torch.inference_mode():
-            logits, feats = both(torch.from_numpy(x).to(dev))
-        return scores(logits.float().cpu().numpy(), info.multi_label, info.calibration), feats
+            if not features:
+                logits, feats = net(torch.from_numpy(x).to(dev)), None
+            else:
+                assert both is not None, "load the scorer with embeddings=True"
+                logits, feats = both(torch.from_numpy(x).to(dev))
+        a = judge_logits(logits.float().cpu().numpy(), info.multi_label, info.calibration)
+        return Assessed(a.probs, a.rule_scores, feats)
+
+    def score(x: np.ndarray) -> np.ndarray:
+        return assess(x, False).probs
+
+    def torch_embed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a = assess(x, True)
+        assert a.features is not None
+        return a.probs, a.features
+
+    cal = info.calibration
 
     return Scorer(
         prepare=lambda im: tf(im).numpy(),
@@ -236,6 +304,8 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         identity=_identity(ref, str(dev)),
         embed=torch_embed if embeddings else None,
         pre=info.preprocessing(),
+        rule=cal.reject if cal is not None and not info.multi_label else None,
+        assess=assess,
     )
 
 
@@ -246,6 +316,7 @@ def predict(
     k: int = 5,
     device: str = "cpu",
     tta: str = "none",
+    reject: bool = True,
 ) -> list[Prediction]:
     """Top-``k`` labels of each image.
 
@@ -255,6 +326,7 @@ def predict(
         k: labels per image.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
         tta: test-time augmentation (a reference only; a loaded Scorer keeps its own).
+        reject: apply the model's rejection rule (a reference only, as ``tta``).
 
     Returns:
         One :class:`Prediction` per image, in order.
@@ -264,9 +336,16 @@ def predict(
         InputError: an image is missing or unreadable.
         Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
     """
-    scorer = model if isinstance(model, Scorer) else load_scorer(model, device=device, tta=tta)
+    scorer = (
+        model
+        if isinstance(model, Scorer)
+        else load_scorer(model, device=device, tta=tta, reject=reject)
+    )
     if not images:
         return []
     x = scorer.batch([scorer.prepare(open_image(p)) for p in images])
-    probs = scorer.score(x)
-    return [Prediction(img, scorer.top(row, k)) for img, row in zip(images, probs, strict=True)]
+    a = scorer.scored(x)
+    return [
+        Prediction(img, scorer.top(row, k), v)
+        for img, row, v in zip(images, a.probs, scorer.verdicts(a), strict=True)
+    ]

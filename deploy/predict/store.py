@@ -52,14 +52,20 @@ def digest(paths: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(paths).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def columns(k: int, multi_label: bool, embeddings: bool = False) -> list[tuple[str, str]]:
-    """The output's columns and their types (``str``, ``int``, ``float``, ``floats``: a list of
-    float32, the penultimate features)."""
+def columns(
+    k: int, multi_label: bool, embeddings: bool = False, judged: bool = False
+) -> list[tuple[str, str]]:
+    """The output's columns and their types (``str``, ``int``, ``float``, ``bool``, ``floats``:
+    a list of float32, the penultimate features). ``judged`` (a model with a rejection rule)
+    adds ``label`` (the answer: the best class, or ``unknown``), ``accepted`` and ``score``
+    (the rule's score of the image)."""
     cols = [("path", "str")]
     for i in range(1, k + 1):
         cols += [(f"label_{i}", "str"), (f"index_{i}", "int"), (f"score_{i}", "float")]
     if multi_label:
         cols.append(("labels", "str"))
+    if judged:
+        cols += [("label", "str"), ("accepted", "bool"), ("score", "float")]
     return [*cols, ("embedding", "floats")] if embeddings else cols
 
 
@@ -70,6 +76,7 @@ def _schema(cols: list[tuple[str, str]]) -> Any:
         "str": pa.string(),
         "int": pa.int64(),
         "float": pa.float64(),
+        "bool": pa.bool_(),
         "floats": pa.list_(pa.float32()),
     }
     return pa.schema([(name, types[t]) for name, t in cols])

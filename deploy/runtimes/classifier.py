@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo.calibration import Calibration, Rejection
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.onnx_meta import read_calibration, read_preprocessing
@@ -54,6 +55,35 @@ class Prediction:
     label: str
     index: int
     score: float
+
+
+@dataclass(frozen=True)
+class Assessed:
+    """A batch scored from its logits in one pass (:meth:`Classifier.assess`).
+
+    Attributes:
+        probs: ``(N, classes)`` float64 scores, as :meth:`Classifier.score` gives them.
+        rule_scores: ``(N,)`` each sample's score of the model's rejection rule (None: the
+            model has no rule); :meth:`zoo.calibration.Rejection.verdict` judges one.
+        features: ``(N, D)`` float32 penultimate features, when asked for.
+    """
+
+    probs: np.ndarray
+    rule_scores: np.ndarray | None = None
+    features: np.ndarray | None = None
+
+
+def judge_logits(
+    logits: np.ndarray, multi_label: bool, calibration: Calibration | None
+) -> Assessed:
+    """Scores of raw ``(N, classes)`` logits (:func:`zoo.preprocess.scores`) and the scores of
+    the calibration's rejection rule (energy needs the logits before the softmax, so both come
+    from here; a multi-label model has no rule)."""
+    rule = calibration.reject if calibration is not None and not multi_label else None
+    return Assessed(
+        scores(logits, multi_label, calibration),
+        rule.scores(logits, calibration.temperature) if rule and calibration else None,
+    )
 
 
 class Classifier:
@@ -101,6 +131,12 @@ class Classifier:
         """Multi-label decision threshold per class, from the metadata (None: 0.5 for all)."""
         found = self.meta.get("thresholds")
         return tuple(found) if found else None
+
+    @property
+    def rule(self) -> Rejection | None:
+        """The rejection rule in the metadata (None: none stored; a multi-label model has none)."""
+        cal = self.calibration
+        return cal.reject if cal is not None and not self.multi_label else None
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -150,8 +186,27 @@ class Classifier:
         Returns:
             One row of scores per sample, in order.
         """
-        logits = self.run_each(list(batch)) if self.embedded else self.run(np.asarray(batch))
-        return scores(logits, self.multi_label, self.calibration)
+        return scores(self._logits(batch), self.multi_label, self.calibration)
+
+    def _logits(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
+        return self.run_each(list(batch)) if self.embedded else self.run(np.asarray(batch))
+
+    def judge(self, logits: np.ndarray) -> Assessed:
+        """:func:`judge_logits` with this model's calibration."""
+        return judge_logits(logits, self.multi_label, self.calibration)
+
+    def assess(self, batch: np.ndarray | list[np.ndarray], *, features: bool = False) -> Assessed:
+        """:meth:`score`, the rejection rule's scores and (``features``) the penultimate
+        features of prepared samples, from one run of the graph.
+
+        Raises:
+            InputError / ValueError: ``features`` where :meth:`score_with_features` raises.
+        """
+        if not features:
+            return self.judge(self._logits(batch))
+        logits, feats = self.run_with_features(np.asarray(batch))
+        judged = self.judge(logits)
+        return Assessed(judged.probs, judged.rule_scores, feats)
 
     def score_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`score` and each sample's penultimate features, ``(N, D)`` float32, in one pass.

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.artifact import zoo_version
+from zoo.calibration import UNKNOWN_LABEL
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.auth import ApiKeys, Verdict, refusal_message
 from zoo.deploy.serve.config import ServeConfig
@@ -192,8 +193,13 @@ class HttpApi:
                 data = await read_upload(request, limit)
             else:
                 data = await read_body(request, limit)
-            predictions = await self.model.predict_image(request.path_params["name"], data, k)
-            body = {"model_name": self.model.name, "predictions": predictions}
+            predictions, verdict = await self.model.predict_image(
+                request.path_params["name"], data, k
+            )
+            body: dict[str, Any] = {"model_name": self.model.name, "predictions": predictions}
+            if verdict is not None:  # the answer: the best class, or unknown, and why
+                label = predictions[0]["label"] if verdict.accepted else UNKNOWN_LABEL
+                body.update(label=label, **verdict.to_dict())
             return Response(msgspec.json.encode(body), media_type="application/json")
 
         return await self._guard(request, "predict", go)

@@ -12,12 +12,15 @@ import threading
 
 import numpy as np
 
+from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ServeConfig, load_served
 from zoo.deploy.serve.inputs import check_tensor
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.protocol import (
+    ACCEPTED_OUTPUT,
+    SCORE_OUTPUT,
     InferRequest,
     ModelMetadata,
     OutputSpec,
@@ -26,7 +29,6 @@ from zoo.deploy.serve.protocol import (
 )
 from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError
 from zoo.images import open_image
-from zoo.preprocess import scores
 
 log = logging.getLogger("zoo.serve")
 
@@ -149,6 +151,15 @@ class ModelServer:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
         """
         clf = self.check_model(name)
+        rule = clf.rule
+        extra = (
+            [
+                TensorMetadata(ACCEPTED_OUTPUT, "BOOL", [-1]),
+                TensorMetadata(SCORE_OUTPUT, "FP32", [-1]),
+            ]
+            if rule
+            else []
+        )
         return ModelMetadata(
             name=self.name,
             versions=["1"],
@@ -158,13 +169,18 @@ class ModelServer:
                 if clf.embedded
                 else TensorMetadata(clf.input_name, "FP32", [-1, *self.sample_shape])
             ],
-            outputs=[TensorMetadata(clf.output_name, "FP32", [-1, len(clf.classes) or -1])],
+            outputs=[TensorMetadata(clf.output_name, "FP32", [-1, len(clf.classes) or -1]), *extra],
             parameters={
                 "max_batch": self.cfg.max_batch,
                 "static_batch": clf.static_batch,
                 "multi_label": clf.multi_label,
                 "classes": clf.classes,
                 "preprocessing": clf.pre.to_dict(),
+                **(
+                    {"rejection": {**rule.to_dict(), "unknown_label": UNKNOWN_LABEL}}
+                    if rule
+                    else {}
+                ),
             },
         )
 
@@ -179,7 +195,9 @@ class ModelServer:
         return await self.batcher.submit(x, self.cfg.timeout_ms / 1000)
 
     async def infer(self, name: str, req: InferRequest) -> list[tuple[OutputSpec, np.ndarray]]:
-        """A v2 inference request's outputs (the tensor, or its top-k classification).
+        """A v2 inference request's outputs (the tensor, or its top-k classification); for a
+        model with a rejection rule also :data:`ACCEPTED_OUTPUT` and :data:`SCORE_OUTPUT`
+        (by default, or when asked for by name).
 
         Raises:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
@@ -194,25 +212,41 @@ class ModelServer:
             max_batch=self.cfg.max_batch,
             max_image_pixels=self.cfg.max_image_pixels,
         )
-        specs = req.outputs or [OutputSpec(clf.output_name, binary=req.binary_default)]
+        rule = clf.rule
+        names = [clf.output_name, *((ACCEPTED_OUTPUT, SCORE_OUTPUT) if rule else ())]
+        specs = req.outputs or [OutputSpec(n, binary=req.binary_default) for n in names]
         for spec in specs:  # before the model runs: a wrong name costs no inference
-            if spec.name != clf.output_name:
+            if spec.name not in names:
                 raise InputError(
-                    f"unknown output {spec.name!r}; the model's output is {clf.output_name!r}"
+                    f"unknown output {spec.name!r}; the model's outputs are "
+                    + ", ".join(repr(n) for n in names)
+                )
+            if spec.classification and spec.name != clf.output_name:
+                raise InputError(
+                    f"output {spec.name!r} has no classes: ask for classification on "
+                    f"{clf.output_name!r}"
                 )
         y = await self.run_batched(x)
-        return [
-            (
-                spec,
-                classification(y, spec.classification, clf.classes)
-                if spec.classification
-                else y.astype(np.float32),
-            )
-            for spec in specs
-        ]
+        rule_scores = clf.judge(y).rule_scores if rule else None  # no softmax without a rule
+        return [(spec, self._output(clf, spec, y, rule_scores)) for spec in specs]
 
-    async def predict_image(self, name: str, data: bytes, k: int) -> list[dict[str, object]]:
-        """The top ``k`` labels of an encoded image (decoded off the event loop).
+    @staticmethod
+    def _output(
+        clf: Classifier, spec: OutputSpec, y: np.ndarray, rule_scores: np.ndarray | None
+    ) -> np.ndarray:
+        if spec.name == ACCEPTED_OUTPUT and rule_scores is not None and clf.rule is not None:
+            return rule_scores >= clf.rule.threshold
+        if spec.name == SCORE_OUTPUT and rule_scores is not None:
+            return rule_scores.astype(np.float32)
+        if spec.classification:
+            return classification(y, spec.classification, clf.classes)
+        return y.astype(np.float32)
+
+    async def predict_image(
+        self, name: str, data: bytes, k: int
+    ) -> tuple[list[dict[str, object]], Verdict | None]:
+        """The top ``k`` labels of an encoded image (decoded off the event loop), and the
+        model's rejection rule's verdict on it (None: the model has no rule).
 
         Raises:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
@@ -227,9 +261,16 @@ class ModelServer:
                 "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"
             )
         x = await asyncio.to_thread(self._image_tensor, clf, data)
-        probs = scores(await self.run_batched(x), clf.multi_label)[0]
-        top = np.argsort(-probs)[:k]  # every class when k is larger
+        judged = clf.judge(await self.run_batched(x))  # calibrated, as zoo predict
+        probs = judged.probs[0]
+        top = np.argsort(-probs, kind="stable")[:k]  # every class when k is larger
         labels = clf.classes
+        rule = clf.rule
+        verdict = (
+            rule.verdict(judged.rule_scores[0])
+            if rule is not None and judged.rule_scores is not None
+            else None
+        )
         return [
             {
                 "label": labels[i] if i < len(labels) else str(i),
@@ -237,7 +278,7 @@ class ModelServer:
                 "score": float(probs[i]),
             }
             for i in top
-        ]
+        ], verdict
 
     def _image_tensor(self, clf: Classifier, data: bytes) -> np.ndarray:
         """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop); for a

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from zoo.calibration import SCORE_KINDS
 from zoo.deploy.serve.protocol import (
     HEADER,
     MAX_RANK,
@@ -85,6 +86,14 @@ def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) ->
             ),
         },
     )
+    # a model with a rejection rule (zoo finetune/calibrate --reject) adds its verdict
+    components["PredictResponse"]["properties"].update(
+        label={"type": "string", "description": "the answer: the best class, or 'unknown'"},
+        accepted={"type": "boolean", "description": "false: the rule answers 'unknown'"},
+        score={"type": "number", "description": "the image's score of the rule"},
+        score_kind={"type": "string", "enum": list(SCORE_KINDS)},
+        threshold={"type": "number", "description": "images scoring below it are rejected"},
+    )
     name = {
         "name": "name",
         "in": "path",
@@ -112,7 +121,9 @@ def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) ->
         },
         "responses": {
             "200": {
-                "description": "the outputs (binary ones after the JSON header)",
+                "description": "the outputs (binary ones after the JSON header); a model "
+                "with a rejection rule adds 'accepted' (BOOL [N]) and 'score' (FP32 [N]) after "
+                "the logits, declared in its metadata",
                 "content": {
                     "application/json": {"schema": {"$ref": _REF.format(name="InferenceResponse")}},
                     "application/octet-stream": {"schema": _BINARY},

@@ -21,6 +21,12 @@ import numpy as np
 from zoo.errors import InputError, PayloadTooLargeError
 
 HEADER = "Inference-Header-Content-Length"
+ACCEPTED_OUTPUT = "accepted"
+"""A model with a rejection rule adds this output: BOOL ``[N]``, False for an image the rule
+answers ``unknown`` for (declared in the model metadata; the logits come first as always)."""
+SCORE_OUTPUT = "score"
+"""And this one: FP32 ``[N]``, each image's score of the rule (``parameters.rejection`` in the
+model metadata names its kind and threshold)."""
 MAX_RANK = 8  # dimensions of a tensor; also the deepest nesting of its JSON ``data``
 MAX_ELEMENTS = 1 << 28  # default cap on one tensor's element count (the server uses its body limit)
 DTYPES: dict[str, Any] = {

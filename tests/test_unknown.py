@@ -1,0 +1,250 @@
+"""``unknown`` answered by ``zoo predict`` and ``zoo serve`` (issue #33): a real SimpleCNN run on
+real digits with ``--reject energy``, and a copy refitted with ``zoo calibrate --reject
+msp``, each exported; real photographs (scikit-image's) and real digits through ``zoo predict``
+on the ONNX file alone (in memory and ``--out``), the run folder, and a real ``zoo serve`` on
+loopback (``/predict`` and KServe v2). What each image should get is computed from the stored
+rule and the graph's own logits, never written down. (A 2-epoch CNN on 96 digits hardly
+separates photographs by energy, so the ``msp`` copy is the one that must reject some.)"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import run_zoo
+from tests.serving import json_infer, server
+from zoo.calibration import UNKNOWN_LABEL, Calibration
+from zoo.images import open_image
+
+NAME = "digits"
+
+
+@pytest.fixture(scope="module")
+def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("unknown")
+    r = run_zoo(
+        "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "2", "--runs",
+        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--reject", "energy",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    e = run_zoo("export", str(runs / "cnn"))
+    assert e.returncode == 0, e.stderr
+    return runs / "cnn"
+
+
+@pytest.fixture(scope="module")
+def msp_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights with an msp rule (``zoo calibrate``), exported again."""
+    copy = tmp_path_factory.mktemp("msp") / "cnn"
+    shutil.copytree(run, copy, symlinks=True)
+    c = run_zoo("calibrate", str(copy), "--reject", "msp")
+    assert c.returncode == 0, c.stderr
+    e = run_zoo("export", str(copy))
+    assert e.returncode == 0, e.stderr
+    return copy
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    from zoo.samples import write_photo_folder
+
+    return sorted(write_photo_folder(tmp_path_factory.mktemp("ood"), per_class=3).rglob("*.*"))
+
+
+def _expected(onnx_file: Path, photos: list[Path], four_digits: Path) -> dict:
+    """Images and what the stored rule makes of each, from the graph's logits (onnxruntime)."""
+    from zoo.deploy.runtimes.loader import load_classifier
+    from zoo.onnx_meta import read_calibration, read_metadata
+
+    cal = read_calibration(read_metadata(onnx_file), onnx_file)
+    assert cal is not None and cal.reject is not None
+    digits = sorted((four_digits / "digit_7").iterdir())[:4]
+    clf = load_classifier(onnx_file)
+    images = [*photos, *digits]
+    x = np.stack([clf.prepare(open_image(p)) for p in images])
+    logits = clf.run(x)
+    s = cal.reject.scores(logits, cal.temperature)
+    accepted = s >= cal.reject.threshold
+    probs = Calibration(cal.temperature).probabilities(logits)
+    table = {
+        str(p): {"accepted": bool(a), "score": float(v), "best": clf.classes[int(r.argmax())],
+                 "prob": float(r.max())}
+        for p, a, v, r in zip(images, accepted, s, probs, strict=True)
+    }  # fmt: skip
+    photo = next((str(p) for p in photos if not table[str(p)]["accepted"]), str(photos[0]))
+    digit = next((str(p) for p in digits if table[str(p)]["accepted"]), str(digits[0]))
+    return {"onnx": onnx_file, "rule": cal.reject, "table": table, "photo": photo, "digit": digit}
+
+
+@pytest.fixture(scope="module")
+def energy(run: Path, photos: list[Path], four_digits: Path) -> dict:
+    found = _expected(run / "model" / "model.onnx", photos, four_digits)
+    assert found["rule"].score == "energy"  # what the run was fitted with
+    return found
+
+
+@pytest.fixture(scope="module")
+def expected(msp_run: Path, photos: list[Path], four_digits: Path) -> dict:
+    """The msp model's: both answers occur (else the checks below would prove little)."""
+    found = _expected(msp_run / "model" / "model.onnx", photos, four_digits)
+    assert not found["table"][found["photo"]]["accepted"], "no photograph is rejected"
+    assert found["table"][found["digit"]]["accepted"], "no digit is accepted"
+    return found
+
+
+@pytest.fixture(scope="module")
+def onnx_file(expected: dict) -> Path:
+    return expected["onnx"]
+
+
+def _check(row: dict, want: dict, rule_threshold: float) -> None:
+    assert row["accepted"] is want["accepted"]
+    assert row["label"] == (want["best"] if want["accepted"] else UNKNOWN_LABEL)
+    assert row["score"] == pytest.approx(want["score"], abs=1e-4)
+    assert row.get("threshold", rule_threshold) == pytest.approx(rule_threshold)
+
+
+def test_predict_from_the_onnx_file_alone(energy: dict, expected: dict, tmp_path: Path) -> None:
+    for model in (energy, expected):
+        alone = tmp_path / model["rule"].score / "model.onnx"  # no model folder: metadata alone
+        alone.parent.mkdir()
+        shutil.copy(model["onnx"], alone)
+        rule, table = model["rule"], model["table"]
+        r = run_zoo("predict", str(alone), *table, "-k", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        for row in json.loads(r.stdout):
+            want = table[row["image"]]
+            _check(row, want, rule.threshold)
+            assert row["score_kind"] == rule.score
+            assert row["top"][0]["label"] == want["best"]  # the best class stays visible
+    rule, table = expected["rule"], expected["table"]
+    # the text answer of a rejected photo: unknown, the score against the threshold, best class
+    t = run_zoo("predict", str(alone), expected["photo"], expected["digit"])
+    assert t.returncode == 0, t.stderr
+    photo = table[expected["photo"]]
+    assert (
+        f"  {UNKNOWN_LABEL}  ({rule.score} {photo['score']:.4g} < threshold "
+        f"{rule.threshold:.4g}; best class: {photo['best']} {photo['prob']:.4f})"
+    ) in t.stdout
+    assert f"  {table[expected['digit']]['best']}" in t.stdout
+    # --no-reject: the raw top-k, as a model without a rule answers
+    n = run_zoo("predict", str(alone), expected["photo"], "-k", "2", "--json", "--no-reject")
+    assert n.returncode == 0, n.stderr
+    (raw,) = json.loads(n.stdout)
+    assert set(raw) == {"image", "top"} and raw["top"][0]["label"] == photo["best"]
+
+
+def test_predict_from_the_run_folder(
+    run: Path, msp_run: Path, energy: dict, expected: dict
+) -> None:
+    """Through PyTorch: the same verdicts as the exported graph (parity-close scores)."""
+    for folder, model in ((run, energy), (msp_run, expected)):
+        images = [model["photo"], model["digit"]]
+        r = run_zoo("predict", str(folder), *images, "--json")
+        assert r.returncode == 0, r.stderr
+        for row in json.loads(r.stdout):
+            _check(row, model["table"][row["image"]], model["rule"].threshold)
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "csv", "parquet"])
+def test_predict_out_rows(onnx_file: Path, expected: dict, tmp_path: Path, ext: str) -> None:
+    table = expected["table"]
+    out = tmp_path / f"rows.{ext}"
+    r = run_zoo("predict", str(onnx_file), *table, "--out", str(out), "-k", "2")
+    assert r.returncode == 0, r.stderr
+    if ext == "jsonl":
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    elif ext == "csv":
+        with out.open(newline="") as f:
+            rows = [
+                {**d, "accepted": d["accepted"] == "True", "score": float(d["score"])}
+                for d in csv.DictReader(f)
+            ]
+    else:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(out).to_pylist()
+    assert [row["path"] for row in rows] == list(table)
+    for row in rows:
+        _check(row, table[row["path"]], expected["rule"].threshold)
+    n = run_zoo("predict", str(onnx_file), *table, "--out", str(out), "--overwrite", "--no-reject")
+    assert n.returncode == 0, n.stderr
+    if ext == "jsonl":
+        assert "accepted" not in json.loads(out.read_text().splitlines()[0])
+
+
+def test_serve_answers_unknown(onnx_file: Path, expected: dict, tmp_path: Path) -> None:
+    from zoo.deploy.runtimes.loader import load_classifier
+
+    rule, table = expected["rule"], expected["table"]
+    images = [expected["photo"], expected["digit"]]
+    clf = load_classifier(onnx_file)
+    x = np.stack([clf.prepare(open_image(p)) for p in images])
+    with server(onnx_file, "--name", NAME, log=tmp_path / "serve.log") as (url, _):
+        meta = httpx.get(f"{url}/v2/models/{NAME}").json()
+        assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
+            (clf.output_name, "FP32"),
+            ("accepted", "BOOL"),
+            ("score", "FP32"),
+        ]
+        assert meta["parameters"]["rejection"] == {**rule.to_dict(), "unknown_label": "unknown"}
+        for p in images:
+            r = httpx.post(
+                f"{url}/v2/models/{NAME}/predict",
+                content=Path(p).read_bytes(),
+                headers={"content-type": "image/jpeg" if p.endswith(".jpg") else "image/png"},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            _check(body, table[p], rule.threshold)
+            assert body["predictions"][0]["label"] == table[p]["best"]
+        v2 = httpx.post(f"{url}/v2/models/{NAME}/infer", json=json_infer(x, clf.input_name))
+        assert v2.status_code == 200, v2.text
+        outs = {o["name"]: o for o in v2.json()["outputs"]}
+        assert list(outs) == [clf.output_name, "accepted", "score"]
+        assert outs[clf.output_name]["shape"] == [2, len(clf.classes)]  # the logits, unchanged
+        assert outs["accepted"]["datatype"] == "BOOL"
+        assert outs["accepted"]["data"] == [table[p]["accepted"] for p in images]
+        assert outs["score"]["data"] == pytest.approx([table[p]["score"] for p in images], abs=1e-4)
+        # a client asking for the logits alone gets them alone
+        only = json_infer(x, clf.input_name) | {"outputs": [{"name": clf.output_name}]}
+        v2 = httpx.post(f"{url}/v2/models/{NAME}/infer", json=only)
+        assert [o["name"] for o in v2.json()["outputs"]] == [clf.output_name]
+        bad = json_infer(x, clf.input_name) | {
+            "outputs": [{"name": "accepted", "parameters": {"classification": 2}}]
+        }
+        v2 = httpx.post(f"{url}/v2/models/{NAME}/infer", json=bad)
+        assert v2.status_code == 400 and "has no classes" in v2.json()["error"]
+
+
+def test_a_model_without_a_rule_answers_as_before(
+    run: Path, expected: dict, tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain"
+    shutil.copytree(run, plain, symlinks=True)
+    c = run_zoo("calibrate", str(plain), "--reject", "off")
+    assert c.returncode == 0, c.stderr
+    e = run_zoo("export", str(plain))
+    assert e.returncode == 0, e.stderr
+    onnx_file = plain / "model" / "model.onnx"
+    r = run_zoo("predict", str(onnx_file), expected["photo"], "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert set(row) == {"image", "top"}
+    assert row["top"][0]["label"] == expected["table"][expected["photo"]]["best"]
+    with server(onnx_file, "--name", NAME, log=tmp_path / "serve.log") as (url, _):
+        meta = httpx.get(f"{url}/v2/models/{NAME}").json()
+        assert len(meta["outputs"]) == 1 and "rejection" not in meta["parameters"]
+        body = httpx.post(
+            f"{url}/v2/models/{NAME}/predict",
+            content=Path(expected["photo"]).read_bytes(),
+            timeout=60,
+        ).json()
+        assert set(body) == {"model_name", "predictions"}
