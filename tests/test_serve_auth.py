@@ -126,6 +126,11 @@ def test_health_is_open_everything_else_needs_a_key(
             assert client.get(f"{url}{path}", headers=bearer(ALL)).status_code == 200, path
         r = client.post(f"{url}/v2/models/{NAME}/infer", **binary_infer(x_of(1)))
         assert r.status_code == 401
+        # a path that does not exist tells a client without a key nothing more than 401
+        for headers in ({}, bearer(WRONG_OTHER_LENGTH)):
+            r = client.get(f"{url}/no/such/path", headers=headers)
+            assert r.status_code == 401 and "www-authenticate" in r.headers, r.text
+        assert client.get(f"{url}/no/such/path", headers=bearer(INFER)).status_code == 404
     with pytest.raises(httpx.TransportError):  # TLS only: plain HTTP gets no answer
         httpx.get(url.replace("https://", "http://") + "/v2/health/live", timeout=10)
 

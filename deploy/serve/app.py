@@ -49,8 +49,16 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 async def _routing_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 (no such path) and 405 (wrong method), as JSON like every other
-    error, naming what exists instead, in one log line."""
+    error, naming what exists instead, in one log line. With API keys, a client without a
+    valid key gets the 401 of any keyed route instead: which paths exist is not told to it."""
     assert isinstance(exc, HTTPException) and exc.status_code in (404, 405)
+    api: HttpApi | None = getattr(request.app.state, "api", None)
+    if api is not None and api.keys is not None:  # no probing for paths without a key
+        verdict = api.keys.check(request.headers.get("authorization"), "metadata")
+        if verdict in (Verdict.MISSING, Verdict.INVALID):
+            message = refusal_message(verdict, "metadata")
+            log.info("%s %s -> 401: %r", request.method, request.url.path, message)
+            return _error(401, message, {"WWW-Authenticate": _challenge(verdict, "metadata")})
     if exc.status_code == 405:
         allowed = exc.headers.get("Allow", "") if exc.headers else ""
         message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
