@@ -157,7 +157,7 @@ def export_cmd(
     from zoo.cli import tracking
     from zoo.deploy.export.run import run_export
 
-    tracked = tracking.tracked(model, register=register_name)  # --register: checked first
+    tracked = tracking.tracked(model, register=register_name, fmt=fmt)  # checked first
 
     options = ExportOptions(
         model=model,

@@ -44,8 +44,10 @@ def compare_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The config keys that differ, and the best metrics side by side."""
-    from zoo.train.runs import compare_runs, plot_comparison
+    from zoo.train.runs import check_plot_path, compare_runs, plot_comparison
 
+    if plot is not None:
+        check_plot_path(plot)
     comparison = compare_runs(runs)
     if plot is not None:
         plot_comparison(comparison, plot)
@@ -63,8 +65,10 @@ def sync_cmd(
     run: Annotated[Path, typer.Argument(help="a run trained with --track mlflow")],
 ) -> None:
     """Send what a tracked run's MLflow run lacks (epochs, files) after a tracking outage."""
-    from zoo.train.tracking import sync
+    from zoo.train.runs import read_run
+    from zoo.train.tracking_sync import sync
 
+    read_run(run)  # a run folder, or an error that says what one is
     summary = sync(run)
     err.print(summary.line(), markup=False)
     if not summary.complete:

@@ -137,3 +137,28 @@ def test_ls_and_compare_read_json_only(runs: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_compare_and_sync_refuse_what_cannot_work(runs: Path, tmp_path: Path) -> None:
+    """A run against itself, a plot that is no PNG (exit 2, before any work) and a sync of a
+    folder that is no run (exit 1)."""
+    same = run_zoo("runs", "compare", str(runs / "a"), str(runs / "a"))
+    assert same.returncode == 2 and "given twice" in same.stderr
+    jpg = run_zoo("runs", "compare", str(runs / "a"), str(runs / "b"), "--plot",
+                  str(tmp_path / "c.jpg"))  # fmt: skip
+    assert jpg.returncode == 2 and ".png" in jpg.stderr
+    assert not (tmp_path / "c.jpg").exists()
+    nope = run_zoo("runs", "sync", str(tmp_path / "nope"))
+    assert nope.returncode == 1 and "is not a zoo run folder" in nope.stderr
+
+
+def test_compare_keeps_long_values_apart(runs: Path) -> None:
+    """Long values (a schedule's segments) end in an ellipsis and never run together."""
+    from zoo.train.runs import CELL_WIDTH, Comparison, read_run
+
+    pair = (read_run(runs / "a"), read_run(runs / "b"))
+    long = [{"epochs": 3, "lr": 0.1, "name": "cosine"}] * 4
+    lines = Comparison(pair, {"schedule_segments": (long, long[:2])}).lines()
+    row = next(line for line in lines if "schedule_segments" in line)
+    cells = [c for c in row.split("schedule_segments")[1].split("  ") if c]
+    assert len(cells) == 2 and all(c.endswith("…") and len(c) <= CELL_WIDTH for c in cells), row

@@ -6,20 +6,18 @@ unreachable server at start, and a search's nested runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ZOO, run_zoo
+from tests.mlflow_server import MlflowServer, free_port
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
 from mlflow.tracking import MlflowClient
@@ -27,54 +25,6 @@ from mlflow.tracking import MlflowClient
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
 EPOCHS = ("--epochs", "2", "--no-progress", "--num-workers", "0")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class MlflowServer:
-    """``mlflow server`` in its own process group, stopped and started on the same store."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [
-            *(sys.executable, "-m", "mlflow", "server"),
-            *("--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}"),
-            *("--default-artifact-root", str(self.root / "artifacts")),
-            *("--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"),
-        ]
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runners
-        with (self.root / "server.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        pytest.fail("mlflow server never answered:\n" + (self.root / "server.log").read_text())
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -178,14 +128,15 @@ def test_export_quantize_bench_and_register_log_into_the_same_run(
         key = f"bench/{row['backend']}/{row['device']}/b{row['batch']}/p50_ms"
         assert metrics[key] == pytest.approx(row["p50_ms"])
     exported = {f.path for f in c.list_artifacts(rid, "export")}
-    assert {"export/model.onnx", "export/model.onnx.json"} <= exported
-    onnx = c.download_artifacts(rid, "export/model.onnx", str(run.parent / "dl"))
+    onnx_sha = hashlib.sha256((run / "model" / "model.onnx").read_bytes()).hexdigest()[:12]
+    assert {f"export/{onnx_sha}", "export/model.onnx.json"} <= exported  # a folder by content
+    onnx = c.download_artifacts(rid, f"export/{onnx_sha}/model.onnx", str(run.parent / "dl"))
     assert Path(onnx).read_bytes() == (run / "model" / "model.onnx").read_bytes()
     assert f"quantize/{int8}.json" in {f.path for f in c.list_artifacts(rid, "quantize")}
     assert "bench/bench.json" in {f.path for f in c.list_artifacts(rid, "bench")}
 
     version = c.get_model_version("digits-cnn", "1")
-    assert version.run_id == rid and version.source == f"runs:/{rid}/export/model.onnx"
+    assert version.run_id == rid and version.source == f"runs:/{rid}/export/{onnx_sha}/model.onnx"
     model_cfg = json.loads((run / "model" / "config.json").read_text())
     report = json.loads((run / "report.json").read_text())
     assert version.tags["zoo.data.fingerprint"] == model_cfg["data"]["fingerprint"]

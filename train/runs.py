@@ -21,6 +21,8 @@ from zoo.train.config import RUNTIME_KEYS
 RunState = Literal["done", "interrupted", "failed"]
 """``done``: ``report.json`` is written; ``interrupted``: a committed epoch and no report
 (``zoo finetune --resume RUN`` goes on); ``failed``: stopped before its first commit."""
+CELL_WIDTH = 24
+"""The widest value ``zoo runs compare`` prints (``--json`` has them whole)."""
 BEST_KEYS = ("val/acc", "val/loss", "val/macro_f1", "val/balanced_acc", "val/top5")
 # Keys that name where or how a run ran, not what it learned: never a "difference".
 _NOT_COMPARED = RUNTIME_KEYS | {"run_dir", "runs_root"}
@@ -181,25 +183,28 @@ class Comparison:
     differences: dict[str, tuple[Any, ...]]  # key → each run's value, in the runs' order
 
     def lines(self) -> list[str]:
-        """The table ``zoo runs compare`` prints: one column a run."""
-        width = max(12, *(len(r.name) + 2 for r in self.runs))
-        head = f"{'':<22}" + "".join(f"{r.name:>{width}}" for r in self.runs)
+        """The table ``zoo runs compare`` prints: one column a run, each value at most
+        :data:`CELL_WIDTH` characters (a longer one ends in ``…``), two spaces between."""
+        width = min(CELL_WIDTH, max(12, *(len(r.name) for r in self.runs)))
+
+        def row(label: str, values: Any) -> str:
+            return f"  {label:<20}" + "".join(f"  {_fit(_cell(v), width):>{width}}" for v in values)
+
+        head = f"{'':<22}" + "".join(f"  {_fit(r.name, width):>{width}}" for r in self.runs)
         rows = [head, "config that differs:" if self.differences else "config: the same"]
         for key, values in self.differences.items():
-            rows.append(f"  {key:<20}" + "".join(f"{_cell(v):>{width}}" for v in values))
+            rows.append(row(key, values))
         rows.append("best (the shipped epoch):")
         keys = [k for k in BEST_KEYS if any(k in r.best for r in self.runs)]
         for key in keys:
-            rows.append(
-                f"  {key:<20}" + "".join(f"{_cell(r.best.get(key)):>{width}}" for r in self.runs)
-            )
+            rows.append(row(key, [r.best.get(key) for r in self.runs]))
         for label, get in (
             ("best epoch", lambda r: r.best_epoch),
             ("epochs", lambda r: r.epochs),
             ("time", lambda r: _duration(r.seconds)),
             ("state", lambda r: r.state),
         ):
-            rows.append(f"  {label:<20}" + "".join(f"{_cell(get(r)):>{width}}" for r in self.runs))
+            rows.append(row(label, [get(r) for r in self.runs]))
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,12 +218,22 @@ def compare_runs(paths: list[Path]) -> Comparison:
     """Read the runs and find the config keys whose values differ among them.
 
     Raises:
-        UsageError: fewer than two runs.
+        UsageError: fewer than two runs, or one run given twice.
         InputError: a path that is not a run folder.
     """
     if len(paths) < 2:
         raise UsageError(
             "compare needs two runs or more: zoo runs compare RUN_A RUN_B [...]",
+            param_hint="RUNS",
+        )
+    twice = [
+        p
+        for i, p in enumerate(paths)
+        if Path(p).resolve() in {Path(q).resolve() for q in paths[:i]}
+    ]
+    if twice:
+        raise UsageError(
+            f"{twice[0]} is given twice: compare different runs (zoo runs ls lists them).",
             param_hint="RUNS",
         )
     runs = tuple(read_run(p) for p in paths)
@@ -232,11 +247,33 @@ def compare_runs(paths: list[Path]) -> Comparison:
 
 
 def plot_comparison(comparison: Comparison, out: Path) -> Path:
-    """The runs' validation curves in one PNG (:func:`zoo.train.plots.plot_runs_curves`)."""
+    """The runs' validation curves in one PNG (:func:`zoo.train.plots.plot_runs_curves`).
+
+    Raises:
+        UsageError: ``out`` is not a ``.png`` file.
+    """
     from zoo.train.plots import plot_runs_curves
 
+    check_plot_path(out)
     plot_runs_curves([(r.name, list(r.history)) for r in comparison.runs], out)
     return out
+
+
+def check_plot_path(out: Path) -> None:
+    """Refuse a ``--plot`` file that is not a PNG (checked before any work).
+
+    Raises:
+        UsageError: ``out``'s suffix is not ``.png``.
+    """
+    if Path(out).suffix.lower() != ".png":
+        raise UsageError(
+            f"--plot {out}: the curves are drawn as a PNG: give a file ending in .png.",
+            param_hint="--plot",
+        )
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _cell(value: Any) -> str:
@@ -259,6 +296,7 @@ __all__ = [
     "Comparison",
     "RunState",
     "RunSummary",
+    "check_plot_path",
     "compare_runs",
     "is_run",
     "list_runs",

@@ -13,7 +13,7 @@ Training never waits for the server: every request is made by one background thr
 order, from an outbox. When the server is down the outbox keeps what it could not send and
 retries (backoff up to 10 s) until the server is back, and at the end waits for it at most
 ``ZOO_TRACK_FLUSH_S`` seconds (default 60); :meth:`MlflowTracker.close` then says what, if
-anything, did not arrive (``zoo runs sync RUN`` sends it later). Hand-written because MLflow's
+anything, did not arrive (``zoo runs sync RUN`` sends it later: :mod:`zoo.train.tracking_sync`). Hand-written because MLflow's
 own asynchronous logging drops a batch whose request fails.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo import tracking
+from zoo import tracking, tracking_pending
 from zoo.errors import TrackingError
 from zoo.tracking import TrackingRecord
 from zoo.train.config import RUNTIME_KEYS
@@ -192,13 +192,16 @@ class MlflowTracker:
         self._tags = dict(tags or {})
         self._outbox = _Outbox(lambda: tracking.client(self._uri))
         self._logged: set[int] = set()  # epochs the MLflow run has
+        self._experiment = tracking.experiment_env()
         self.record: TrackingRecord | None = None
         self.run: Path | None = None
 
-    def check(self, run: Path | None = None) -> None:
+    def check(self, run: Path | None = None, fallback: str = tracking.NO_TRACKING) -> None:
         """Make sure the server answers (and, resuming ``run``, has its MLflow run) before
         any work: an ``http(s)://`` server is asked over plain HTTP, so that MLflow itself
         loads in the background while the run trains; any other store is opened here.
+
+        ``fallback`` ends the message of a server that does not answer: how to go on.
 
         Raises:
             TrackingError: MLflow is not installed, the server does not answer, or the run's
@@ -206,27 +209,37 @@ class MlflowTracker:
         """
         record = tracking.read_record(run) if run is not None else None
         if record is not None:
-            self._uri = record.uri
-            c = tracking.connect(record.uri)
+            self._uri = self._uri or record.uri
+            c = tracking.connect(self._uri, fallback)
             try:
                 c.get_run(record.run_id)
             except Exception as exc:
                 raise TrackingError(
                     f"{run}/tracking.json names MLflow run {record.run_id}, which the server at "
-                    f"{record.uri} does not have ({tracking.first_line(exc)}). Resume against "
-                    f"that server, or {tracking.NO_TRACKING}."
+                    f"{self._uri} does not have ({tracking.reason(exc)}). Use that run's "
+                    f"server, or {fallback}."
                 ) from None
             return
         uri = self._uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if uri.startswith(("http://", "https://")):
-            tracking.probe(uri)
+            tracking.probe(uri, fallback=fallback)
+            self._uri = uri
         else:
-            tracking.connect(self._uri)
+            self._uri = tracking.connect(self._uri, fallback).tracking_uri
 
     # ------------------------------------------------------------------ the observer
     def run_started(self, run: Path, cfg: TrainConfig, history: Sequence[EpochRow]) -> None:
         """Create (or, resumed, reopen) the MLflow run and send the epochs it lacks."""
         self.run = run
+        if tracking.read_record(run) is None:  # kept first: a start that never arrives is synced
+            pending = tracking_pending.PendingRun(
+                self._uri or os.environ.get("MLFLOW_TRACKING_URI") or None,
+                self._name or run.name,
+                self._parent,
+                self._tags,
+                self._experiment,
+            )
+            tracking_pending.write_pending(run, pending)
         self._outbox.put(_Op("the run's start", lambda c: self._start(c, run, cfg)))
         for row in history:
             self.epoch_ended(run, row)
@@ -289,10 +302,11 @@ class MlflowTracker:
             tags = {**self._tags, **_tags(run, cfg)}
             if self._parent:
                 tags["mlflow.parentRunId"] = self._parent
-            eid = tracking.experiment_id(c)
+            eid = tracking.experiment_id(c, self._experiment)
             created = c.create_run(eid, run_name=self._name or run.name, tags=tags)
             record = TrackingRecord(c.tracking_uri, created.info.run_id, eid, self._parent)
             tracking.write_record(run, record)
+            tracking_pending.clear_pending(run)
             have: dict[str, str] = {}
         else:  # --resume: the same MLflow run, only what it lacks
             c.update_run(record.run_id, status="RUNNING")
@@ -388,35 +402,4 @@ def tracker_for(cfg: TrainConfig, explicit: frozenset[str]) -> MlflowTracker | N
     return tracker
 
 
-def sync(run: Path, timeout: float | None = None) -> TrackingSummary:
-    """Send a tracked run's epochs and files that its MLflow run lacks (after an outage that
-    outlasted the run): what ``zoo runs sync RUN`` does.
-
-    Raises:
-        TrackingError: the run is not tracked, or its server does not answer.
-    """
-    from zoo.train.config import TrainConfig
-    from zoo.train.epoch_row import EpochRow
-
-    record = tracking.read_record(run)
-    if record is None:
-        raise TrackingError(
-            f"{run} has no {tracking.RECORD_FILE}: it was not trained with --track mlflow."
-        )
-    tracker = MlflowTracker(uri=record.uri)
-    tracker.check(run)
-    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
-    rows = (
-        (run / "metrics.jsonl").read_text().splitlines()
-        if (run / "metrics.jsonl").is_file()
-        else []
-    )
-    tracker.run_started(run, cfg, [EpochRow.from_dict(json.loads(r)) for r in rows if r])
-    if (run / "report.json").is_file():
-        tracker.run_ended(run, "done")
-        if (run / "report.html").is_file():
-            tracker.log_file(run / "report.html")
-    return tracker.close(timeout)
-
-
-__all__ = ["FLUSH_ENV", "MlflowTracker", "TrackingSummary", "sync", "tracker_for"]
+__all__ = ["FLUSH_ENV", "MlflowTracker", "TrackingSummary", "tracker_for"]
