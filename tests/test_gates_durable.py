@@ -15,7 +15,7 @@ import os
 import re
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -634,3 +634,303 @@ def test_a_temporary_removed_by_someone_else_meanwhile_is_no_error(
     durable.replace_dir(_folder(run / ".new.tmp", w="new"), run / "model", label="model")
     assert _snapshot(run) == {"model/": "", "model/w": "new"}
     assert sorted(gone) == [".last.pt.5678.tmp", ".model.1234.tmp", ".new.tmp"]  # the old model
+
+
+# ---- modes: the umask's, whatever the writer created ----------------------------------------
+
+
+@pytest.fixture
+def umask() -> Iterator[Callable[[int], None]]:
+    """Set this process's umask for the test (``umask(0o027)``); the old one comes back."""
+    set_umask = os.umask  # the real one, whatever a test patches
+    old = set_umask(0o022)
+    set_umask(old)
+    yield set_umask
+    set_umask(old)
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.lstat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_umask_is_read_from_proc_without_setting_it(
+    mask: int, umask: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    umask(mask)
+    set_to: list[int] = []
+    monkeypatch.setattr(durable.os, "umask", set_to.append)  # a read must not set it
+    assert durable._umask() == mask
+    assert set_to == []
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_umask_without_proc_is_set_and_put_back(
+    mask: int, umask: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where /proc is absent (macOS) or unreadable, the umask is read by setting it."""
+    umask(mask)
+    real_read_text = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kw: Any) -> str:
+        if str(self).startswith("/proc/"):
+            raise FileNotFoundError(errno.ENOENT, "no /proc here", str(self))
+        return real_read_text(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert durable._umask() == mask
+    assert os.umask(mask) == mask  # put back as it was
+
+
+@pytest.mark.parametrize(("mask", "file", "exe", "folder"), [
+    (0o022, 0o644, 0o755, 0o755),
+    (0o027, 0o640, 0o750, 0o750),
+    (0o077, 0o600, 0o700, 0o700),
+])  # fmt: skip
+def test_share_modes_gives_a_folder_the_umask_modes(
+    mask: int, file: int, exe: int, folder: int, tmp_path: Path, umask: Callable[[int], None]
+) -> None:
+    """Every file and folder under the root, however deep and whatever it was created with;
+    an execute bit a file has is kept; a symlink's target (outside) is never touched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("theirs")
+    os.chmod(outside, 0o600)
+    root = _folder(tmp_path / "model", w="w")
+    (root / "a_link").symlink_to(outside)  # the root's entries all come before sub's
+    deep = _folder(root / "sub" / "deeper", x="x")
+    (root / "sub" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "w", 0o600)  # as safetensors creates its files
+    os.chmod(deep / "x", 0o666)
+    os.chmod(root / "sub" / "run.sh", 0o755)
+    for d in (root, root / "sub", deep):
+        os.chmod(d, 0o700)
+    umask(mask)
+    durable.share_modes(root)
+    assert {str(p.relative_to(root)): _mode(p) for p in root.rglob("*") if not p.is_symlink()} == {
+        "w": file,
+        "sub": folder,
+        "sub/deeper": folder,
+        "sub/deeper/x": file,
+        "sub/run.sh": exe,
+    }
+    assert _mode(root) == folder and _mode(outside) == 0o600
+
+
+@pytest.mark.parametrize(("created", "mask", "want"), [
+    (0o600, 0o022, 0o644),
+    (0o666, 0o077, 0o600),
+    (0o755, 0o022, 0o755),  # every execute bit kept
+    (0o711, 0o027, 0o750),  # the umask takes the others' one
+    (0o700, 0o022, 0o744),  # only those it had
+    (0o604, 0o000, 0o666),
+])  # fmt: skip
+def test_share_modes_on_one_file(
+    created: int, mask: int, want: int, tmp_path: Path, umask: Callable[[int], None]
+) -> None:
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x")
+    os.chmod(f, created)
+    umask(mask)
+    durable.share_modes(f)
+    assert _mode(f) == want
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_every_write_gets_the_umask_modes(
+    mask: int, tmp_path: Path, kills: list[tuple[int, int]], umask: Callable[[int], None]
+) -> None:
+    src = tmp_path / "src.pt"
+    src.write_bytes(b"weights")
+    os.chmod(src, 0o600)
+    umask(mask)
+    durable.write_text(tmp_path / "t.txt", "t", label="t.txt")
+    durable.copy_file(src, tmp_path / "copy.pt", label="copy.pt")  # bytes, not the 0600
+    with durable.file_output(tmp_path / "by_name.onnx") as tmp:
+        tmp.write_bytes(b"onnx")
+        os.chmod(tmp, 0o600)
+    folder = durable.temp_path(tmp_path / "model", folder=True)
+    (folder / "w").write_bytes(b"w")
+    os.chmod(folder / "w", 0o600)
+    durable.replace_dir(folder, tmp_path / "model", label="model")
+    published = durable.temp_path(tmp_path / "run", folder=True)
+    os.chmod(published, 0o700)
+    assert durable.publish_dir(published, tmp_path / "run", label=".")
+    file, folder_mode = 0o666 & ~mask, 0o777 & ~mask
+    assert {p.name: _mode(p) for p in tmp_path.rglob("*")} == {
+        "src.pt": 0o600,
+        "t.txt": file,
+        "copy.pt": file,
+        "by_name.onnx": file,
+        "model": folder_mode,
+        "w": file,
+        "run": folder_mode,
+    }
+    assert (tmp_path / "copy.pt").read_bytes() == b"weights"
+
+
+# ---- file_output: a writer that takes a file name ---------------------------------------------
+
+
+def test_file_output_moves_the_finished_file_over_the_target(
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
+) -> None:
+    target = tmp_path / "out" / "deep" / "model.onnx"  # the parent folders are created
+    events: list[Any] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        events.append(("fsync dir",) if stat.S_ISDIR(st.st_mode) else ("fsync file", st.st_size))
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append(("replace", Path(src).parent == Path(dst).parent, Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(durable.os, "fsync", fsync)
+    monkeypatch.setattr(durable.os, "replace", replace)
+    monkeypatch.setattr(durable.os, "kill", lambda pid, sig: events.append("kill"))
+    monkeypatch.setenv(durable.KILL_ENV, "1:inside")
+    with durable.file_output(target, label="model.onnx") as tmp:
+        assert tmp.parent == target.parent and tmp.is_file()
+        assert re.fullmatch(r"\.model\.onnx\.[0-9a-f]{8}\.tmp", tmp.name), tmp.name
+        tmp.write_bytes(b"12345")  # the exporter writes by name
+        events.append("written")
+    assert events == [
+        "written",
+        ("fsync file", 5),
+        "kill",  # the inside point: complete, not yet renamed
+        ("replace", True, "model.onnx"),
+        ("fsync dir",),
+    ]
+    assert target.read_bytes() == b"12345" and _temps(target.parent) == []
+    assert _trace(trace) == ["1\tmodel.onnx"] and durable._writes == 1
+    monkeypatch.setenv(durable.KILL_ENV, "2")
+    with durable.file_output(target) as tmp:  # no label: atomic, not counted nor killed
+        tmp.write_bytes(b"6")
+    assert target.read_bytes() == b"6" and durable._writes == 1 and events.count("kill") == 1
+    assert _trace(trace) == ["1\tmodel.onnx"]
+
+
+def test_file_output_failing_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path,
+    kills: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    trace: Path,
+) -> None:
+    monkeypatch.setenv(durable.KILL_ENV, "1:inside")
+    target = tmp_path / "model.onnx"
+    target.write_bytes(b"old")
+    with (
+        pytest.raises(RuntimeError, match="export failed"),
+        durable.file_output(target, label="model.onnx") as tmp,
+    ):
+        tmp.write_bytes(b"half")
+        raise RuntimeError("export failed")
+    with pytest.raises(KeyboardInterrupt), durable.file_output(target, label="model.onnx"):
+        raise KeyboardInterrupt  # not an Exception: cleaned up all the same
+    with (  # the writer removed it: its error stands, not the clean-up's
+        pytest.raises(ValueError, match="gone"),
+        durable.file_output(target, label="model.onnx") as tmp,
+    ):
+        tmp.unlink()
+        raise ValueError("gone")
+    with (  # nothing where the writer was told to write
+        pytest.raises(FileNotFoundError),
+        durable.file_output(target, label="model.onnx") as tmp,
+    ):
+        tmp.unlink()
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    assert _trace(trace) == [] and durable._writes == 0 and kills == []
+
+
+def test_a_fill_whose_temporary_vanished_raises_its_own_error(
+    tmp_path: Path, kills: list[tuple[int, int]]
+) -> None:
+    """A temporary another process swept away meanwhile: the writer's error is the one seen,
+    not the clean-up's."""
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+
+    def fill(f: Any) -> None:
+        os.unlink(f.name)
+        raise ValueError("disk went away")
+
+    with pytest.raises(ValueError, match="disk went away"):
+        durable.write_with(target, fill, label="f.bin")
+    assert target.read_bytes() == b"old" and _temps(tmp_path) == []
+
+
+# ---- _exchange: the real renameat2, and where there is none ----------------------------------
+
+
+def test_exchange_works_on_relative_paths_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative names are resolved from the working folder (``AT_FDCWD``)."""
+    _folder(tmp_path / "a", w="a")
+    (tmp_path / "b").write_text("a file")
+    monkeypatch.chdir(tmp_path)
+    assert durable._exchange(Path("a"), Path("b")) is True
+    assert (tmp_path / "a").read_text() == "a file" and (tmp_path / "b" / "w").read_text() == "a"
+
+
+def test_exchange_names_both_paths_when_it_fails(tmp_path: Path) -> None:
+    a, missing = _folder(tmp_path / "a", w="a"), tmp_path / "missing"
+    with pytest.raises(FileNotFoundError) as exc:
+        durable._exchange(a, missing)
+    assert exc.value.errno == errno.ENOENT
+    assert exc.value.strerror == os.strerror(errno.ENOENT)
+    assert (exc.value.filename, exc.value.filename2) == (str(a), str(missing))
+    assert _snapshot(tmp_path) == {"a/": "", "a/w": "a"}
+
+
+def test_exchange_says_false_when_the_kernel_refuses_the_swap(tmp_path: Path) -> None:
+    """EINVAL (here: a folder and one inside it) means 'cannot swap': nothing moved."""
+    a = _folder(tmp_path / "a", w="a")
+    inner = _folder(a / "inner", x="x")
+    assert durable._exchange(a, inner) is False
+    assert _snapshot(tmp_path) == {"a/": "", "a/inner/": "", "a/inner/x": "x", "a/w": "a"}
+
+
+def test_exchange_says_false_without_renameat2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A C library older than glibc 2.28 has no renameat2; one that cannot be loaded is the
+    same: the caller falls back to two renames."""
+    a, b = _folder(tmp_path / "a", w="a"), _folder(tmp_path / "b", w="b")
+
+    class OldLibc:
+        def __init__(self, name: Any, use_errno: bool = False) -> None:
+            pass
+
+    monkeypatch.setattr(durable.ctypes, "CDLL", OldLibc)
+    assert durable._exchange(a, b) is False
+
+    def unloadable(name: Any, use_errno: bool = False) -> None:
+        raise OSError("cannot load the C library")
+
+    monkeypatch.setattr(durable.ctypes, "CDLL", unloadable)
+    assert durable._exchange(a, b) is False
+    assert _snapshot(tmp_path) == {"a/": "", "a/w": "a", "b/": "", "b/w": "b"}
+
+
+def test_replace_dir_onto_nothing_deletes_only_the_stale_parked_folder(
+    tmp_path: Path, kills: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_rmtree = durable.shutil.rmtree
+    removed: list[str] = []
+
+    def rmtree(path: Any, **kw: Any) -> None:
+        removed.append(str(path))
+        real_rmtree(path, **kw)
+
+    monkeypatch.setattr(durable.shutil, "rmtree", rmtree)
+    run = tmp_path / "run"
+    durable.replace_dir(_folder(run / ".a.tmp", w="1"), run / "model", label="model")
+    assert removed == [str(run / ".model.old.tmp")]
+    assert _snapshot(run) == {"model/": "", "model/w": "1"}
