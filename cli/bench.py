@@ -92,7 +92,9 @@ def bench_cmd(
         for note in report.notes():
             err.print(note, markup=False)
         out.print(report.footer(), markup=False)
-    tracking.log(tracking.tracked(model), tracking.bench_stage(report))
+    found = tracking.tracked(model)
+    if found is not None:  # the stage is built only for a tracked run
+        tracking.log(found, tracking.bench_stage(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -191,7 +191,8 @@ def export_cmd(
             out.print(line)
     for warning in result.warnings():
         err.print(warning)
-    tracking.log(tracked, tracking.export_stage(result), register_name)
+    if tracked is not None:  # the stage is built only for a tracked run
+        tracking.log(tracked, tracking.export_stage(result), register_name)
 
 
 def register(app: typer.Typer) -> None:

@@ -123,7 +123,9 @@ def quantize_cmd(
             out.print(line)
     if report.advice_after:
         err.print(f"advice: {report.advice_after}")
-    tracking.log(tracking.tracked(model), tracking.quantize_stage(report))
+    found = tracking.tracked(model)
+    if found is not None:  # the stage is built only for a tracked run
+        tracking.log(found, tracking.quantize_stage(report))
     if report.failed:
         err.print(
             f"error: int8 is below the floor on {report.images.description}: "
