@@ -91,7 +91,7 @@ def tune_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Search hyper-parameters on Ray Tune; every trial is a zoo run in the search folder."""
-    from zoo.train.tune import TuneOptions, run_search
+    from zoo.train.tune.search import TuneOptions, run_search
 
     if resume is not None:
         typed = {

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from zoo import durable
 from zoo.errors import TrackingError
 
 if TYPE_CHECKING:
@@ -97,6 +96,8 @@ def read_record(run: Path) -> TrackingRecord | None:
 def write_record(run: Path, record: TrackingRecord) -> None:
     """Write ``run/tracking.json`` atomically (not a fault point: the tracker's thread writes
     it, at no fixed place among the run's own writes)."""
+    from zoo import durable  # here: `zoo --help` imports this module for its Track choices
+
     durable.write_json(Path(run) / RECORD_FILE, record.to_dict(), label=None)
 
 

@@ -4,8 +4,6 @@
 - ``book.py``: ``tune.json``, the search's record (what ``--resume`` continues);
 - ``search.py``: the driver (:func:`run_search`);
 - ``ray_run.py`` / ``trial.py``: the trials on Ray Tune (the ``tune`` extra).
+
+Nothing is imported here: ``zoo --help`` reaches this package for ``book.Scheduler``.
 """
-
-from zoo.train.tune.search import SearchResult, TuneOptions, run_search
-
-__all__ = ["SearchResult", "TuneOptions", "run_search"]
