@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from zoo import durable
 from zoo.errors import CheckpointError
 from zoo.train.config import Monitor, TrainConfig, option_defaults
 from zoo.train.epoch_row import EpochRow
@@ -230,6 +229,8 @@ class SearchBook:
         }
 
     def write(self) -> None:
+        from zoo import durable  # here: `zoo --help` imports this module for Scheduler
+
         durable.write_json(self.folder / BOOK, self.to_dict(), label=BOOK)
 
 
