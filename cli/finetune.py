@@ -179,15 +179,22 @@ def finetune_cmd(
     del params["report"]  # what is written after the run, not part of it
     cfg = train_config(params)
     from zoo.train.console import is_main_process
-    from zoo.train.tracking import tracker_for
+    from zoo.train.tracking_process import tracker_for
 
-    # an unreachable tracking server is refused before any work; under torchrun only rank 0
+    # an unreachable tracking server is refused before any work; under torchrun only rank 0.
+    # The tracker's process starts now, so MLflow loads while torch does.
     tracker = tracker_for(cfg, explicit) if is_main_process() else None
     if nproc > 1:
         from zoo.train.launch import launch
 
+        if tracker is not None:
+            tracker.ready()
+            tracker.close()
         raise typer.Exit(launch(nproc))
     from zoo.train.trainer import fit
+
+    if tracker is not None:
+        tracker.ready()
 
     run = None
     try:

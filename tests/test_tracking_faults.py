@@ -123,6 +123,11 @@ def test_server_down_before_the_run_is_created_is_synced(
         server.start()
     assert done is not None and not summary.complete and "the run's start" in summary.unsent
     assert f"zoo runs sync {done}" in summary.line()
+    s = run_zoo("runs", "sync", str(done), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.uri})
+    assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
+    rid = json.loads((done / "tracking.json").read_text())["run_id"]
+    steps = [m.step for m in MlflowClient(server.uri).get_metric_history(rid, "val/loss")]
+    assert sorted(steps) == [1, 2]
     assert (done / "tracking.pending.json").is_file() and not (done / "tracking.json").exists()
     s = run_zoo("runs", "sync", str(done), cwd=tmp_path)  # the recorded URI, no variable
     assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
@@ -131,3 +136,33 @@ def test_server_down_before_the_run_is_created_is_synced(
     assert sorted(m.step for m in c.get_metric_history(rid, "val/loss")) == [1, 2]
     assert c.get_run(rid).info.status == "FINISHED" and c.get_run(rid).info.run_name == "early"
     assert not (done / "tracking.pending.json").exists()
+
+
+def test_a_tracker_process_that_dies_never_stops_training(
+    server: MlflowServer, four_digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow runs in a process of its own (it loads while torch does); killed, the run
+    trains on and its last line says what was lost and how to send it."""
+    import os
+    import signal
+
+    from zoo.train.config import TrainConfig
+    from zoo.train.tracking_process import TrackerProcess
+    from zoo.train.trainer import fit
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    cfg = TrainConfig(model="mlp", data=str(four_digits), epochs=2, runs_root=str(tmp_path),
+                      name="orphan", progress=False, num_workers=0)  # fmt: skip
+    tracker = TrackerProcess()
+    tracker.ready()
+    os.kill(tracker.pid, signal.SIGKILL)
+    done = fit(cfg, observers=[tracker])
+    summary = tracker.close()
+    assert done is not None and (done / "model" / "model.safetensors").is_file()
+    assert not summary.complete and "the tracking process" in summary.line(), summary.line()
+    assert f"zoo runs sync {done}" in summary.line()
+    s = run_zoo("runs", "sync", str(done), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.uri})
+    assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
+    rid = json.loads((done / "tracking.json").read_text())["run_id"]
+    steps = [m.step for m in MlflowClient(server.uri).get_metric_history(rid, "val/loss")]
+    assert sorted(steps) == [1, 2]

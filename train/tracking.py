@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zoo import tracking, tracking_pending
 from zoo.errors import TrackingError
@@ -72,6 +72,26 @@ class TrackingSummary:
     unsent: tuple[str, ...] = ()
     down: str | None = None
     errors: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "record": self.record.to_dict() if self.record else None,
+            "run": str(self.run) if self.run else None,
+            "unsent": list(self.unsent),
+            "down": self.down,
+            "errors": list(self.errors),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrackingSummary:
+        record = d.get("record")
+        return cls(
+            TrackingRecord.from_dict(record) if record else None,
+            Path(d["run"]) if d.get("run") else None,
+            tuple(d.get("unsent", ())),
+            d.get("down"),
+            tuple(d.get("errors", ())),
+        )
 
     @property
     def complete(self) -> bool:
@@ -230,6 +250,13 @@ class MlflowTracker:
     # ------------------------------------------------------------------ the observer
     def run_started(self, run: Path, cfg: TrainConfig, history: Sequence[EpochRow]) -> None:
         """Create (or, resumed, reopen) the MLflow run and send the epochs it lacks."""
+        self.begin(run, cfg, history, run_tags(run, cfg))
+
+    def begin(
+        self, run: Path, cfg: TrainConfig, history: Sequence[EpochRow], tags: Mapping[str, str]
+    ) -> None:
+        """:meth:`run_started` with the run's tags (:func:`run_tags`) given: the tracker may
+        live in a process without torch (:mod:`zoo.train.tracking_process`)."""
         self.run = run
         if tracking.read_record(run) is None:  # kept first: a start that never arrives is synced
             pending = tracking_pending.PendingRun(
@@ -240,7 +267,7 @@ class MlflowTracker:
                 self._experiment,
             )
             tracking_pending.write_pending(run, pending)
-        self._outbox.put(_Op("the run's start", lambda c: self._start(c, run, cfg)))
+        self._outbox.put(_Op("the run's start", lambda c: self._start(c, run, cfg, dict(tags))))
         for row in history:
             self.epoch_ended(run, row)
 
@@ -293,13 +320,15 @@ class MlflowTracker:
             raise RuntimeError("the MLflow run was not created")
         return self.record.run_id
 
-    def _start(self, c: MlflowClient, run: Path, cfg: TrainConfig) -> None:
+    def _start(
+        self, c: MlflowClient, run: Path, cfg: TrainConfig, facts: Mapping[str, str]
+    ) -> None:
         from mlflow.entities import Param, RunTag
 
         record = tracking.read_record(run)
         params = _params(cfg)
         if record is None:  # a new run (or a resume of one killed before its record)
-            tags = {**self._tags, **_tags(run, cfg)}
+            tags = {**self._tags, **facts}
             if self._parent:
                 tags["mlflow.parentRunId"] = self._parent
             eid = tracking.experiment_id(c, self._experiment)
@@ -343,8 +372,9 @@ def _params(cfg: TrainConfig) -> dict[str, str]:
     }
 
 
-def _tags(run: Path, cfg: TrainConfig) -> dict[str, str]:
-    """What links the MLflow run to its folder, its data and the machine."""
+def run_tags(run: Path, cfg: TrainConfig) -> dict[str, str]:
+    """What links the MLflow run to its folder, its data and the machine (read in the training
+    process: it needs torch)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -384,22 +414,4 @@ def _transient(exc: Exception) -> bool:
     return isinstance(exc, OSError)
 
 
-def tracker_for(cfg: TrainConfig, explicit: frozenset[str]) -> MlflowTracker | None:
-    """The tracker ``zoo finetune`` runs with, checked (None: no tracking): ``--track mlflow``
-    (or ``ZOO_TRACK``); a ``--resume`` of a tracked run goes on logging to its MLflow run
-    unless ``--track none`` is typed. A ``--dry-run`` writes nothing, tracks nothing.
-
-    Raises:
-        TrackingError: MLflow missing, or its server unreachable (before any work).
-    """
-    resume = Path(cfg.resume) if cfg.resume else None
-    tracked_before = resume is not None and tracking.read_record(resume) is not None
-    on = cfg.track == "mlflow" or (tracked_before and "track" not in explicit)
-    if not on or cfg.dry_run:
-        return None
-    tracker = MlflowTracker()
-    tracker.check(resume)
-    return tracker
-
-
-__all__ = ["FLUSH_ENV", "MlflowTracker", "TrackingSummary", "tracker_for"]
+__all__ = ["FLUSH_ENV", "MlflowTracker", "TrackingSummary", "run_tags"]
