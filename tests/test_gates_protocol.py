@@ -189,7 +189,7 @@ def test_binary_bytes_tensor_frames_every_string() -> None:
 
 
 def _values(datatype: str, data: list) -> np.ndarray:
-    tensor = {"name": "x", "shape": [len(data)], "datatype": datatype, "data": data}
+    tensor = {"name": "x", "shape": list(np.shape(data)), "datatype": datatype, "data": data}
     return parse_request(json.dumps({"inputs": [tensor]}).encode(), None).inputs[0][1]
 
 
@@ -205,6 +205,18 @@ def _values(datatype: str, data: list) -> np.ndarray:
         ("BOOL", [0.0, 0.5], "input 'x': BOOL data must be true/false, got 0.5"),
         ("INT64", [2**70], "input 'x': 1180591620717411303424 is outside INT64's range"),
         ("FP32", [True], "input 'x': FP32 data must be numbers, got True"),
+        ("INT32", [1, True, 2], "input 'x': INT32 data must be integers, got True or False"),
+        ("FP32", [1.5, False], "input 'x': FP32 data must be numbers, got True or False"),
+        ("UINT8", [[1, 2], [True, 3]], "input 'x': UINT8 data must be integers, got True or False"),
+        ("INT16", [2.5, 3], "input 'x': INT16 data must be integers, got 2.5"),
+        ("INT32", [3e9], "input 'x': 3000000000 is outside INT32's range -2147483648..2147483647"),
+        ("INT16", [40000], "input 'x': 40000 is outside INT16's range -32768..32767"),
+        (
+            "INT32",
+            [-(2**31) - 1],
+            "input 'x': -2147483649 is outside INT32's range -2147483648..2147483647",
+        ),
+        ("FP16", [-70000.0, 1], "input 'x': -70000.0 is outside FP16's range"),
         ("FP32", [1.0, 1e39], "input 'x': 1e+39 is outside FP32's range"),
         ("FP16", [65504.0, 70000.0], "input 'x': 70000.0 is outside FP16's range"),
     ],

@@ -225,8 +225,25 @@ def _tensor(spec: InputTensor, binary: memoryview | None, count: int) -> np.ndar
     if raw.size != count:
         raise InputError(f"input {name!r}: {raw.size} values for shape {shape} ({count} expected)")
     if raw.size:
+        if raw.dtype.kind in "iuf" and np_dtype.kind != "b" and _holds_bool(spec.data):
+            raise InputError(  # numpy reads [1, true] as [1, 1]: a silent cast
+                f"input {name!r}: {spec.datatype} data must be "
+                f"{'integers' if np_dtype.kind in 'iu' else 'numbers'}, got True or False"
+            )
         check_values(name, spec.datatype, raw, np_dtype)
     return raw.astype(np_dtype).reshape(shape)
+
+
+def _holds_bool(data: Any) -> bool:
+    """Whether JSON data holds ``true``/``false`` anywhere in its nesting."""
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if type(v) is bool:
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def check_values(name: str, datatype: str, raw: np.ndarray, dtype: np.dtype) -> None:
