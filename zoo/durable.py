@@ -135,23 +135,8 @@ def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str | 
     Raises:
         Whatever ``fill`` raises; the temporary file is removed and ``path`` is untouched.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        share_modes(tmp)
-        if label is not None:
-            inside()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _sync_dir(path.parent)
-    if label is not None:
-        boundary(label)
+    with file_output(path, label=label) as tmp, open(tmp, "wb") as f:
+        fill(f)
 
 
 @contextmanager
