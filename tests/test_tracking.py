@@ -319,3 +319,17 @@ def test_without_a_tracking_uri_runs_go_to_mlflows_local_store(
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow 3's default: the working folder
     assert rec["uri"] == store
     assert steps(MlflowClient(store), rec["run_id"]) == [1]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "<urlopen error [Errno 111] Connection refused>",  # urllib (the start-up probe)
+        "Max retries exceeded (Caused by NewConnectionError('<urllib3.connection.HTTPConnection "
+        "object at 0x7f>: Failed to establish a new connection: [Errno 111] Connection refused'))",
+    ],
+)
+def test_an_unreachable_server_is_said_in_a_few_words(error: str) -> None:
+    from zoo.tracking import reason
+
+    assert reason(ConnectionError(error)) == "Connection refused"

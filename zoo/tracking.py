@@ -175,7 +175,7 @@ def _unreachable(uri: str, why: str, fallback: str) -> str:
 def reason(exc: BaseException) -> str:
     """Why a request failed, in a few words: the socket's error (``Connection refused``) when
     MLflow's message wraps one in urllib3's retry text, else its first line."""
-    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]>]+)", str(exc))
     return found.group(1).strip() if found else first_line(exc)
 
 
