@@ -6,21 +6,30 @@ from typing import Annotated
 
 import typer
 
-from zoo.cli.common import ModelOrOnnxArg, VariantOpt, choice, with_variant
+from zoo.cli.common import VariantOpt, choice, with_variant
 from zoo.deploy.choices import Runtime
 from zoo.deploy.serve.config import option_defaults
+from zoo.errors import MODEL_FORMS
 
 # Every default comes from ServeConfig; only the help text and spelling live here.
 D = option_defaults()
 
 
 def serve_cmd(
-    model: ModelOrOnnxArg,
+    models: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="MODEL",
+            help=MODEL_FORMS + ", an exported .onnx file or an OpenVINO .xml IR; several: one "
+            "server, each model with its own batcher and queue and a share of --threads; "
+            "NAME=MODEL names one in the URL (default: its arch.tag)",
+        ),
+    ],
     host: Annotated[str, typer.Option(help="bind address")] = D["host"],
     port: Annotated[int, typer.Option(min=0, max=65535)] = D["port"],
-    name: Annotated[str | None, typer.Option(help="model name in the URL (default: arch.tag)")] = D[
-        "name"
-    ],
+    name: Annotated[
+        str | None, typer.Option(help="model name in the URL (default: arch.tag); one model only")
+    ] = D["name"],
     max_batch: Annotated[int, typer.Option(min=1, help="samples per ONNX Runtime call")] = D[
         "max_batch"
     ],
@@ -35,7 +44,11 @@ def serve_cmd(
     ],
     threads: Annotated[
         int | None,
-        typer.Option(min=1, help="inference threads: ORT intra-op, or OpenVINO (default: CPUs)"),
+        typer.Option(
+            min=1,
+            help="inference threads: ORT intra-op, or OpenVINO (default: CPUs); several "
+            "models split them",
+        ),
     ] = D["threads"],
     device: Annotated[str, typer.Option(help="cpu | cuda")] = D["device"],
     runtime: Annotated[
@@ -75,15 +88,17 @@ def serve_cmd(
     ] = D["grpc_port"],
     variant: VariantOpt = None,
 ) -> None:
-    """Serve an ONNX model over the Open Inference Protocol (KServe v2) with dynamic batching.
+    """Serve ONNX models over the Open Inference Protocol (KServe v2) with dynamic batching.
 
-    A model that is not an .onnx file (nor a folder holding model.onnx) is exported first."""
+    A model that is not an .onnx file (nor a folder holding model.onnx) is exported first.
+    Several models share one server: /v2/repository/index lists them."""
     from zoo.deploy.serve.config import ServeConfig
     from zoo.deploy.serve.run import serve
 
     serve(
         ServeConfig(
-            model_path=with_variant(model, variant),
+            model_path=with_variant(models[0], variant),
+            more_models=tuple(with_variant(m, variant) for m in models[1:]),
             name=name,
             host=host,
             port=port,

@@ -1,15 +1,16 @@
-"""The ASGI app: KServe v2 endpoints, an image endpoint for people, health that only says
-ready once the model answers, API keys per route group, limits that never crash the process,
-/metrics and /openapi.json. A bad request earns a 4xx and one log line; a 500 is always our
-bug. With ``grpc_port`` set, the v2 gRPC service runs in the same event loop, on the same
-model and batcher (:mod:`zoo.deploy.serve.grpc_server`)."""
+"""The ASGI app: KServe v2 endpoints for one model or several (each with its own batcher and
+queue, listed by the repository index), an image endpoint for people, health that only says
+ready once every model answers, API keys per route group, limits that never crash the
+process, /metrics and /openapi.json. A bad request earns a 4xx and one log line; a 500 is
+always our bug. With ``grpc_port`` set, the v2 gRPC service runs in the same event loop, on
+the same models and batchers (:mod:`zoo.deploy.serve.grpc_server`)."""
 
 from __future__ import annotations
 
 import contextlib
 import html
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib.resources import files
 from typing import Any
 
@@ -29,6 +30,7 @@ from zoo.deploy.serve.inputs import read_body, read_upload
 from zoo.deploy.serve.model import ModelServer
 from zoo.deploy.serve.openapi import openapi_document
 from zoo.deploy.serve.protocol import HEADER, encode_response, parse_request
+from zoo.deploy.serve.served import ServedModels
 from zoo.errors import (
     InputError,
     ModelNotReadyError,
@@ -83,15 +85,15 @@ def _challenge(verdict: Verdict, scope: str) -> str:
 
 
 class HttpApi:
-    """The HTTP endpoints of one :class:`ModelServer`, each keyed by its scope.
+    """The HTTP endpoints of a server's models, each keyed by its scope.
 
     Args:
-        model: the served model.
+        models: the served models (one :class:`ModelServer`: that model alone).
         keys: the API keys (None: every endpoint open).
     """
 
-    def __init__(self, model: ModelServer, keys: ApiKeys | None) -> None:
-        self.model = model
+    def __init__(self, models: ServedModels | ModelServer, keys: ApiKeys | None) -> None:
+        self.models = models if isinstance(models, ServedModels) else ServedModels([models])
         self.keys = keys
         self.keyed_paths: dict[str, str] = {}  # path -> scope, for the OpenAPI document
         self._openapi: bytes | None = None
@@ -103,6 +105,7 @@ class HttpApi:
         if keys is None or scope is None:
             return endpoint
         self.keyed_paths[path] = scope
+        refusals = self.models.families.auth_refusals
 
         async def guarded(request: Request) -> Response:
             verdict = keys.check(request.headers.get("authorization"), scope)
@@ -111,7 +114,7 @@ class HttpApi:
             status = 403 if verdict is Verdict.FORBIDDEN else 401
             message = refusal_message(verdict, scope)
             log.info("%s %s -> %s: %r", request.method, request.url.path, status, message)
-            self.model.metrics.auth_refusals.labels(scope, verdict.value).inc()
+            refusals.labels(scope, verdict.value).inc()
             return _error(status, message, {"WWW-Authenticate": _challenge(verdict, scope)})
 
         return guarded
@@ -120,9 +123,11 @@ class HttpApi:
         """Map every failure to a status; nothing reaches the process. A client error is
         logged in one line; a traceback is logged only for a fault of ours (500)."""
         headers = None
+        name = request.path_params.get("name")
+        counts = self.models.metrics_of(name).requests
         try:
             resp = await fn()
-            self.model.metrics.requests.labels(endpoint, "ok").inc()
+            counts.labels(endpoint, "ok").inc()
             return resp
         except ModelNotServedError as exc:
             status, outcome, message = 404, "unknown_model", str(exc)
@@ -139,14 +144,15 @@ class HttpApi:
             headers = {"Retry-After": str(exc.retry_after_s)}
         except TimeoutError:
             status, outcome = 504, "timeout"
-            message = f"request waited more than {self.model.cfg.timeout_ms:g} ms"
+            timeout_ms = self.models.get(name).cfg.timeout_ms if name else 0.0
+            message = f"request waited more than {timeout_ms:g} ms"
         except Exception as exc:  # an unexpected bug: answer 500, keep serving
             log.exception("%s %s failed", request.method, request.url.path)
             status, outcome = 500, "error"
             message = f"internal error: {type(exc).__name__}: {exc}"
         if status not in (404, 500, 503):  # one line; %r keeps a client's newlines out
             log.info("%s %s -> %s: %r", request.method, request.url.path, status, message[:500])
-        self.model.metrics.requests.labels(endpoint, outcome).inc()
+        counts.labels(endpoint, outcome).inc()
         return _error(status, message, headers)
 
     # ---------------------------------------------------------------- endpoints
@@ -158,40 +164,55 @@ class HttpApi:
         return JSONResponse({"live": True})
 
     async def ready_ep(self, request: Request) -> Response:
-        ready = self.model.ready
+        ready = self.models.ready
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def repository_index(self, request: Request) -> Response:
+        """``GET|POST /v2/repository/index``: every model, its version and state (Triton's
+        model repository extension; POST may send ``{"ready": true}``)."""
+
+        async def go() -> Response:
+            body = await read_body(request, 4096) if request.method == "POST" else b""
+            entries = self.models.index(body)
+            return Response(msgspec.json.encode(entries), media_type="application/json")
+
+        return await self._guard(request, "repository_index", go)
 
     async def model_ready(self, request: Request) -> Response:
         async def go() -> Response:
-            self.model.check_model(request.path_params["name"])
-            return JSONResponse({"name": self.model.name, "ready": True})
+            model = self.models.get(request.path_params["name"])
+            model.check_model(model.name)
+            return JSONResponse({"name": model.name, "ready": True})
 
         return await self._guard(request, "model_ready", go)
 
     async def model_meta(self, request: Request) -> Response:
         async def go() -> Response:
-            meta = self.model.metadata(request.path_params["name"])
+            model = self.models.get(request.path_params["name"])
+            meta = model.metadata(model.name)
             return Response(msgspec.json.encode(meta), media_type="application/json")
 
         return await self._guard(request, "metadata", go)
 
     async def infer(self, request: Request) -> Response:
         async def go() -> Response:
-            limit = self.model.cfg.body_limit
-            self.model.check_model(request.path_params["name"])  # before reading the body
+            model = self.models.get(request.path_params["name"])
+            limit = model.cfg.body_limit
+            model.check_model(model.name)  # before reading the body
             req = parse_request(
                 await read_body(request, limit), request.headers.get(HEADER), max_elements=limit
             )
-            outs = await self.model.infer(request.path_params["name"], req)
-            body, headers = encode_response(self.model.name, req.id, outs)
+            outs = await model.infer(model.name, req)
+            body, headers = encode_response(model.name, req.id, outs)
             return Response(body, headers=headers)
 
         return await self._guard(request, "infer", go)
 
     async def predict(self, request: Request) -> Response:
         async def go() -> Response:
-            limit = self.model.cfg.body_limit
-            self.model.check_model(request.path_params["name"])
+            model = self.models.get(request.path_params["name"])
+            limit = model.cfg.body_limit
+            model.check_model(model.name)
             try:
                 k = int(request.query_params.get("top_k", "5"))
             except ValueError as exc:
@@ -201,10 +222,8 @@ class HttpApi:
                 data = await read_upload(request, limit)
             else:
                 data = await read_body(request, limit)
-            predictions, verdict = await self.model.predict_image(
-                request.path_params["name"], data, k
-            )
-            body: dict[str, Any] = {"model_name": self.model.name, "predictions": predictions}
+            predictions, verdict = await model.predict_image(model.name, data, k)
+            body: dict[str, Any] = {"model_name": model.name, "predictions": predictions}
             if verdict is not None:  # the answer: the best class, or unknown, and why
                 label = predictions[0]["label"] if verdict.accepted else UNKNOWN_LABEL
                 body.update(label=label, **verdict.to_dict())
@@ -213,53 +232,65 @@ class HttpApi:
         return await self._guard(request, "predict", go)
 
     async def demo_page(self, request: Request) -> Response:
-        """``GET /``: a page where a person drops an image and sees the top labels."""
+        """``GET /``: a page where a person drops an image and sees the first model's top
+        labels."""
         if self._page is None:
             template = (files("zoo.deploy.serve") / "demo.html").read_text(encoding="utf-8")
-            name = html.escape(self.model.name, quote=True)
+            name = html.escape(self.models.first.name, quote=True)
             self._page = template.replace("{{MODEL}}", name)
         return HTMLResponse(self._page)
 
     async def openapi_ep(self, request: Request) -> Response:
         if self._openapi is None:
-            doc = openapi_document(self.model.name, self.keyed_paths)
+            doc = openapi_document(list(self.models.models), self.keyed_paths)
             self._openapi = msgspec.json.encode(doc)
         return Response(self._openapi, media_type="application/json")
 
     async def metrics_ep(self, request: Request) -> Response:
-        return Response(self.model.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(self.models.families.render(), media_type="text/plain; version=0.0.4")
 
 
 def create_app(
-    cfg: ServeConfig, clf: Classifier | None = None, keys: ApiKeys | None = None
+    cfg: ServeConfig,
+    clf: Classifier | None = None,
+    keys: ApiKeys | None = None,
+    *,
+    loaded: Mapping[str, Classifier] | None = None,
 ) -> Starlette:
-    """The ASGI app serving ``cfg.model_path`` (Open Inference Protocol v2 + ``/predict``),
+    """The ASGI app serving ``cfg``'s models (Open Inference Protocol v2 + ``/predict``),
     and the v2 gRPC service on ``cfg.grpc_port`` if set.
 
     Args:
-        cfg: the server settings; the model is loaded and warmed up in the app's lifespan (in
-            a thread), so the app answers ``/v2/health/live`` at once and
-            ``/v2/health/ready`` with 503 until the model is loaded.
-        clf: the model of ``cfg.model_path``, already loaded (:func:`load_served`); it is
-            then only warmed up in the lifespan.
+        cfg: the server settings; its models (:meth:`ServeConfig.served`) are loaded and
+            warmed up in the app's lifespan (in threads), so the app answers
+            ``/v2/health/live`` at once and ``/v2/health/ready`` with 503 until every model
+            is loaded.
+        clf: the first model, already loaded (:func:`load_served`); it is then only warmed
+            up in the lifespan.
         keys: the API keys (:func:`zoo.deploy.serve.auth.load_keys`, read at start-up);
             None: no authentication. Health stays open either way.
+        loaded: models already loaded, by name (``zoo serve`` loads every one before binding).
 
     Returns:
-        A Starlette app; ``app.state.server`` is its :class:`ModelServer`.
+        A Starlette app; ``app.state.models`` is its :class:`ServedModels`,
+        ``app.state.server`` the first model's :class:`ModelServer`.
 
     Raises:
         Nothing: a model that fails to load is logged, ``/v2/health/ready`` stays 503 and
-        the model endpoints answer 503 with the reason, and the server keeps answering.
+        that model's endpoints answer 503 with the reason, and the server keeps answering.
     """
-    model = ModelServer(cfg, clf)
-    api = HttpApi(model, keys)
+    given = dict(loaded or {})
+    if clf is not None:
+        given[cfg.served()[0].name] = clf
+    models = ServedModels.build(cfg, given)
+    api = HttpApi(models, keys)
     # path, endpoint, methods, the API-key scope (None: open to probes)
     table: list[tuple[str, Endpoint, list[str] | None, str | None]] = [
         ("/", api.demo_page, None, "metadata"),
         ("/v2", api.server_meta, None, "metadata"),
         ("/v2/health/live", api.live, None, None),
         ("/v2/health/ready", api.ready_ep, None, None),
+        ("/v2/repository/index", api.repository_index, ["GET", "POST"], "metadata"),
         ("/v2/models/{name}", api.model_meta, None, "metadata"),
         ("/v2/models/{name}/ready", api.model_ready, None, "metadata"),
         ("/v2/models/{name}/versions/1", api.model_meta, None, "metadata"),
@@ -273,24 +304,25 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        model.start()
+        models.start()
         grpc = None
         if cfg.grpc_port is not None:
             from zoo.deploy.serve.grpc_server import start_grpc
 
-            grpc = await start_grpc(model, keys)
+            grpc = await start_grpc(models, keys, cfg)
         try:
             yield
         finally:
-            if grpc is not None:  # in-flight RPCs finish on the running batcher
+            if grpc is not None:  # in-flight RPCs finish on the running batchers
                 await grpc.stop(cfg.graceful_timeout_s)
-            await model.stop()
+            await models.stop()
 
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: _routing_error, 405: _routing_error, 500: _unguarded_error},
     )
-    app.state.server = model
+    app.state.models = models
+    app.state.server = models.first
     app.state.api = api
     return app

@@ -82,16 +82,25 @@ class DynamicBatcher:
         batches = math.ceil((queued + n) / self.max_batch) + (1 if self._running else 0)
         return batches * self.batch_s
 
-    async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
+    def admit(self, n: int, timeout_s: float) -> None:
+        """Whether ``n`` more samples would be queued now (checked again by :meth:`submit`;
+        asked first by work that costs CPU before it is queued, such as decoding an image).
+
+        Raises:
+            ServerBusyError: the queue is full, or the work ahead outlasts ``timeout_s``.
+        """
         if len(self.queue) >= self.max_queue:
             raise ServerBusyError(f"queue full ({self.max_queue} requests waiting)")
-        wait = self.expected_wait_s(len(x))
+        wait = self.expected_wait_s(n)
         if wait is not None and wait > timeout_s:
             raise ServerBusyError(
                 f"server busy: about {wait:.2g} s of work is ahead, over the {timeout_s:g} s "
                 "timeout (--timeout-ms)",
                 retry_after_s=max(1, math.ceil(wait - timeout_s)),
             )
+
+    async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
+        self.admit(len(x), timeout_s)
         loop = asyncio.get_running_loop()
         job = _Job(x, loop.create_future(), loop.time())
         self.queue.append(job)

@@ -1,23 +1,27 @@
 """The v2 gRPC service (KServe's ``GRPCInferenceService``) of ``zoo serve --grpc-port``: a
-``grpc.aio`` server in uvicorn's event loop, on the same :class:`ModelServer` (model, batcher,
-queue limits) as HTTP. Keys come in the ``authorization`` metadata (``Bearer <key>``); errors
-map to status codes as HTTP's to statuses: bad input INVALID_ARGUMENT, unknown model
-NOT_FOUND, not ready UNAVAILABLE, queue full or too large RESOURCE_EXHAUSTED, timeout
-DEADLINE_EXCEEDED, no or wrong key UNAUTHENTICATED, a key without the scope
-PERMISSION_DENIED; INTERNAL only for a bug of ours."""
+``grpc.aio`` server in uvicorn's event loop, on the same models (:class:`ServedModels`: each
+its own batcher and queue limits) as HTTP. Keys come in the ``authorization`` metadata
+(``Bearer <key>``); errors map to status codes as HTTP's to statuses: bad input
+INVALID_ARGUMENT, unknown model NOT_FOUND (naming the models served), not ready UNAVAILABLE,
+queue full or too large RESOURCE_EXHAUSTED, timeout DEADLINE_EXCEEDED, no or wrong key
+UNAUTHENTICATED, a key without the scope PERMISSION_DENIED; INTERNAL only for a bug of ours."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from zoo.artifact import zoo_version
 from zoo.deploy.serve.auth import ApiKeys, Verdict, refusal_message
+from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.grpc_protocol import SERVICE, infer_response, messages, parse_infer
+from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.model import ModelServer
+from zoo.deploy.serve.served import ServedModels
 from zoo.errors import (
     InputError,
     ModelNotReadyError,
@@ -28,7 +32,15 @@ from zoo.errors import (
 
 log = logging.getLogger("zoo.serve")
 
-Handler = Callable[[bytes], Awaitable[Any]]
+
+@dataclass
+class _Call:
+    """One RPC's bookkeeping: whose metrics it counts in (the model's, once it names one)."""
+
+    metrics: ServerMetrics
+
+
+Handler = Callable[[bytes, _Call], Awaitable[Any]]
 
 
 def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -49,15 +61,17 @@ def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 class GrpcService:
-    """The service's methods over one :class:`ModelServer`.
+    """The service's methods over a server's models.
 
     Args:
-        model: the served model (shared with the HTTP app).
+        models: the served models (shared with the HTTP app).
         keys: the API keys (None: every method open).
+        body_limit: the largest message, in bytes (also the largest tensor's element count).
     """
 
-    def __init__(self, model: ModelServer, keys: ApiKeys | None) -> None:
-        self.model, self.keys, self.pb = model, keys, messages()
+    def __init__(self, models: ServedModels, keys: ApiKeys | None, body_limit: int) -> None:
+        self.models, self.keys, self.pb = models, keys, messages()
+        self.body_limit = body_limit
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The method table: requests arrive as bytes and are parsed in the method, so a
@@ -85,11 +99,12 @@ class GrpcService:
 
     def _guarded(self, method: str, scope: str | None, fn: Handler) -> Any:
         async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+            rpc = _Call(self.models.unrouted)
             if self.keys is not None and scope is not None:
                 metadata = dict(context.invocation_metadata() or ())
                 verdict = self.keys.check(metadata.get("authorization"), scope)
                 if verdict is not Verdict.OK:
-                    self.model.metrics.auth_refusals.labels(scope, verdict.value).inc()
+                    self.models.families.auth_refusals.labels(scope, verdict.value).inc()
                     forbidden = verdict is Verdict.FORBIDDEN
                     code = (
                         grpc.StatusCode.PERMISSION_DENIED
@@ -101,8 +116,8 @@ class GrpcService:
                     )
                     await context.abort(code, refusal_message(verdict, scope))
             try:
-                answer = await fn(data)
-                self.model.metrics.requests.labels(f"grpc_{method}", "ok").inc()
+                answer = await fn(data, rpc)
+                rpc.metrics.requests.labels(f"grpc_{method}", "ok").inc()
                 return answer
             except Exception as exc:  # every failure becomes a status; the server goes on
                 code, message = _status(exc)
@@ -110,7 +125,7 @@ class GrpcService:
                 log.exception("gRPC %s failed", method)
             elif code is not grpc.StatusCode.NOT_FOUND:  # one line, as HTTP's client errors
                 log.info("gRPC %s -> %s: %r", method, code.name, message[:500])
-            self.model.metrics.requests.labels(f"grpc_{method}", code.name.lower()).inc()
+            rpc.metrics.requests.labels(f"grpc_{method}", code.name.lower()).inc()
             await context.abort(code, message)
 
         return call
@@ -123,27 +138,38 @@ class GrpcService:
         except DecodeError as exc:
             raise InputError(f"the request is not a {message.__name__}: {exc}") from exc
 
+    def _model(self, name: str, rpc: _Call) -> ModelServer:
+        """The model ``name`` (the RPC counts in its metrics from now on).
+
+        Raises:
+            ModelNotServedError: no model of that name.
+        """
+        model = self.models.get(name)
+        rpc.metrics = model.metrics
+        return model
+
     # ---------------------------------------------------------------- methods
-    async def server_live(self, data: bytes) -> Any:
+    async def server_live(self, data: bytes, rpc: _Call) -> Any:
         return self.pb.ServerLiveResponse(live=True)
 
-    async def server_ready(self, data: bytes) -> Any:
-        return self.pb.ServerReadyResponse(ready=self.model.ready)
+    async def server_ready(self, data: bytes, rpc: _Call) -> Any:
+        return self.pb.ServerReadyResponse(ready=self.models.ready)
 
-    async def server_metadata(self, data: bytes) -> Any:
+    async def server_metadata(self, data: bytes, rpc: _Call) -> Any:
         return self.pb.ServerMetadataResponse(name="zoo", version=zoo_version(), extensions=[])
 
-    async def model_ready(self, data: bytes) -> Any:
+    async def model_ready(self, data: bytes, rpc: _Call) -> Any:
         req = self._parse(self.pb.ModelReadyRequest, data)
+        model = self._model(req.name, rpc)
         try:
-            self.model.check_model(req.name)
+            model.check_model(model.name)
         except ModelNotReadyError:  # known, not ready yet: an answer, not an error
             return self.pb.ModelReadyResponse(ready=False)
         return self.pb.ModelReadyResponse(ready=True)
 
-    async def model_metadata(self, data: bytes) -> Any:
+    async def model_metadata(self, data: bytes, rpc: _Call) -> Any:
         req = self._parse(self.pb.ModelMetadataRequest, data)
-        meta = self.model.metadata(req.name)
+        meta = self._model(req.name, rpc).metadata(req.name)
         tensor = self.pb.ModelMetadataResponse.TensorMetadata
         return self.pb.ModelMetadataResponse(
             name=meta.name,
@@ -153,23 +179,25 @@ class GrpcService:
             outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs],
         )
 
-    async def model_infer(self, data: bytes) -> Any:
-        name, req = parse_infer(data, max_elements=self.model.cfg.body_limit)
-        outputs = await self.model.infer(name, req)
-        return infer_response(self.model.name, req.id, outputs)
+    async def model_infer(self, data: bytes, rpc: _Call) -> Any:
+        name, req = parse_infer(data, max_elements=self.body_limit)
+        model = self._model(name, rpc)
+        outputs = await model.infer(name, req)
+        return infer_response(model.name, req.id, outputs)
 
 
-async def start_grpc(model: ModelServer, keys: ApiKeys | None) -> grpc.aio.Server:
-    """The v2 gRPC service on ``model.cfg.grpc_port`` (TLS with the HTTP certificate),
-    started in the running event loop.
+async def start_grpc(
+    models: ServedModels, keys: ApiKeys | None, cfg: ServeConfig
+) -> grpc.aio.Server:
+    """The v2 gRPC service on ``cfg.grpc_port`` (TLS with the HTTP certificate), started in
+    the running event loop.
 
     Raises:
         InputError: the v2 messages are not installed (:func:`messages`).
         RuntimeError: the port cannot be bound (gRPC's own error).
     """
-    cfg = model.cfg
     assert cfg.grpc_port is not None
-    service = GrpcService(model, keys)
+    service = GrpcService(models, keys, cfg.body_limit)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", cfg.body_limit),

@@ -1,6 +1,12 @@
-"""Prometheus metrics of one server (own registry, so several apps can live in one process)."""
+"""Prometheus metrics of one server (own registry, so several apps can live in one process).
+
+One model: the metrics carry no model label (as they always have). Several: every metric of
+a model carries ``model="NAME"`` (``""``: a request that names no served model), one family
+per metric shared by all models, so ``/metrics`` lists them side by side."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -22,42 +28,103 @@ _TIME_BUCKETS = (
 )
 
 
-class ServerMetrics:
-    def __init__(self) -> None:
+class MetricFamilies:
+    """The server's metric families in their own registry.
+
+    Args:
+        per_model: give every model's metric a leading ``model`` label (several models).
+    """
+
+    def __init__(self, per_model: bool = False) -> None:
         self.registry = CollectorRegistry()
+        model = ["model"] if per_model else []
+        self.per_model = per_model
         self.requests = Counter(
             "zoo_requests",
             "Inference requests by endpoint and outcome",
-            ["endpoint", "outcome"],
+            [*model, "endpoint", "outcome"],
             registry=self.registry,
         )
-        self.auth_refusals = Counter(
+        self.auth_refusals = Counter(  # the server's, not a model's: refused before routing
             "zoo_auth_refusals",
             "Requests refused for their API key, by scope and reason (missing, invalid, forbidden)",
             ["scope", "reason"],
             registry=self.registry,
         )
         self.queue_depth = Gauge(
-            "zoo_queue_depth", "Requests waiting for a batch", registry=self.registry
+            "zoo_queue_depth", "Requests waiting for a batch", model, registry=self.registry
         )
         self.batch_size = Histogram(
             "zoo_batch_size",
             "Samples per ONNX Runtime call",
+            model,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=self.registry,
         )
         self.queue_seconds = Histogram(
             "zoo_queue_seconds",
             "Time a request waited before its batch ran",
+            model,
             buckets=_TIME_BUCKETS,
             registry=self.registry,
         )
         self.compute_seconds = Histogram(
             "zoo_compute_seconds",
             "Duration of one ONNX Runtime call",
+            model,
             buckets=_TIME_BUCKETS,
             registry=self.registry,
         )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Bound:
+    """A labelled metric with its leading label values given: ``labels(*rest)``."""
+
+    def __init__(self, metric: Any, prefix: tuple[str, ...]) -> None:
+        self.metric, self.prefix = metric, prefix
+
+    def labels(self, *values: str) -> Any:
+        return self.metric.labels(*self.prefix, *values)
+
+
+class ServerMetrics:
+    """One model's metrics (what its batcher and endpoints count).
+
+    Args:
+        families: the server's families (None: its own, unlabelled: a one-model server).
+        model: this model's ``model`` label, where ``families`` has one.
+    """
+
+    def __init__(self, families: MetricFamilies | None = None, model: str = "") -> None:
+        fam = families or MetricFamilies()
+        self.families = fam
+        self.registry = fam.registry
+        self._prefix = (model,) if fam.per_model else ()
+        self.requests = _Bound(fam.requests, self._prefix)
+        self.auth_refusals = fam.auth_refusals
+
+    def _own(self, metric: Any) -> Any:
+        # made when first used: the view of requests naming no model never runs a batch
+        return metric.labels(*self._prefix) if self._prefix else metric
+
+    @property
+    def queue_depth(self) -> Any:
+        return self._own(self.families.queue_depth)
+
+    @property
+    def batch_size(self) -> Any:
+        return self._own(self.families.batch_size)
+
+    @property
+    def queue_seconds(self) -> Any:
+        return self._own(self.families.queue_seconds)
+
+    @property
+    def compute_seconds(self) -> Any:
+        return self._own(self.families.compute_seconds)
+
+    def render(self) -> bytes:
+        return self.families.render()

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
-from zoo.deploy.serve.config import ServeConfig, load_served
+from zoo.deploy.serve.config import ModelConfig, ServeConfig, load_served
 from zoo.deploy.serve.inputs import check_tensor
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.protocol import (
@@ -38,12 +40,14 @@ class ModelServer:
     the endpoints answer from (readiness, metrics).
 
     Args:
-        cfg: the server settings (model file, name in the URL, batching and limits).
+        cfg: the model's settings (file, name in the URL, batching and limits, threads); a
+            :class:`ServeConfig`: its one model (:meth:`ServeConfig.served`).
         clf: the model, already loaded (``zoo serve`` loads it before binding, to refuse
             a model it cannot run); None: loaded from ``cfg.model_path`` in :meth:`start`.
+        metrics: where it counts (a view of the server's families); None: its own.
 
     Attributes:
-        cfg: the settings.
+        cfg: the model's settings.
         name: the model's name in the URL.
         metrics: the Prometheus counters and histograms of ``/metrics``.
         ready: the model is loaded and has answered a warm-up batch.
@@ -53,16 +57,26 @@ class ModelServer:
         sample_shape: one sample's shape as the graph takes it (without the batch).
     """
 
-    def __init__(self, cfg: ServeConfig, clf: Classifier | None = None) -> None:
-        self.cfg = cfg
-        self.name = cfg.name or ""
-        self.metrics = ServerMetrics()
+    def __init__(
+        self,
+        cfg: ModelConfig | ServeConfig,
+        clf: Classifier | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.cfg = cfg.served()[0] if isinstance(cfg, ServeConfig) else cfg
+        self.name = self.cfg.name
+        self.metrics = metrics or ServerMetrics()
         self.ready = False
         self.load_error: str | None = None
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
         self.sample_shape: tuple[int, ...] = ()
         self._loaded = clf
+        # its own decoding threads (as many as asyncio's default pool): another model's
+        # flood of uploads never queues ahead of this model's
+        self.decoder = ThreadPoolExecutor(
+            min(32, (os.cpu_count() or 1) + 4), thread_name_prefix=f"decode-{self.name}"
+        )
 
     # ---------------------------------------------------------------- lifecycle
     def _load(self) -> None:
@@ -103,7 +117,7 @@ class ModelServer:
             )
         except Exception as exc:  # keep serving health (not ready) and say why
             self.load_error = f"{type(exc).__name__}: {exc}"
-            log.error("model failed to load: %s", self.load_error)
+            log.error("model %r failed to load: %s", self.name, self.load_error)
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         assert self.clf is not None
@@ -119,13 +133,14 @@ class ModelServer:
             metrics=self.metrics,
         )
         self.batcher.start()
-        threading.Thread(target=self._load, name="model-load", daemon=True).start()
+        threading.Thread(target=self._load, name=f"load-{self.name}", daemon=True).start()
 
     async def stop(self) -> None:
         """Not ready any more; finish what is queued or running."""
         self.ready = False
         if self.batcher is not None:
             await self.batcher.stop()
+        self.decoder.shutdown(wait=False)
 
     # ---------------------------------------------------------------- answers
     def check_model(self, name: str) -> Classifier:
@@ -245,8 +260,9 @@ class ModelServer:
     async def predict_image(
         self, name: str, data: bytes, k: int
     ) -> tuple[list[dict[str, object]], Verdict | None]:
-        """The top ``k`` labels of an encoded image (decoded off the event loop), and the
-        model's rejection rule's verdict on it (None: the model has no rule).
+        """The top ``k`` labels of an encoded image (decoded off the event loop, in this
+        model's own threads, once the queue has room), and the model's rejection rule's
+        verdict on it (None: the model has no rule).
 
         Raises:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
@@ -260,7 +276,10 @@ class ModelServer:
             raise InputError(
                 "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"
             )
-        x = await asyncio.to_thread(self._image_tensor, clf, data)
+        if self.batcher is not None:  # a full queue refuses before the decoding, not after
+            self.batcher.admit(1, self.cfg.timeout_ms / 1000)
+        loop = asyncio.get_running_loop()
+        x = await loop.run_in_executor(self.decoder, self._image_tensor, clf, data)
         judged = clf.judge(await self.run_batched(x))  # calibrated, as zoo predict
         probs = judged.probs[0]
         top = np.argsort(-probs, kind="stable")[:k]  # every class when k is larger

@@ -4,7 +4,7 @@ them, so the document cannot drift from the validator. Fuzzers (schemathesis) re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -46,11 +46,13 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(ref, why[c]) for c in codes}
 
 
-def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) -> dict[str, Any]:
+def openapi_document(
+    model_name: str | Sequence[str], keyed: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a server serving ``model_name``.
 
     Args:
-        model_name: the one model this server serves (the only valid ``{name}``).
+        model_name: the model this server serves, or its models (the valid ``{name}``s).
         keyed: path → the API-key scope it needs, when the server has keys (those operations
             then declare bearer security and their 401 and 403 answers).
 
@@ -94,11 +96,12 @@ def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) ->
         score_kind={"type": "string", "enum": list(SCORE_KINDS)},
         threshold={"type": "number", "description": "images scoring below it are rejected"},
     )
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
     name = {
         "name": "name",
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "enum": [model_name]},
+        "schema": {"type": "string", "enum": names},
     }
     infer = {
         "summary": "KServe v2 inference: JSON tensors, or the binary-tensor extension",
@@ -174,9 +177,42 @@ def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) ->
         },
     }
     readiness = _obj(ready={"type": "boolean"})
+    entry = _obj(
+        name={"type": "string"},
+        version={"type": "string"},
+        state={"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+    )
+    entry["properties"]["reason"] = {"type": "string", "description": "why UNAVAILABLE"}
+    index = {
+        "summary": "The models served, their versions and states (model repository extension)",
+        "responses": {
+            "200": _json({"type": "array", "items": entry}, "one entry a model"),
+            **_errors(400, 413, 415),
+        },
+    }
+    index_post = {
+        **index,
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"ready": {"type": "boolean"}},
+                        "additionalProperties": False,
+                        "description": "ready: true lists only the ready models",
+                    }
+                }
+            },
+        },
+    }
     doc = {
         "openapi": "3.1.0",
-        "info": {"title": "zoo serve", "version": "1", "description": f"Serving {model_name}"},
+        "info": {
+            "title": "zoo serve",
+            "version": "1",
+            "description": f"Serving {', '.join(names)}",
+        },
         "paths": {
             "/": {
                 "get": {
@@ -212,13 +248,14 @@ def openapi_document(model_name: str, keyed: Mapping[str, str] | None = None) ->
             },
             "/v2/health/ready": {
                 "get": {
-                    "summary": "Readiness: true only once the model answered its warm-up",
+                    "summary": "Readiness: true only once every model answered its warm-up",
                     "responses": {
                         "200": _json(readiness, "ready"),
                         "503": _json(readiness, "not ready yet"),
                     },
                 }
             },
+            "/v2/repository/index": {"get": index, "post": index_post},
             "/v2/models/{name}": {"get": meta},
             "/v2/models/{name}/versions/1": {"get": meta},
             "/v2/models/{name}/ready": {"get": ready},

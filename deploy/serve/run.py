@@ -1,5 +1,6 @@
-"""``zoo serve MODEL``: resolve what to serve (an .onnx file, a run/model folder, or a registry
-entry exported on the fly) and run it under uvicorn with graceful shutdown."""
+"""``zoo serve MODEL [MODEL …]``: resolve what to serve (each an .onnx file, a run/model folder,
+or a registry entry exported on the fly, optionally ``NAME=``) and run it under uvicorn with
+graceful shutdown."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig, load_served
 from zoo.errors import InputError
 from zoo.ref import RUNTIME_KINDS, ModelRef
+from zoo.system import available_cpus
 
 
 def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
@@ -88,15 +90,18 @@ def _graceful_server_class() -> type:
 
 
 def serve(cfg: ServeConfig) -> None:
-    """Serve a model under uvicorn until SIGTERM/SIGINT, then shut down gracefully.
+    """Serve one model or several under uvicorn until SIGTERM/SIGINT, then shut down
+    gracefully.
 
     Args:
-        cfg: the settings; ``cfg.model_path`` is any model reference (see
-            :func:`resolve_onnx` for what is served), ``cfg.name`` None means the file's
-            ``arch.tag``. The API keys are read now (``--api-key-file`` or ``ZOO_API_KEY``).
+        cfg: the settings; ``cfg.model_path`` (and ``cfg.more_models``) are model references
+            (see :func:`resolve_onnx` for what is served), each optionally ``NAME=REF``;
+            a model without a name is named by its file's ``arch.tag``. The API keys are read
+            now (``--api-key-file`` or ``ZOO_API_KEY``).
 
     Raises:
-        UsageError: a non-loopback ``host`` without an API key or ``allow_unauthenticated``.
+        UsageError: a non-loopback ``host`` without an API key or ``allow_unauthenticated``;
+            two models under one name; a ``NAME=`` that is no name.
         InputError: an unreadable or malformed key file, a TLS file that is not there,
             ``grpc_port`` without KServe's v2 messages installed.
         ModelRefError / UnknownModelError: the reference does not parse.
@@ -126,13 +131,33 @@ def serve(cfg: ServeConfig) -> None:
         from zoo.deploy.serve.grpc_protocol import messages
 
         messages()
+    refs = cfg.references()  # NAME= checked before anything is exported
     with tempfile.TemporaryDirectory() as tmp:
-        path = resolve_onnx(cfg.model_path, Path(tmp))
-        cfg = cfg.resolved(str(path), default_name(path))
+        files = []
+        for i, (_, ref) in enumerate(refs):
+            workdir = Path(tmp) / str(i)  # an export on the fly per model
+            workdir.mkdir()
+            path = resolve_onnx(ref, workdir)
+            files.append((str(path), default_name(path)))
+        cfg = cfg.resolved(files)
         # loaded once, here: a model it cannot run is refused (exit 1) before the server
         # binds, rather than a server that answers 503 for ever; the app only warms it up
-        clf = load_served(cfg)
-        app = create_app(cfg, clf, keys)
+        loaded = {}
+        for model in cfg.served():
+            loaded[model.name] = load_served(model)
+            logging.getLogger("zoo.serve").info(
+                "zoo serve: model %r from %s: %s inference threads%s; its own batcher "
+                "(max batch %s) and queue (max %s)",
+                model.name,
+                model.model_path,
+                loaded[model.name].threads,
+                f" (its share of {cfg.threads or available_cpus()} CPUs among {len(refs)} models)"
+                if len(refs) > 1
+                else "",
+                model.max_batch,
+                model.max_queue,
+            )
+        app = create_app(cfg, keys=keys, loaded=loaded)
         # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"

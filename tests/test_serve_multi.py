@@ -1,0 +1,289 @@
+"""Several models in one ``zoo serve`` (issue #34): a digits CNN fine-tuned and exported here
+(``cnn=RUN``) next to the real MobileNetV2 ImageNet export, each under its name with its own
+batcher, queue and share of the threads. Checked with real clients on loopback: the v2
+repository index (httpx, ``tritonclient.http``), per-model ready, metadata and infer over HTTP
+and gRPC (KServe's stub), each answer equal to onnxruntime's on that model's file; an unknown
+name is 404 / NOT_FOUND naming the models served; API keys guard every model's routes;
+``/metrics`` labels each model. One model flooded past its queue answers 429 while the other
+keeps answering the same numbers; one model held inside its runtime does not hold the other;
+names that collide are a usage error (exit 2)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import run_zoo
+from tests.serving import NAME, binary_infer, free_port, in_process_server, metric, server, x_of
+from zoo.deploy.runtimes.loader import OnnxClassifier, make_session
+from zoo.deploy.serve.auth import ENV_VAR
+from zoo.deploy.serve.config import ServeConfig, split_name, thread_shares
+from zoo.errors import UsageError
+from zoo.images import open_image
+
+pytestmark = pytest.mark.serve
+
+KEY = "multi-model-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CNN = "cnn"  # the digits model's name, given as NAME=RUN
+
+
+@pytest.fixture(scope="module")
+def cnn_run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``zoo finetune simple_cnn`` on four real digit classes, then ``zoo export RUN``."""
+    runs = tmp_path_factory.mktemp("multi")
+    r = run_zoo(
+        "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "1", "--runs",
+        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = run_zoo("export", str(runs / "cnn"))
+    assert r.returncode == 0, r.stderr
+    assert (runs / "cnn" / "model" / "model.onnx").is_file()
+    return runs / "cnn"
+
+
+@pytest.fixture(scope="module")
+def digits_x(cnn_run: Path, four_digits: Path) -> np.ndarray:
+    """Six real digit images as the CNN takes them (its own preprocessing), (6, C, H, W)."""
+    clf = OnnxClassifier(cnn_run / "model" / "model.onnx")
+    paths = sorted(four_digits.glob("*/*.png"))[::20][:6]  # the class folders are links
+    return np.stack([clf.prepare(open_image(p.read_bytes())) for p in paths])
+
+
+@pytest.fixture(scope="module")
+def srv_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve-multi") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def srv(cnn_run: Path, mobilenet_onnx: Path, srv_log: Path) -> Iterator[tuple[str, int]]:
+    """Both models in one server: 2 threads split between them; per model, batches of 8
+    samples at most and two requests waiting at most."""
+    grpc_port = free_port()
+    args = [str(mobilenet_onnx), "--grpc-port", str(grpc_port), "--threads", "2"]
+    args += ["--max-batch", "8", "--max-queue", "2"]
+    with server(f"{CNN}={cnn_run}", *args, log=srv_log, env={ENV_VAR: KEY}) as (url, _):
+        yield url, grpc_port
+    assert KEY not in srv_log.read_text(errors="replace")
+
+
+def infer(url: str, model: str, x: np.ndarray, classes: int) -> np.ndarray:
+    r = httpx.post(f"{url}/v2/models/{model}/infer", timeout=60, **_with_key(binary_infer(x)))
+    assert r.status_code == 200, r.text[:300]
+    head = int(r.headers["inference-header-content-length"])
+    return np.frombuffer(r.content[head:], np.float32).reshape(len(x), classes)
+
+
+def _with_key(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "headers": {**body["headers"], **AUTH}}
+
+
+def test_two_models_are_listed_and_each_answers_as_its_own_file(
+    srv: tuple[str, int], srv_log: Path, cnn_run: Path, mobilenet_onnx: Path, digits_x: np.ndarray
+) -> None:
+    import tritonclient.http as th
+
+    url, _ = srv
+    log = srv_log.read_text(errors="replace")
+    for name in (CNN, NAME):  # one start-up line per model: its share of the CPU budget
+        assert f"model {name!r} from" in log
+    assert log.count("1 inference threads (its share of 2 CPUs among 2 models)") == 2
+
+    index = httpx.get(f"{url}/v2/repository/index", headers=AUTH)
+    expected = [
+        {"name": CNN, "version": "1", "state": "READY"},
+        {"name": NAME, "version": "1", "state": "READY"},
+    ]
+    assert index.status_code == 200 and index.json() == expected
+    client = th.InferenceServerClient(url.removeprefix("http://"))
+    assert client.get_model_repository_index(headers=AUTH) == expected  # Triton's POST form
+    ready_only = httpx.post(f"{url}/v2/repository/index", json={"ready": True}, headers=AUTH)
+    assert ready_only.json() == expected
+    bad = httpx.post(f"{url}/v2/repository/index", json={"ready": "yes"}, headers=AUTH)
+    assert bad.status_code == 400 and "ready" in bad.json()["error"]
+    assert client.is_model_ready(CNN, headers=AUTH) and client.is_model_ready(NAME, headers=AUTH)
+
+    cnn_meta = httpx.get(f"{url}/v2/models/{CNN}", headers=AUTH).json()
+    assert cnn_meta["name"] == CNN and cnn_meta["parameters"]["classes"] == [
+        "digit_1", "digit_3", "digit_7", "digit_8",
+    ]  # fmt: skip
+    assert (
+        len(httpx.get(f"{url}/v2/models/{NAME}", headers=AUTH).json()["parameters"]["classes"])
+        == 1000
+    )
+
+    cnn_direct = make_session(cnn_run / "model" / "model.onnx").run(None, {"input": digits_x})[0]
+    np.testing.assert_allclose(infer(url, CNN, digits_x, 4), cnn_direct, rtol=1e-5, atol=1e-5)
+    x = x_of(3, 2)
+    mobile_direct = make_session(mobilenet_onnx).run(None, {"input": x})[0]
+    np.testing.assert_allclose(infer(url, NAME, x, 1000), mobile_direct, rtol=1e-4, atol=1e-4)
+
+    for path in ("/v2/models/nope", "/v2/models/nope/ready"):
+        missing = httpx.get(url + path, headers=AUTH)
+        assert missing.status_code == 404
+        assert f"'{CNN}'" in missing.json()["error"] and f"'{NAME}'" in missing.json()["error"]
+    assert (
+        httpx.post(f"{url}/v2/models/nope/infer", **_with_key(binary_infer(x))).status_code == 404
+    )
+
+    for path in (f"/v2/models/{CNN}", f"/v2/models/{NAME}/ready", "/v2/repository/index"):
+        assert httpx.get(url + path).status_code == 401  # every model's routes are keyed
+    assert httpx.post(f"{url}/v2/models/{CNN}/infer", **binary_infer(digits_x)).status_code == 401
+
+    text = httpx.get(f"{url}/metrics", headers=AUTH).text
+    for name in (CNN, NAME):
+        assert (
+            metric(text, f'zoo_requests_total{{endpoint="infer",model="{name}",outcome="ok"}}') >= 1
+        )
+        assert metric(text, f'zoo_batch_size_count{{model="{name}"}}') >= 1
+    assert (
+        metric(text, 'zoo_requests_total{endpoint="infer",model="",outcome="unknown_model"}') == 1
+    )
+
+
+def test_grpc_serves_each_model_by_name(
+    srv: tuple[str, int], cnn_run: Path, digits_x: np.ndarray
+) -> None:
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
+
+    metadata = (("authorization", f"Bearer {KEY}"),)
+    with grpc.insecure_channel(f"127.0.0.1:{srv[1]}") as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        for name in (CNN, NAME):
+            assert stub.ModelReady(pb.ModelReadyRequest(name=name), metadata=metadata).ready
+        meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=CNN), metadata=metadata)
+        assert meta.name == CNN and list(meta.outputs[0].shape) == [-1, 4]
+
+        def request(model: str) -> Any:
+            req = pb.ModelInferRequest(model_name=model, id="g-1")
+            req.inputs.add(name="input", datatype="FP32", shape=list(digits_x.shape))
+            req.raw_input_contents.append(digits_x.tobytes())
+            return req
+
+        res = stub.ModelInfer(request(CNN), metadata=metadata)
+        assert res.model_name == CNN
+        got = np.frombuffer(res.raw_output_contents[0], np.float32).reshape(len(digits_x), 4)
+        direct = make_session(cnn_run / "model" / "model.onnx").run(None, {"input": digits_x})
+        np.testing.assert_allclose(got, direct[0], rtol=1e-5, atol=1e-5)
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.ModelInfer(request("nope"), metadata=metadata)
+        assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+        assert f"'{CNN}'" in missing.value.details() and f"'{NAME}'" in missing.value.details()
+        with pytest.raises(grpc.RpcError) as unkeyed:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name=NAME))
+        assert unkeyed.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_flooding_one_model_leaves_the_other_answering_the_same_numbers(
+    srv: tuple[str, int], digits_x: np.ndarray
+) -> None:
+    """MobileNet flooded by 16 closed-loop clients past its queue (a batch running, two waiting):
+    it refuses with 429 as a one-model server does, while every request to the CNN is
+    answered 200 with the numbers it gave before the flood."""
+    url, _ = srv
+    before = [infer(url, CNN, digits_x[i : i + 1], 4) for i in range(len(digits_x))]
+    flood_body = _with_key(binary_infer(x_of(7, 1)))
+    codes: Counter[int] = Counter()
+    refused, stop = threading.Event(), threading.Event()
+
+    def flood(_: int) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                r = client.post(f"{url}/v2/models/{NAME}/infer", **flood_body)
+                codes[r.status_code] += 1
+                if r.status_code == 429:
+                    refused.set()
+
+    with ThreadPoolExecutor(16) as pool:
+        floods = [pool.submit(flood, i) for i in range(16)]
+        try:
+            assert refused.wait(120), f"the flood never filled the queue: {codes}"
+            during = [
+                infer(url, CNN, digits_x[i : i + 1], 4)
+                for _ in range(2)
+                for i in range(len(digits_x))
+            ]
+        finally:
+            stop.set()
+        for f in floods:
+            f.result()
+    assert set(codes) <= {200, 429} and codes[429] and codes[200], codes
+    for i, got in enumerate(during):
+        np.testing.assert_array_equal(got, before[i % len(digits_x)])
+
+
+def test_a_model_held_in_its_runtime_does_not_hold_the_other(
+    cnn_run: Path, mobilenet_onnx: Path, digits_x: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MobileNet's runtime call is held (as a hung model would be); the CNN, health and the
+    repository index answer meanwhile, from the same process and event loop."""
+    hold, entered, release = threading.Event(), threading.Event(), threading.Event()
+    real = OnnxClassifier.run
+
+    def run(clf: OnnxClassifier, x: np.ndarray) -> np.ndarray:
+        if hold.is_set() and clf.path == mobilenet_onnx:
+            entered.set()
+            assert release.wait(60), "the test never released the model"
+        return real(clf, x)
+
+    monkeypatch.setattr(OnnxClassifier, "run", run)
+    cnn_onnx = cnn_run / "model" / "model.onnx"
+    cfg = ServeConfig(
+        f"a={mobilenet_onnx}", port=free_port(), more_models=(f"b={cnn_onnx}",), threads=2
+    )
+    direct = make_session(cnn_onnx).run(None, {"input": digits_x})[0]
+    try:
+        with in_process_server(cfg) as (url, first):
+            for _ in range(600):
+                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                    break
+                threading.Event().wait(0.1)
+            assert first.name == "a" and first.cfg.threads == 1  # 2 threads, split in two
+            hold.set()
+            with ThreadPoolExecutor(1) as pool:
+                held = pool.submit(
+                    httpx.post, f"{url}/v2/models/a/infer", timeout=120, **binary_infer(x_of(2))
+                )
+                assert entered.wait(60), "the request never reached MobileNet's runtime"
+                for _ in range(3):
+                    r = httpx.post(f"{url}/v2/models/b/infer", timeout=30, **binary_infer(digits_x))
+                    assert r.status_code == 200, r.text
+                    head = int(r.headers["inference-header-content-length"])
+                    got = np.frombuffer(r.content[head:], np.float32).reshape(-1, 4)
+                    np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-5)
+                assert httpx.get(f"{url}/v2/health/live", timeout=30).status_code == 200
+                states = httpx.get(f"{url}/v2/repository/index", timeout=30).json()
+                assert [e["state"] for e in states] == ["READY", "READY"]
+                assert not held.done()
+                release.set()
+                assert held.result().status_code == 200
+    finally:
+        release.set()
+
+
+def test_names_threads_and_collisions(cnn_run: Path, mobilenet_onnx: Path) -> None:
+    assert split_name("cats=runs/cats") == ("cats", "runs/cats")
+    assert split_name("runs/cats") == (None, "runs/cats")
+    with pytest.raises(UsageError, match="NAME=MODEL needs a name"):
+        split_name("bad/name=runs/cats")
+    assert thread_shares(None, 1) == [None] and thread_shares(4, 1) == [4]
+    assert thread_shares(5, 2) == [3, 2] and thread_shares(2, 3) == [1, 1, 1]
+    with pytest.raises(UsageError, match="--name names one model"):
+        ServeConfig(str(mobilenet_onnx), name="x", more_models=(str(cnn_run),))
+    cfg = ServeConfig(str(mobilenet_onnx), more_models=(f"m={mobilenet_onnx}",), threads=4)
+    assert [(m.name, m.threads) for m in cfg.served()] == [("mobilenet_v2", 2), ("m", 2)]
+    # the real command: the same run twice is named twice alike, refused before loading
+    r = run_zoo("serve", str(cnn_run), str(cnn_run), "--port", str(free_port()), timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "two models are named 'simple_cnn.ft-cnn'" in r.stderr and "NAME=MODEL" in r.stderr
