@@ -10,7 +10,7 @@ import typer
 
 from zoo.cli.common import JsonOpt, out, print_json
 
-cache_app = typer.Typer(help="zoo's caches: decoded images and data-check results.")
+cache_app = typer.Typer(help="zoo's caches: decoded images, backbone features, data-check results.")
 
 
 def _folder_bytes(root: Path) -> int:
@@ -21,19 +21,29 @@ def _folder_bytes(root: Path) -> int:
 def ls_cmd(as_json: JsonOpt = False) -> None:
     """Where the cache is ($ZOO_CACHE, default ~/.cache/zoo), its entries and size on disk."""
     from zoo.system import cache_home
+    from zoo.train.features import FEATURES_DIR
     from zoo.train.image_cache import usage
 
     home = cache_home()
     rows = usage()
     check_bytes = _folder_bytes(home / "datacheck")
+    feature_bytes = _folder_bytes(home / FEATURES_DIR)
     if as_json:
-        print_json({"location": str(home), "images": rows, "datacheck_bytes": check_bytes})
+        print_json(
+            {
+                "location": str(home),
+                "images": rows,
+                "features_bytes": feature_bytes,
+                "datacheck_bytes": check_bytes,
+            }
+        )
         return
     out.print(f"cache: {home}  (set $ZOO_CACHE to move it; zoo cache clear empties it)")
     for r in rows:
         out.print(f"  images {r['spec']}: {r['entries']} entries, {r['bytes'] / 1e6:.1f} MB")
     if not rows:
         out.print("  images: none")
+    out.print(f"  backbone features (--cache-features): {feature_bytes / 1e6:.1f} MB")
     out.print(f"  data-check results: {check_bytes / 1e6:.1f} MB")
 
 
@@ -43,11 +53,14 @@ def clear_cmd(
         bool, typer.Option("--images-only", help="keep the data-check results")
     ] = False,
 ) -> None:
-    """Remove the cached images (and data-check results): runs rebuild what they need."""
+    """Remove the cached images and features (and data-check results): runs rebuild what they
+    need."""
     from zoo.system import cache_home
+    from zoo.train.features import FEATURES_DIR
     from zoo.train.image_cache import clear
 
-    freed = clear()
+    freed = clear() + _folder_bytes(cache_home() / FEATURES_DIR)
+    shutil.rmtree(cache_home() / FEATURES_DIR, ignore_errors=True)
     if not images_only:
         freed += _folder_bytes(cache_home() / "datacheck")
         shutil.rmtree(cache_home() / "datacheck", ignore_errors=True)

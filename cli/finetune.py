@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from zoo.cli.common import choice, err, interrupt_exits, out
+from zoo.cli.common import choice
 from zoo.cli.train_options import (
     FIELD,
     AcceptanceOpt,
@@ -178,58 +177,9 @@ def finetune_cmd(
     del params["nproc"]  # how many processes run it, not part of the run's config
     del params["report"]  # what is written after the run, not part of it
     cfg = train_config(params)
-    from zoo.train.console import is_main_process
-    from zoo.train.tracking_process import tracker_for
+    from zoo.cli.train_run import run_training
 
-    # an unreachable tracking server is refused before any work; under torchrun only rank 0.
-    # The tracker's process starts now, so MLflow loads while torch does.
-    tracker = tracker_for(cfg, explicit) if is_main_process() else None
-    if nproc > 1:
-        from zoo.train.launch import launch
-
-        if tracker is not None:
-            tracker.ready()
-            tracker.close()
-        raise typer.Exit(launch(nproc))
-    from zoo.train.trainer import fit
-
-    if tracker is not None:
-        tracker.ready()
-
-    run = None
-    try:
-        with interrupt_exits():
-            run = fit(cfg, explicit=explicit, observers=[tracker] if tracker else ())
-        if run is not None and is_main_process():  # None: --dry-run writes no run folder
-            if report:
-                with interrupt_exits(
-                    f"interrupted while writing report.html: {run} is complete; write the "
-                    f"report with: zoo eval {run} --report"
-                ):
-                    _run_report(run, cfg.device, cfg.batch_size)
-                if tracker is not None and (run / "report.html").is_file():
-                    tracker.log_file(run / "report.html")
-            out.print(str(run))
-    finally:
-        if tracker is not None:  # the last line: whether everything reached the tracker
-            err.print(tracker.close().line(), markup=False)
-
-
-def _run_report(run: Path, device: str, batch_size: int) -> None:
-    """The finished run's report.html; a model the report cannot cover only gets a note."""
-    from zoo.errors import DataError, InputError
-    from zoo.train.evaluate import evaluate_split
-    from zoo.train.report import write_report
-
-    try:
-        ev = evaluate_split(
-            str(run), data=None, split="val", batch_size=batch_size, device=device, num_workers=0
-        )
-        info = write_report(ev, run / "report.html", run)
-    except (InputError, DataError) as exc:  # the run itself is complete: never fail it here
-        err.print(f"report: none ({exc})")
-        return
-    err.print(f"report: {info['path']} ({info['images']} images embedded)")
+    run_training(cfg, explicit, nproc=nproc, report=report)
 
 
 def register(app: typer.Typer) -> None:

@@ -123,7 +123,8 @@ def test_finetune_options_are_the_train_config_fields_with_its_defaults() -> Non
 
     command = typer.main.get_command(app).commands["finetune"]  # type: ignore[attr-defined]
     params = {p.name: p for p in command.params}
-    internal = {"schedule_segments", "run_dir"}  # written by the run itself, never typed
+    # written by the run itself, never typed; distill: zoo distill's own options
+    internal = {"schedule_segments", "run_dir", "distill"}
     fields = set(TrainConfig.__dataclass_fields__) - internal - {"model"}
     assert fields <= set(params), sorted(fields - set(params))
     # the model, how many processes, and the report written after the run

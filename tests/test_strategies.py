@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -74,10 +75,13 @@ def test_gradual_creates_every_group_at_step_0(small_digits, tmp_path, mobilenet
 def test_feature_cache_matches_plain_linear_probe(
     small_digits, tmp_path, mobilenet_weights
 ) -> None:
+    import shutil
+
+    data = shutil.copytree(small_digits, tmp_path / "digits")  # one image's date changes below
     common = [
         "mobilenet_v2",
         "--data",
-        str(small_digits),
+        str(data),
         "--strategy",
         "linear",
         "--epochs",
@@ -91,15 +95,45 @@ def test_feature_cache_matches_plain_linear_probe(
         "0",
         "--no-progress",
     ]
-    a = run_zoo("finetune", *common, "--name", "plain")
-    b = run_zoo("finetune", *common, "--name", "cached", "--cache-features")
+    env = {"ZOO_CACHE": str(tmp_path / "cache")}
+    a = run_zoo("finetune", *common, "--name", "plain", env=env)
+    b = run_zoo("finetune", *common, "--name", "cached", "--cache-features", env=env)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     acc = [
         json.loads((tmp_path / n / "report.json").read_text())["best"]["val/acc"]
         for n in ("plain", "cached")
     ]
     assert abs(acc[0] - acc[1]) <= 0.05, acc
-    assert "features: cached" in b.stderr
+    assert "computed into the feature cache" in b.stderr, b.stderr
+    # another run (a tune trial with another lr, seed or head) reads them from disk: same numbers
+    c = run_zoo("finetune", *common, "--name", "again", "--cache-features", env=env)
+    assert c.returncode == 0 and "read from the feature cache" in c.stderr, c.stderr
+    rows = [(tmp_path / n / "metrics.jsonl").read_text() for n in ("cached", "again")]
+    strip = [
+        [
+            {
+                k: v
+                for k, v in json.loads(r).items()
+                if k not in ("epoch_s", "img_per_s", "data_wait")
+            }
+            for r in x.splitlines()
+        ]
+        for x in rows
+    ]
+    assert strip[0] == strip[1]
+    # an edited image is a new key: computed again
+    first = next(data.rglob("*.png"))
+    os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns + 10**9))
+    d = run_zoo(
+        "finetune", *common, "--name", "edited", "--cache-features", "--epochs", "1", env=env
+    )
+    assert d.returncode == 0 and "computed into the feature cache" in d.stderr, d.stderr
+    kept = list((tmp_path / "cache" / "features").glob("*.safetensors"))
+    assert len(kept) == 3  # train and val, then the edited image's split again
+    listed = json.loads(run_zoo("cache", "ls", "--json", env=env).stdout)
+    assert listed["features_bytes"] == sum(f.stat().st_size for f in kept)
+    assert run_zoo("cache", "clear", env=env).returncode == 0
+    assert not (tmp_path / "cache" / "features").exists()
 
 
 @pytest.mark.slow

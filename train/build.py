@@ -10,6 +10,7 @@ what trains, on pooled backbone outputs computed once; the loop only sees ``trai
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,9 @@ from zoo.train.check import CheckReport, check_splits, format_report
 from zoo.train.comm import Single, join
 from zoo.train.config import TrainConfig
 from zoo.train.console import say
+from zoo.train.distill import Distiller
 from zoo.train.ema import Ema
-from zoo.train.features import FeatureDataset, extract_features, head_module
+from zoo.train.features import FeatureDataset, head_module, load_or_extract
 from zoo.train.image_cache import CacheSpec, ImageCache
 from zoo.train.imbalance import imbalance_hint, sample_weights
 from zoo.train.optim import build_loss, build_optimizer
@@ -86,6 +88,7 @@ class RunParts:
     state: LoopState
     recipe: BatchRecipe | None = None  # --random-erasing, --mixup/--cutmix on each batch
     ema: Ema | None = None  # --ema
+    distill: Distiller | None = None  # zoo distill: the teacher and the batch's KD loss
 
     @property
     def device(self) -> torch.device:
@@ -202,6 +205,11 @@ def build_run(resolved: Resolved) -> RunParts:
         recipe=batch_recipe(cfg, len(data.classes), comm.device),
         ema=Ema.build(model, cfg.ema_decay, info.classifier if cfg.cache_features else None)
         if cfg.ema
+        else None,
+        distill=Distiller.build(
+            cfg.distill, resolved.teacher, data.samples["train"], info.preprocessing(), comm.device
+        )
+        if cfg.distill is not None and resolved.teacher is not None
         else None,
     )
 
@@ -330,19 +338,19 @@ def _feature_cache(
     """The head's inputs for every train and val image, computed once (eval transform)."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    train, val = (
-        FeatureDataset(
-            *extract_features(
-                model,
-                head,
-                loader(ds, list(range(len(ds))), cfg.batch_size * 2, workers, cfg.seed, device),
-                device,
-            )
+
+    def batches(ds: Any) -> Callable[[], Any]:
+        return lambda: loader(
+            ds, list(range(len(ds))), cfg.batch_size * 2, workers, cfg.seed, device
         )
-        for ds in sets
+
+    (train, hit_train), (val, hit_val) = (
+        load_or_extract(model, head, ds, batches(ds), device) for ds in sets
     )
+    where = "read from" if hit_train and hit_val else "computed into"
     say(
-        f"features: cached {len(train)} + {len(val)} pooled backbone outputs "
-        f"({tuple(train.feats.shape[1:])}) in {time.perf_counter() - t0:.1f}s"
+        f"features: {len(train)} + {len(val)} pooled backbone outputs "
+        f"({tuple(train.feats.shape[1:])}) {where} the feature cache in "
+        f"{time.perf_counter() - t0:.1f}s"
     )
     return train, val

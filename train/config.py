@@ -28,6 +28,9 @@ ImageCacheMode = Literal["auto", "on", "off"]
 """The decode-once image cache (``image_cache.py``); ``auto``: on when it fits half the free disk."""
 SamplerName = Literal["shuffle", "balanced"]
 """``balanced``: each epoch draws as many images, every class equally likely (with replacement)."""
+TeacherLogits = Literal["auto", "cached", "online"]
+"""Distillation: the teacher's logits computed once per image (``cached``: deterministic training
+views) or on every training view (``online``: random augmentation); ``auto`` decides."""
 
 # Keys that may differ between a run and its --resume without changing the result.
 RUNTIME_KEYS = frozenset(
@@ -45,6 +48,23 @@ RUNTIME_KEYS = frozenset(
         "track",
     }
 )
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``zoo distill``: the student learns from ``teacher``'s logits (Hinton et al.): loss =
+    α·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + (1 − α)·the run's hard-label loss.
+    ``logits`` and ``teacher_sha256`` are decided by :func:`zoo.train.distill.resolve_teacher`."""
+
+    teacher: str  # a run, model folder or registry entry
+    temperature: float = 4.0
+    alpha: float = 0.5
+    logits: TeacherLogits = "auto"
+    teacher_sha256: str | None = None  # the teacher's weights; a resume refuses other weights
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DistillConfig:
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -111,6 +131,7 @@ class TrainConfig:
     run_dir: str | None = None
     # the LR schedule as segments ({from_step, epochs, kind[, peak_scale]}); --extend appends one
     schedule_segments: tuple[dict[str, Any], ...] = ()
+    distill: DistillConfig | None = None  # set by ``zoo distill``
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -137,7 +158,14 @@ class TrainConfig:
         missing = [k for k in ("model", "data") if k not in d]
         if missing:
             raise ConfigError(f"The training config lacks the required key {missing[0]!r}.")
-        return cls(**{**d, "schedule_segments": tuple(d.get("schedule_segments", ()))})
+        distill = DistillConfig.from_dict(d["distill"]) if d.get("distill") else None
+        return cls(
+            **{
+                **d,
+                "schedule_segments": tuple(d.get("schedule_segments", ())),
+                "distill": distill,
+            }
+        )
 
 
 def option_defaults() -> dict[str, Any]:

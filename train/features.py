@@ -1,13 +1,27 @@
 """Feature cache for a frozen backbone: pooled features (the classifier head's input) are
-computed once with the eval transform, and the head trains on the cached tensors."""
+computed once with the eval transform, and the head trains on the cached tensors.
+
+They are also kept on disk (``$ZOO_CACHE/features``, safetensors), keyed by everything that
+makes them: the backbone's weights (the head's left out: a seed draws it), the images (path,
+label, size, modification time), the transform, the device type and torch's version. So the
+linear-probe trials of a ``zoo tune`` search (and a re-run) compute them once. Hand-written:
+the image cache keeps pixels, no library keeps a model's activations keyed this way.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from zoo import durable
+from zoo.system import cache_home
+
+FEATURES_DIR = "features"
 
 
 def head_module(model: nn.Module, head: str) -> nn.Module:
@@ -51,3 +65,55 @@ class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, Any, int]]):
         i = key[0] if isinstance(key, tuple) else key
         target = self.targets[i]
         return self.feats[i], (target if target.ndim else int(target)), i
+
+
+def feature_key(model: nn.Module, head: str, dataset: Any, device: torch.device) -> str:
+    """What the cached features of ``dataset`` (an :class:`ImageFolderDataset`) depend on,
+    hashed: the backbone's weights, the images, the transform, the device type, torch."""
+    h = hashlib.sha256(f"{torch.__version__}|{device.type}|{head}|{_recipe(dataset)}".encode())
+    for name, tensor in model.state_dict().items():
+        if name.startswith(f"{head}."):
+            continue
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    for path, label in dataset.samples:
+        st = Path(path).stat()
+        h.update(f"{path}|{label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _recipe(dataset: Any) -> str:
+    """How ``dataset`` turns a file into the model's input (PIL transform, or image cache)."""
+    if hasattr(dataset, "transform"):
+        return f"pil|{dataset.transform!r}"
+    return f"cache|{dataset.cache.spec!r}|{dataset.aug!r}"
+
+
+def load_or_extract(
+    model: nn.Module,
+    head: str,
+    dataset: Any,
+    batches: Callable[[], Iterable[Any]],
+    device: torch.device,
+) -> tuple[FeatureDataset, bool]:
+    """``dataset``'s features from the disk cache, else extracted (``batches()``) and kept.
+
+    Returns:
+        The features, and whether they came from the cache.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save
+
+    if " at 0x" in _recipe(dataset):  # a transform without a stable description: not kept
+        return FeatureDataset(*extract_features(model, head, batches(), device)), False
+    path = cache_home() / FEATURES_DIR / f"{feature_key(model, head, dataset, device)}.safetensors"
+    if path.is_file():
+        try:
+            t = load_file(path)
+            return FeatureDataset(t["feats"], t["targets"], t["indices"]), True
+        except (SafetensorError, KeyError, OSError):  # damaged: computed again, written over
+            pass
+    feats, targets, indices = extract_features(model, head, batches(), device)
+    tensors = {"feats": feats, "targets": targets, "indices": indices}
+    durable.write_bytes(path, save(tensors), label=None)
+    return FeatureDataset(feats, targets, indices), False

@@ -214,6 +214,11 @@ def finish_run(r: RunResult) -> None:
         },
         "load_report": load_report.to_dict() if load_report else None,
     }
+    distill = r.parts.distill
+    if distill is not None:  # zoo distill: teacher vs student on the same validation images
+        report["distill"] = distill.summary(
+            r.parts.model, val["acc"], data.samples["val"], r.cfg.model
+        ).to_dict()
     durable.write_json(run / "report.json", report, label="report.json")
     best_epoch = state.epoch - state.epochs_since_best
     print(

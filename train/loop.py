@@ -85,6 +85,8 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> TrainPass | None
         parts.optimizer.zero_grad(set_to_none=True)
         logits = forward(parts, parts.train_forward, x)
         loss = parts.loss_fn(logits.float(), y)
+        if parts.distill is not None:  # the teacher's soft targets beside the hard labels
+            loss = parts.distill.loss(logits.float(), loss, x, idx)
         parts.scaler.scale(loss).backward()
         # One host sync per step, after backward is queued: loss, correct count, finiteness.
         if cfg.multi_label:

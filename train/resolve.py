@@ -22,6 +22,7 @@ from zoo.registry import Entry
 from zoo.train import data as data_mod
 from zoo.train.config import ImageCacheMode, TrainConfig
 from zoo.train.console import say
+from zoo.train.distill import Teacher, resolve_teacher
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
 from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
@@ -39,6 +40,7 @@ class Resolved:
     run: RunDir | None = None  # --resume: the run's folder (a new run's appears once it trains)
     checkpoint: dict[str, Any] | None = None  # --resume: its last commit (None: killed before one)
     extended: bool = False  # --resume --extend N: config.json gets the new segment on repair
+    teacher: Teacher | None = None  # zoo distill: cfg.distill.teacher resolved once
 
 
 def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset()) -> Resolved:
@@ -65,6 +67,9 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             (checked before any data work; the message names the entries usable here and
             ``--weights none``). WeightsIntegrityError: they fail their pinned hash.
         DataError: the data folder holds no usable split (see :func:`zoo.train.data.scan`).
+        InputError / CheckpointError (``zoo distill``): as
+            :func:`zoo.train.distill.resolve_teacher` raises (the teacher's classes are not
+            the data's, its weights changed since the resumed run started...).
     """
     if options.lr == "auto":  # fit() turns it into lr-find's suggestion before this step
         raise InputError("lr='auto' is resolved by zoo.train.fit (zoo finetune --lr auto)")
@@ -101,6 +106,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     if cfg.amp and pick_device(cfg.device).type != "cuda":
         raise InputError(f"--amp {cfg.amp} needs CUDA; this run is on the CPU. Drop --amp.")
     splits = read_splits(cfg, run.path if run else None)
+    distill, teacher = resolve_teacher(cfg, splits) if cfg.distill else (None, None)
     resolved = replace(
         cfg,
         image_cache=image_cache_mode(cfg, parent[0].info, splits),
@@ -109,8 +115,11 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adamw" else 0.1),
         schedule_segments=cfg.schedule_segments
         or ({"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule},),
+        distill=distill,
     )
-    return Resolved(resolved, parent, splits, run, checkpoint, extended=bool(options.extend))
+    return Resolved(
+        resolved, parent, splits, run, checkpoint, extended=bool(options.extend), teacher=teacher
+    )
 
 
 def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:

@@ -1,0 +1,162 @@
+"""``zoo distill``: train a small student on a teacher's soft targets (Hinton et al.) with the
+trainer's own run (:func:`zoo.train.trainer.fit` with a :class:`~zoo.train.config.DistillConfig`;
+the loss and the teacher's logits: :mod:`zoo.train.distill`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zoo.cli.common import choice, err
+from zoo.cli.train_options import (
+    FIELD,
+    AutoAugmentOpt,
+    BatchSizeOpt,
+    CutmixOpt,
+    D,
+    ImageCacheOpt,
+    ImageSizeOpt,
+    LrOpt,
+    MixupOpt,
+    NumWorkersOpt,
+    RandomErasingOpt,
+    StrategyOpt,
+    TrackOpt,
+    ValFractionOpt,
+    WeightsOpt,
+    train_config,
+)
+from zoo.train.config import OptimizerName, ScheduleName, TeacherLogits
+
+KD_OPTIONS = ("temperature", "alpha", "teacher_logits")  # the DistillConfig's, not TrainConfig's
+
+
+def distill_cmd(
+    ctx: typer.Context,
+    teacher: Annotated[
+        str | None,
+        typer.Argument(help="the teacher: a run, a model folder or a registry entry"),
+    ] = None,
+    student: Annotated[
+        str | None,
+        typer.Option("--student", help="the student: a registry name, timm:<name> or folder"),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option("--data", help="image folder: DIR/<class>/… or DIR/train|val/<class>/…"),
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option("--temperature", "-T", help="softens both models' probabilities")
+    ] = 4.0,
+    alpha: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="the soft targets' share of the loss (0: labels only)"),
+    ] = 0.5,
+    teacher_logits: Annotated[
+        TeacherLogits,
+        choice(
+            TeacherLogits,
+            "--teacher-logits",
+            help="cached: once per image (deterministic views); online: on every training "
+            "view; auto: online when the views are random (augmentation, recipes)",
+        ),
+    ] = "auto",
+    weights: WeightsOpt = D["weights"],
+    strategy: StrategyOpt = D["strategy"],
+    epochs: Annotated[int, typer.Option(min=1)] = D["epochs"],
+    batch_size: BatchSizeOpt = D["batch_size"],
+    lr: LrOpt = D["lr"],
+    optimizer: Annotated[OptimizerName, choice(OptimizerName, "--optimizer")] = D["optimizer"],
+    schedule: Annotated[ScheduleName, choice(ScheduleName, "--schedule")] = D["schedule"],
+    warmup_epochs: float = D["warmup_epochs"],
+    weight_decay: float = D["weight_decay"],
+    label_smoothing: float = D["label_smoothing"],
+    augment: Annotated[bool, typer.Option(help="online augmentation in training")] = D["augment"],
+    auto_augment: AutoAugmentOpt = D["auto_augment"],
+    random_erasing: RandomErasingOpt = D["random_erasing"],
+    mixup: MixupOpt = D["mixup"],
+    cutmix: CutmixOpt = D["cutmix"],
+    ema: Annotated[bool, typer.Option(help="timm's model EMA, shipped when better")] = D["ema"],
+    image_size: ImageSizeOpt = D["image_size"],
+    image_cache: ImageCacheOpt = D["image_cache"],
+    val_fraction: ValFractionOpt = D["val_fraction"],
+    patience: Annotated[int | None, typer.Option(help="early stopping after N epochs")] = D[
+        "patience"
+    ],
+    save_every_steps: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = D[
+        "save_every_steps"
+    ],
+    seed: int = D["seed"],
+    device: str = D["device"],
+    num_workers: NumWorkersOpt = D["num_workers"],
+    runs_root: Annotated[str, typer.Option("--runs", help="where run folders go")] = D["runs_root"],
+    name: Annotated[str | None, typer.Option(help="run name (default: STUDENT-DATA)")] = D["name"],
+    resume: Annotated[
+        str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
+    ] = D["resume"],
+    nproc: Annotated[
+        int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
+    ] = 1,
+    progress: Annotated[bool, typer.Option(help="rich progress bar")] = D["progress"],
+    track: TrackOpt = D["track"],
+    report: Annotated[
+        bool,
+        typer.Option(envvar="ZOO_FINETUNE_REPORT", help="at the end, write report.html"),
+    ] = True,
+) -> None:
+    """Distill a teacher into a smaller student (e.g. zoo distill runs/resnet18-fish
+    --student mobilenet_v3_small --data ./fish)."""
+    params = dict(ctx.params)
+    typed = {
+        k for k in params if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
+    }
+    if resume is not None:
+        given = sorted({"teacher", "student", "data", *KD_OPTIONS} & typed)
+        if given:
+            raise typer.BadParameter(
+                f"--resume continues with the run's own teacher, student, data and KD settings: "
+                f"drop {', '.join('--' + k.replace('_', '-') for k in given)}"
+            )
+    elif teacher is None or student is None or data is None:
+        raise typer.BadParameter("give TEACHER, --student and --data (or --resume RUN_DIR)")
+    if nproc > 1 and lr == "auto":
+        raise typer.BadParameter(
+            "--lr auto runs in one process: run `zoo lr-find` first, then pass --lr VALUE",
+            param_hint="--lr",
+        )
+    from zoo.train.config import DistillConfig
+
+    for k in ("teacher", "report", "nproc", *KD_OPTIONS):
+        del params[k]
+    params["model"] = params.pop("student")
+    cfg = train_config(params)
+    if resume is None:
+        assert teacher is not None
+        from dataclasses import replace
+
+        from zoo.ref import ModelRef
+
+        ref = ModelRef.parse(teacher)  # a folder made absolute: a resume finds it from anywhere
+        where = str(ref.path.resolve()) if ref.is_path else teacher
+        kd = DistillConfig(where, temperature=temperature, alpha=alpha, logits=teacher_logits)
+        cfg = replace(cfg, distill=kd)
+    # what the user typed: --resume compares exactly these against the run's config
+    explicit = frozenset(FIELD.get(k, k) for k in typed - {"report", "student", "nproc"})
+    from zoo.cli.train_run import run_training
+
+    def show_summary(run: Path) -> None:  # teacher vs student, before the report
+        summary = json.loads((run / "report.json").read_text()).get("distill")
+        if summary is not None:
+            from zoo.train.distill import DistillSummary
+
+            for line in DistillSummary.from_dict(summary).lines():
+                err.print(line, markup=False, highlight=False)
+
+    run_training(cfg, explicit, nproc=nproc, report=report, after=show_summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("distill")(distill_cmd)

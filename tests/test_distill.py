@@ -1,0 +1,207 @@
+"""``zoo distill``: the KD loss's values, the teacher's cached logits (equal to its live
+outputs, read again instead of recomputed), the distill → export → predict chain, a kill -9
+mid-run resumed to the uninterrupted run, and the refusals. Real digits at 16 px, a
+simple_cnn teacher fine-tuned here, an mlp student."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests import crash
+from tests.conftest import run_zoo
+from zoo.errors import InputError
+from zoo.train.config import DistillConfig, TrainConfig
+from zoo.train.distill import kd_loss
+
+QUIET = {"num_workers": 0, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def digits16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """120 real digits (12 per class) as 16 px PNGs."""
+    from zoo.samples import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("d") / "digits", size=16, per_class=12)
+
+
+@pytest.fixture(scope="module")
+def teacher(digits16: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A simple_cnn fine-tuned on the digits (the larger model: 3× the mlp's parameters)."""
+    from zoo.train.trainer import fit
+
+    root = tmp_path_factory.mktemp("teacher")
+    cfg = TrainConfig(
+        "simple_cnn", str(digits16), epochs=2, augment=False, runs_root=str(root), name="t"
+    )
+    run = fit(TrainConfig.from_dict({**cfg.to_dict(), **QUIET}))
+    assert run is not None
+    return run
+
+
+def student_cfg(teacher: Path, data: Path, root: Path, **kw: Any) -> TrainConfig:
+    kd = DistillConfig(str(teacher), **kw.pop("kd", {}))
+    return TrainConfig(
+        "mlp", str(data), epochs=1, batch_size=16, runs_root=str(root), distill=kd, **QUIET, **kw
+    )
+
+
+def test_kd_loss_hand_values_and_limits() -> None:
+    student, y = torch.tensor([[0.0, 0.0]]), torch.tensor([0])
+    teacher = torch.tensor([[math.log(3.0), 0.0]])  # softmax: (0.75, 0.25)
+    ce = F.cross_entropy(student, y)
+    kl = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)  # 0.130812
+    at = {(t, a): kd_loss(student, teacher * t, ce, temperature=t, alpha=a) for t in (1, 2)
+          for a in (0.0, 0.5, 1.0)}  # fmt: skip
+    assert at[1, 0.0] == ce  # α = 0: the hard loss, exactly
+    assert at[1, 1.0].item() == pytest.approx(kl, abs=1e-6)
+    # the same probabilities at T = 2 (teacher logits doubled): the KL scaled by T² = 4
+    assert at[2, 1.0].item() == pytest.approx(4 * kl, abs=1e-6)
+    assert at[1, 0.5].item() == pytest.approx(0.5 * kl + 0.5 * ce.item(), abs=1e-6)
+    same = kd_loss(teacher, teacher, ce, temperature=3.0, alpha=1.0)
+    assert same.item() == pytest.approx(0.0, abs=1e-7)  # a student that agrees: no soft loss
+    # gradients reach the student, never the teacher
+    s = student.clone().requires_grad_(True)
+    t = teacher.clone().requires_grad_(True)
+    kd_loss(s, t, F.cross_entropy(s, y), temperature=2.0, alpha=0.5).backward()
+    assert s.grad is not None and t.grad is None
+
+
+def test_cached_logits_are_the_teachers_and_are_not_recomputed(
+    teacher: Path, digits16: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from zoo.images import open_image
+    from zoo.train.build import build_run
+    from zoo.train.loop import train_epoch
+    from zoo.train.resolve import resolve_config
+    from zoo.train.run_dir import RunDir
+    from zoo.transforms import eval_transform
+
+    cfg = student_cfg(teacher, digits16, tmp_path, augment=False)
+    parts = build_run(resolve_config(cfg))
+    kd = parts.distill
+    assert kd is not None and kd.cached is not None and parts.cfg.distill is not None
+    assert parts.cfg.distill.logits == "cached" and parts.cfg.distill.teacher_sha256
+    assert "teacher logits cached (deterministic training views" in capfd.readouterr().err
+    # each training image's row: the teacher's live output on its eval view
+    tf = eval_transform(kd.pre)
+    paths = [p for p, _ in parts.data.samples["train"]]
+    with torch.inference_mode():
+        live = kd.teacher(torch.stack([tf(open_image(p)) for p in paths]))
+    torch.testing.assert_close(kd.cached, live, rtol=1e-5, atol=1e-5)
+    # two epochs of training: the teacher never runs again
+    calls: list[int] = []
+    kd.teacher.register_forward_hook(lambda *_: calls.append(1))
+    run = RunDir(tmp_path / "run")
+    for _ in range(2):
+        assert train_epoch(parts, run, None) is not None
+        parts.state.epoch += 1
+        parts.state.step_in_epoch = 0
+    assert calls == [] and parts.state.global_step == 2 * parts.steps_per_epoch
+    # a second run reads the store: nothing computed
+    again = build_run(resolve_config(cfg)).distill
+    assert again is not None and again.cached is not None
+    assert torch.equal(again.cached, kd.cached)
+    assert f"({len(paths)} computed now" not in capfd.readouterr().err
+    # random views: the teacher judges every training batch
+    online = build_run(resolve_config(student_cfg(teacher, digits16, tmp_path, augment=True)))
+    assert online.distill is not None and online.distill.cached is None
+    online.distill.teacher.register_forward_hook(lambda *_: calls.append(1))
+    assert train_epoch(online, run, None) is not None
+    assert len(calls) == online.steps_per_epoch
+
+
+def test_refusals(teacher: Path, digits16: Path, tmp_path: Path) -> None:
+    from zoo.train.resolve import resolve_config
+
+    four = tmp_path / "four"
+    four.mkdir()
+    for d in (1, 3, 7, 8):
+        (four / f"digit_{d}").symlink_to(digits16 / f"digit_{d}")
+    with pytest.raises(InputError, match=r"data has 4 classes, the teacher 10.*not in the data"):
+        resolve_config(student_cfg(teacher, four, tmp_path))
+    with pytest.raises(InputError, match=r"views are random \(--augment\)"):
+        resolve_config(student_cfg(teacher, digits16, tmp_path, kd={"logits": "cached"}))
+    with pytest.raises(InputError, match="alpha in"):
+        resolve_config(student_cfg(teacher, digits16, tmp_path, kd={"alpha": 1.5}))
+    # the command: exit 1, the reason, no run folder
+    r = run_zoo(
+        "distill", str(teacher), "--student", "mlp", "--data", str(four), "--runs",
+        str(tmp_path / "runs"), "--no-progress",
+    )  # fmt: skip
+    assert r.returncode == 1 and "was not trained on the classes" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+    r = run_zoo("distill", "--resume", str(teacher), "-T", "2")
+    assert r.returncode == 2 and "drop --temperature" in r.stderr, r.stderr
+
+
+def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_path: Path) -> None:
+    d = run_zoo(
+        "distill", str(teacher), "--student", "mlp", "--data", str(digits16), "--epochs", "2",
+        "-T", "3", "--alpha", "0.7", "--runs", str(tmp_path), "--name", "s", "--num-workers",
+        "0", "--no-progress", "--no-report",
+    )  # fmt: skip
+    assert d.returncode == 0, d.stderr
+    run = tmp_path / "s"
+    assert d.stdout.strip() == str(run)
+    assert "teacher logits online (random training views (--augment)" in d.stderr
+    summary = json.loads((run / "report.json").read_text())["distill"]
+    assert summary["teacher_logits"] == "online"
+    assert (summary["temperature"], summary["alpha"]) == (3.0, 0.7)
+    assert summary["student"]["params"] < summary["teacher"]["params"]
+    assert 0 <= summary["teacher"]["val_acc"] <= 1
+    assert "val acc" in d.stderr and "params" in d.stderr  # the side-by-side table
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == "mlp" and config["distill"]["logits"] == "online"
+    ex = run_zoo("export", str(run), "--data", str(digits16), "--json")
+    assert ex.returncode == 0, ex.stderr
+    assert json.loads(ex.stdout)["parity"]["passed"]
+    images = [digits16 / f"digit_{i}" / "0000.png" for i in range(10)]
+    onnx = run_zoo("predict", str(run / "model" / "model.onnx"), *map(str, images), "--json")
+    assert onnx.returncode == 0, onnx.stderr
+    # the exported student answers as the distilled PyTorch weights do
+    from zoo.factory import create_model
+    from zoo.images import open_image
+    from zoo.transforms import eval_transform
+
+    model = create_model(str(run))
+    tf = eval_transform(model.zoo_info)  # type: ignore[arg-type]
+    with torch.inference_mode():
+        top = model(torch.stack([tf(open_image(p)) for p in images])).argmax(1).tolist()
+    names = json.loads((run / "classes.json").read_text())
+    assert [r["top"][0]["label"] for r in json.loads(onnx.stdout)] == [names[i] for i in top]
+
+
+@pytest.mark.slow
+def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
+    teacher: Path, digits16: Path, tmp_path: Path
+) -> None:
+    """Cached teacher logits (deterministic views): SIGKILLed right after a mid-epoch step
+    save, resumed; the same run, checkpoints and weights bitwise, report included."""
+    ctx = crash.fork_server()
+    walk = [
+        "distill", str(teacher), "--student", "mlp", "--data", str(digits16), "--epochs", "2",
+        "--batch-size", "16", "--save-every-steps", "2", "--no-augment", "--name", "r",
+        "--num-workers", "0", "--no-progress", "--no-report",
+    ]  # fmt: skip
+    ref_root, root = tmp_path / "ref", tmp_path / "killed"
+    trace = tmp_path / "trace"
+    code = crash.run(
+        ctx, [*walk, "--runs", str(ref_root)], tmp_path / "ref.log", ZOO_FAULT_TRACE=str(trace)
+    )
+    assert code == 0, (tmp_path / "ref.log").read_text()
+    labels = crash.trace(trace)
+    epoch1 = labels.index("metrics.jsonl") + 1  # epoch 1's commit is written
+    kill = next(n for n in range(epoch1 + 1, len(labels)) if labels[n - 1] == "checkpoints/last.pt")
+    log = tmp_path / "killed.log"
+    assert crash.run(ctx, [*walk, "--runs", str(root)], log, ZOO_FAULT_KILL_AT=str(kill)) == -9
+    resume = ["distill", "--resume", str(root / "r"), "--no-progress", "--num-workers", "0"]
+    assert crash.run(ctx, resume, log) == 0, log.read_text()
+    assert "resumed" in log.read_text()
+    crash.assert_same_run(ref_root / "r", root / "r")

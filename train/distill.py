@@ -1,0 +1,362 @@
+"""``zoo distill``: knowledge distillation (Hinton et al., 2015) with the trainer's own machinery.
+
+A distillation run is a fine-tuning run of the student whose loss is :func:`kd_loss`: the
+trainer resolves the teacher (:func:`resolve_teacher`, in ``resolve.py``), builds a
+:class:`Distiller` beside the other parts (``build.py``), the loop asks it for each batch's loss
+(``loop.py``) and the finishing step adds :meth:`Distiller.summary` to ``report.json``. Run
+folder, resume, checkpoints, recipes, observers and report are the trainer's.
+
+Where the teacher's logits come from is decided once, from the resolved augmentation: with
+deterministic training views (``--no-augment`` and no recipe) the teacher judges each image
+once, through its own eval transform, and the logits are kept on disk
+(:mod:`zoo.train.teacher_cache`); with random augmentation the teacher must judge the view the
+student trains on, so it runs on every batch (``online``), on the student's input mapped to the
+teacher's normalisation, channels and size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.errors import CheckpointError, InputError
+from zoo.factory import create_model, info_of, require_weights, resolve, weight_source
+from zoo.images import open_image
+from zoo.preprocessing import Preprocessing
+from zoo.registry import Entry
+from zoo.train.config import DistillConfig, TrainConfig
+from zoo.train.console import say
+from zoo.train.teacher_cache import store_path, teacher_logits
+from zoo.transforms import eval_transform
+from zoo.weights import fetch_weights, sha256_file
+
+if TYPE_CHECKING:
+    from zoo.train.data import Splits
+
+Teacher = tuple[Entry, Path | None]  # the teacher resolved: its entry (and model folder)
+
+
+def kd_loss(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    hard: torch.Tensor,
+    *,
+    temperature: float,
+    alpha: float,
+) -> torch.Tensor:
+    """Hinton et al.'s distillation loss: ``α·T²·KL(softmax(t/T) ‖ softmax(s/T)) + (1 − α)·hard``.
+
+    The T² keeps the soft term's gradients on the scale of the hard term's as T changes.
+
+    Args:
+        student: the student's logits ``(N, C)``.
+        teacher: the teacher's logits ``(N, C)`` (no gradient flows into them).
+        hard: the hard-label loss of the batch (the run's own: label smoothing, class weights
+            and mixed targets included).
+        temperature: T > 0; higher spreads the teacher's probabilities.
+        alpha: the soft term's share in [0, 1]; 0 is the hard loss alone.
+
+    Returns:
+        The scalar loss.
+    """
+    t = temperature
+    soft = F.kl_div(
+        F.log_softmax(student / t, dim=1),
+        F.log_softmax(teacher.detach().to(student.dtype) / t, dim=1),
+        reduction="batchmean",
+        log_target=True,
+    )
+    return alpha * t * t * soft + (1.0 - alpha) * hard
+
+
+def random_views(cfg: TrainConfig) -> list[str]:
+    """The options that make a training view random (the teacher must then see each one)."""
+    named = {
+        "--augment": cfg.augment,
+        "--auto-augment": cfg.auto_augment,
+        "--random-erasing": cfg.random_erasing,
+        "--mixup": cfg.mixup,
+        "--cutmix": cfg.cutmix,
+    }
+    return [k for k, v in named.items() if v]
+
+
+def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Teacher]:
+    """``cfg.distill`` checked and decided: the teacher resolved, its classes compared with the
+    data's, its weights' sha256 recorded and where its logits come from (``cached`` or
+    ``online``) chosen from the resolved augmentation.
+
+    Raises:
+        InputError: T or α out of range, ``--multi-label`` or ``--cache-features``, the teacher's
+            classes are not the data's, or ``cached`` logits asked with random training views.
+        CheckpointError: a resumed run whose teacher's weights changed since it started.
+        UnknownModelError / ModelRefError / ArtifactError / weights errors: the teacher does
+            not resolve or its weights are unavailable.
+    """
+    d = cfg.distill
+    assert d is not None
+    if not d.temperature > 0 or not 0 <= d.alpha <= 1:
+        raise InputError(
+            f"Distillation needs a temperature above 0 and alpha in [0, 1]; got "
+            f"-T {d.temperature:g}, --alpha {d.alpha:g}."
+        )
+    if cfg.multi_label or cfg.cache_features:
+        raise InputError(
+            "zoo distill trains a single-label student on images: drop "
+            f"{'--multi-label' if cfg.multi_label else '--cache-features'}."
+        )
+    teacher = resolve(d.teacher)
+    info = teacher[0].info
+    source = weight_source(info, None)
+    require_weights(source)
+    theirs = list(info.label_names or ())
+    if theirs != splits.classes:
+        missing = sorted(set(splits.classes) - set(theirs))
+        extra = sorted(set(theirs) - set(splits.classes))
+        why = (
+            f"the data has {len(splits.classes)} classes, the teacher {info.num_classes}"
+            + (f"; not in the teacher: {', '.join(missing[:5])}" if missing else "")
+            + (f"; not in the data: {', '.join(extra[:5])}" if extra else "")
+            + ("; the same names in another order" if not missing and not extra else "")
+        )
+        raise InputError(
+            f"The teacher {d.teacher} was not trained on the classes of {splits.root} ({why}). "
+            "A student learns the teacher's classes: distill from a teacher fine-tuned on this "
+            "data (zoo finetune ARCH --data DIR, then zoo distill RUN ...)."
+        )
+    folder = teacher[1]
+    digest = sha256_file(folder / "model.safetensors" if folder else fetch_weights(source))
+    if d.teacher_sha256 is not None and d.teacher_sha256 != digest:
+        raise CheckpointError(
+            f"The teacher {d.teacher} has other weights than when this run started "
+            f"(sha256 {d.teacher_sha256[:12]}…, now {digest[:12]}…): resuming would mix two "
+            "teachers. Restore the teacher or start a new run."
+        )
+    random = random_views(cfg)
+    if d.logits == "cached" and random:
+        raise InputError(
+            f"--teacher-logits cached: the training views are random ({', '.join(random)}), "
+            "and the teacher must judge the view the student trains on. Use --teacher-logits "
+            "online (or auto), or --no-augment without the recipes."
+        )
+    logits = d.logits if d.logits != "auto" else ("online" if random else "cached")
+    why = (
+        f"random training views ({', '.join(random)}): the teacher judges each one"
+        if random and logits == "online"
+        else "deterministic training views: computed once per image"
+        if logits == "cached"
+        else "asked"
+    )
+    say(
+        f"distill: teacher {d.teacher} ({info.params / 1e6:.2f} M params), T {d.temperature:g}, "
+        f"alpha {d.alpha:g}; teacher logits {logits} ({why})"
+    )
+    return replace(d, logits=logits, teacher_sha256=digest), teacher
+
+
+def view_adapter(student: Preprocessing, teacher: Preprocessing) -> Callable[[Any], Any]:
+    """Map a batch as the student sees it (normalised, its size and channels) to the same
+    pixels as the teacher expects them; the identity when both preprocess alike."""
+    same = (student.mean, student.std, student.input_size) == (
+        teacher.mean,
+        teacher.std,
+        teacher.input_size,
+    )
+    if same:
+        return lambda x: x
+
+    def stats(values: Sequence[float], channels: int) -> torch.Tensor:
+        t = torch.tensor(list(values), dtype=torch.float32).view(1, -1, 1, 1)
+        return t.expand(1, channels, 1, 1) if t.shape[1] == 1 else t
+
+    ms, ss = stats(student.mean, student.channels), stats(student.std, student.channels)
+    mt, st = stats(teacher.mean, teacher.channels), stats(teacher.std, teacher.channels)
+    size = (teacher.crop_size, teacher.crop_size)
+
+    def adapt(x: torch.Tensor) -> torch.Tensor:
+        x = x.float() * ss.to(x.device) + ms.to(x.device)  # back to [0, 1] pixels
+        if x.shape[1] != teacher.channels:  # grey ↔ colour, as to_channels converts images
+            x = x.mean(1, keepdim=True) if teacher.channels == 1 else x.expand(-1, 3, -1, -1)
+        if tuple(x.shape[-2:]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        return (x - mt.to(x.device)) / st.to(x.device)
+
+    return adapt
+
+
+@dataclass
+class Distiller:
+    """The teacher beside a run's parts: its logits for each training batch, the batch's
+    :func:`kd_loss`, and the teacher-vs-student summary at the end."""
+
+    cfg: DistillConfig
+    teacher: nn.Module  # eval mode, no gradients, on the run's device
+    pre: Preprocessing  # the teacher's eval preprocessing
+    adapt: Callable[[torch.Tensor], torch.Tensor]  # the student's batch → the teacher's input
+    cached: torch.Tensor | None  # (train images, classes) by training index; None: online
+
+    @classmethod
+    def build(
+        cls,
+        d: DistillConfig,
+        teacher: Teacher,
+        train: Sequence[tuple[Path, Any]],
+        student: Preprocessing,
+        device: torch.device,
+    ) -> Distiller:
+        """Load the teacher and, for ``cached`` logits, compute (or read) them for every
+        training image ``train`` holds, in its order (the training set's indices)."""
+        model = create_model(str(teacher[1] or d.teacher)).to(device).eval()
+        model.requires_grad_(False)
+        pre = info_of(model).preprocessing()
+        cached = None
+        if d.logits == "cached":
+            assert d.teacher_sha256 is not None
+            t0 = time.perf_counter()
+            transform = eval_transform(pre)
+
+            def compute(paths: list[Path]) -> torch.Tensor:
+                x = torch.stack([transform(open_image(p)) for p in paths]).to(device)
+                with torch.inference_mode():
+                    return model(x)
+
+            store = store_path(d.teacher_sha256, pre)
+            cached, computed = teacher_logits([p for p, _ in train], store, compute)
+            say(
+                f"distill: teacher logits of {len(train)} training images ready in "
+                f"{time.perf_counter() - t0:.1f}s ({computed} computed now, the rest read "
+                f"from {store})"
+            )
+        return cls(d, model, pre, view_adapter(student, pre), cached)
+
+    def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The teacher's logits of a training batch: ``x`` (the student's view, after any
+        recipe) or, cached, the rows of the batch's image indices ``idx``."""
+        if self.cached is not None:
+            return self.cached[idx.cpu()].to(x.device, non_blocking=True)
+        with torch.no_grad():
+            return self.teacher(self.adapt(x)).float()
+
+    def loss(
+        self, logits: torch.Tensor, hard: torch.Tensor, x: torch.Tensor, idx: torch.Tensor
+    ) -> torch.Tensor:
+        """The batch's :func:`kd_loss` (``hard``: the run's own loss of it)."""
+        return kd_loss(
+            logits,
+            self.teacher_logits(x, idx),
+            hard,
+            temperature=self.cfg.temperature,
+            alpha=self.cfg.alpha,
+        )
+
+    def summary(
+        self, student: nn.Module, student_acc: float, val: Sequence[tuple[Path, Any]], model: str
+    ) -> DistillSummary:
+        """Teacher and student side by side on the run's validation images (each through its
+        own eval transform)."""
+        transform = eval_transform(self.pre)
+        device = next(self.teacher.parameters()).device
+        correct = 0
+        with torch.inference_mode():
+            for start in range(0, len(val), 256):
+                chunk = val[start : start + 256]
+                x = torch.stack([transform(open_image(p)) for p, _ in chunk]).to(device)
+                pred = self.teacher(x).argmax(1).cpu()
+                correct += int((pred == torch.tensor([int(y) for _, y in chunk])).sum())
+        return DistillSummary(
+            teacher=ModelSide.of(self.cfg.teacher, self.teacher, correct / max(1, len(val))),
+            student=ModelSide.of(model, student, student_acc),
+            temperature=self.cfg.temperature,
+            alpha=self.cfg.alpha,
+            logits=self.cfg.logits,
+            val_images=len(val),
+        )
+
+
+@dataclass(frozen=True)
+class ModelSide:
+    """One column of the summary: a model's validation accuracy and size."""
+
+    model: str
+    val_acc: float
+    params: int
+    weights_mb: float  # fp32 state dict
+
+    @classmethod
+    def of(cls, name: str, module: nn.Module, acc: float) -> ModelSide:
+        tensors = module.state_dict().values()
+        return cls(
+            model=name,
+            val_acc=round(acc, 6),
+            params=sum(p.numel() for p in module.parameters()),
+            weights_mb=round(sum(t.numel() * 4 for t in tensors) / 1e6, 3),
+        )
+
+
+@dataclass(frozen=True)
+class DistillSummary:
+    """``report.json``'s ``distill``: teacher vs student, and how the student learned."""
+
+    teacher: ModelSide
+    student: ModelSide
+    temperature: float
+    alpha: float
+    logits: str
+    val_images: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "teacher": vars(self.teacher),
+            "student": vars(self.student),
+            "temperature": self.temperature,
+            "alpha": self.alpha,
+            "teacher_logits": self.logits,
+            "val_images": self.val_images,
+            "latency": "not measured here: zoo export each model, then zoo bench (ONNX Runtime)",
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DistillSummary:
+        return cls(
+            teacher=ModelSide(**d["teacher"]),
+            student=ModelSide(**d["student"]),
+            temperature=d["temperature"],
+            alpha=d["alpha"],
+            logits=d["teacher_logits"],
+            val_images=d["val_images"],
+        )
+
+    def lines(self) -> list[str]:
+        """The side-by-side table, for stderr."""
+        t, s = self.teacher, self.student
+        names = [Path(m).name if "/" in m else m for m in (t.model, s.model)]  # a run: its name
+        width = max(*map(len, names), 7)
+        return [
+            f"{'':9}{'teacher':>{width}}  {'student':>{width}}",
+            f"{'model':9}{names[0]:>{width}}  {names[1]:>{width}}",
+            f"{'val acc':9}{t.val_acc:>{width}.4f}  {s.val_acc:>{width}.4f}"
+            f"   ({self.val_images} validation images)",
+            f"{'params':9}{t.params:>{width},}  {s.params:>{width},}"
+            f"   (student {s.params / max(1, t.params):.2f}× the teacher)",
+            f"{'fp32 MB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",
+            f"distilled at T {self.temperature:g}, alpha {self.alpha:g}, teacher logits "
+            f"{self.logits}; latency: zoo export each, then zoo bench",
+        ]
+
+
+__all__ = [
+    "DistillSummary",
+    "Distiller",
+    "ModelSide",
+    "kd_loss",
+    "random_views",
+    "resolve_teacher",
+    "view_adapter",
+]
