@@ -39,6 +39,7 @@ _ORDER = [
     "tune",
     "eval",
     "calibrate",
+    "enroll",
     "data",
     "export",
     "compare_jit",

@@ -1,20 +1,18 @@
 """Penultimate-layer embeddings: what the classifier layer receives, for ``zoo predict --out
 FILE --embeddings``.
 
-From PyTorch, a pre-forward hook on the model's declared classifier module (the same tensor the
-feature cache trains the head on). From an ONNX file, which keeps no module names, the graph
+From PyTorch, a pre-forward hook on the model's declared classifier module (:mod:`zoo.embeddings`,
+shared with ``zoo enroll``). From an ONNX file, which keeps no module names, the graph
 gains one output: the float input of the last linear node before the logits (a ``Gemm`` or
 ``MatMul``, or their int8 forms, looking through the quantize/dequantize steps in front).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from zoo.embeddings import flat, torch_features
 from zoo.errors import InputError
 
 LINEAR = {"Gemm", "MatMul", "MatMulInteger", "QLinearMatMul"}
@@ -68,32 +66,6 @@ def with_feature_output(path: str | Path) -> tuple[bytes, str]:
             onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
         )
     return model.SerializeToString(), name
-
-
-def torch_features(net: Any, head: str | None) -> Callable[[Any], tuple[Any, np.ndarray]]:
-    """``x → (logits, features)`` for a PyTorch model whose classifier module is ``head``.
-
-    Raises:
-        InputError: the model declares no classifier module.
-    """
-    if head is None:
-        raise InputError(
-            "This model declares no classifier layer, so it has no embeddings to give: drop "
-            "--embeddings."
-        )
-    last: dict[str, Any] = {}  # the latest call's features only: nothing accumulates
-    net.get_submodule(head).register_forward_pre_hook(lambda _m, args: last.update(x=args[0]))
-
-    def run(x: Any) -> tuple[Any, np.ndarray]:
-        logits = net(x)
-        return logits, flat(last.pop("x").float().cpu().numpy())
-
-    return run
-
-
-def flat(features: np.ndarray) -> np.ndarray:
-    """``(N, ...)`` → ``(N, D)`` float32."""
-    return np.ascontiguousarray(features.reshape(len(features), -1), dtype=np.float32)
 
 
 __all__ = ["feature_tensor", "flat", "torch_features", "with_feature_output"]
