@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
+from zoo.deploy.index import KNN_K
 from zoo.tta import Tta
 
 
@@ -75,6 +76,19 @@ def eval_cmd(
             "each score (and what the model's --reject rule accepts), in the JSON and report",
         ),
     ] = None,
+    knn: Annotated[
+        bool,
+        typer.Option(
+            "--knn",
+            help="--ood: add the kNN score (distance to the k-th nearest training embedding), "
+            "the run's training images embedded on the fly",
+        ),
+    ] = False,
+    index: Annotated[
+        Path | None,
+        typer.Option("--index", help="--ood: the kNN score against this `zoo index` instead"),
+    ] = None,
+    knn_k: Annotated[int, typer.Option("--knn-k", min=1, help="the kNN score's k")] = KNN_K,
     variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -84,7 +98,13 @@ def eval_cmd(
 
     if report_out is not None and not report:
         raise typer.BadParameter("--report-out applies to --report only.")
+    if (knn or index is not None) and ood is None:
+        raise typer.BadParameter("--knn and --index apply to --ood only.")
     forward, scored_by = _variant_forward(model, variant)
+    if index is not None:  # another model's index is refused before the evaluation
+        from zoo.deploy.index.query import check_index
+
+        check_index(index, scored_by or model)
     ev = evaluate_split(
         model, data=data, split=split, batch_size=batch_size, device=device,
         num_workers=num_workers, tta=tta, forward=forward, scored_by=scored_by,
@@ -92,10 +112,20 @@ def eval_cmd(
     result = ev.result
     separation = None
     if ood is not None:
-        from zoo.train.ood import evaluate_ood
+        from zoo.train.ood import ExternalScore, evaluate_ood
 
+        more: tuple[ExternalScore, ...] = ()
+        if knn or index is not None:  # embeddings: the deploy side's index (train never imports it)
+            from zoo.deploy.index.query import knn_ood
+
+            inside = [p for p, _ in ev.samples]
+            pos, neg = knn_ood(
+                scored_by or model, inside, ood, index=index, k=knn_k, batch_size=batch_size,
+                device=device,
+            )  # fmt: skip
+            more = (ExternalScore("knn", pos, neg),)
         separation = evaluate_ood(
-            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers
+            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers, more=more
         )
         result = {**result, "ood": separation.to_dict()}
     if report:

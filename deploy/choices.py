@@ -46,6 +46,9 @@ Runtime = Literal["auto", "onnxruntime", "openvino"]
 """``zoo serve --runtime``: by the file (``.xml`` OpenVINO, ``.onnx`` ONNX Runtime), or named."""
 PredictEngine = Literal["local", "ray"]
 """``zoo predict --out --engine``: this process, or Ray Data."""
+SearchBackend = Literal["auto", "numpy", "faiss"]
+"""``zoo similar --backend``: exact inner product in numpy or FAISS (``auto``: by size,
+:mod:`zoo.deploy.index.search`)."""
 
 FORMATS: tuple[str, ...] = get_args(Format)
 EXPORTERS: tuple[str, ...] = get_args(Exporter)
@@ -58,5 +61,6 @@ CALIB_METHODS: tuple[str, ...] = get_args(CalibMethod)
 QUANT_ENGINES: tuple[str, ...] = get_args(QuantEngine)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 ENGINES: tuple[str, ...] = get_args(PredictEngine)
+SEARCH_BACKENDS: tuple[str, ...] = get_args(SearchBackend)
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
 KSERVE_RUNTIMES: tuple[str, ...] = get_args(KServeRuntime)

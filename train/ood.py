@@ -1,5 +1,6 @@
 """``zoo eval MODEL --ood DIR``: how well a model's scores tell its own held-out images from a
-folder of images outside its classes. Per score kind (:data:`zoo.calibration.SCORE_KINDS`):
+folder of images outside its classes. Per score kind (:data:`zoo.calibration.SCORE_KINDS`, and
+any :class:`ExternalScore` given, such as ``zoo eval --knn``'s distance in embedding space):
 AUROC, and the false-positive rate at 95% true-positive rate (the share of outside images a
 threshold accepting 95% of the held-out images still accepts); with the model's own rejection
 rule, what it accepts of each."""
@@ -83,6 +84,20 @@ class OodReport:
         return [head, *rows]
 
 
+@dataclass(frozen=True)
+class ExternalScore:
+    """A score computed beside the logits (the kNN distance in embedding space, by the deploy
+    side's index): each held-out and outside image's value, higher more in-distribution."""
+
+    score: str
+    inside: np.ndarray
+    outside: np.ndarray
+
+    def separation(self) -> Separation:
+        pos, neg = self.inside, self.outside
+        return Separation(self.score, round(auroc(pos, neg), 6), round(fpr_at_tpr(pos, neg), 6))
+
+
 def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
     """Area under the ROC curve, positives scoring higher (scikit-learn's)."""
     from sklearn.metrics import roc_auc_score
@@ -142,6 +157,7 @@ def evaluate_ood(
     forward: Forward | None = None,
     batch_size: int = 64,
     num_workers: int = 0,
+    more: tuple[ExternalScore, ...] = (),
 ) -> OodReport:
     """Score ``folder``'s images against the evaluated split's (see the module docstring).
 
@@ -149,6 +165,7 @@ def evaluate_ood(
         ev: a single-label evaluation (its logits are the held-out side).
         folder: images from outside the model's classes.
         forward: the variant that scored ``ev`` (None: the PyTorch model).
+        more: scores beside the logits' (``knn``), reported after theirs.
 
     Raises:
         DataError: a multi-label model, or no images in ``folder``.
@@ -165,11 +182,19 @@ def evaluate_ood(
         folder=str(folder),
         n_in=len(inside),
         n_out=len(out),
-        separations=separation(inside, out, cal.temperature),
+        separations=separation(inside, out, cal.temperature) + tuple(m.separation() for m in more),
         rule=rule.to_dict() if rule else None,
         accepted_in=float(1 - cal.decide(inside)[1].mean()) if rule else None,  # type: ignore[union-attr]
         rejected_out=float(cal.decide(out)[1].mean()) if rule else None,  # type: ignore[union-attr]
     )
 
 
-__all__ = ["OodReport", "Separation", "auroc", "evaluate_ood", "fpr_at_tpr", "separation"]
+__all__ = [
+    "ExternalScore",
+    "OodReport",
+    "Separation",
+    "auroc",
+    "evaluate_ood",
+    "fpr_at_tpr",
+    "separation",
+]
