@@ -50,7 +50,9 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "trainer_overhead": (*_TRAIN, "bench/trainer_overhead.py", "bench/hand_train.py"),
     "feature_cache": (*_TRAIN, "bench/feature_cache.py"),
     "imbalance": (*_TRAIN, "bench/imbalance.py"),
-    "ood": (*_TRAIN, "deploy/predict", "bench/ood.py"),
+    "distill": (*_TRAIN, "bench/distill.py"),
+    "enroll": (*_TRAIN, "bench/enroll.py"),
+    "ood": (*_TRAIN, "deploy/predict", "deploy/index", "bench/ood.py"),
     "tracking_overhead": (*_TRAIN, "bench/tracking_overhead.py"),
     "tune_cost": (*_TRAIN, "bench/tune_cost.py"),  # train/ holds train/tune
     "loader_cache": (*_TRAIN, "bench/loader_cache.py"),
@@ -62,7 +64,9 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "quantize_defaults": (*_DEPLOY, "bench/quantize_defaults.py"),
     "serve_load": (*_DEPLOY, "bench/serve_load.py"),
     "serve_peers": (*_DEPLOY, "bench/serve_peers.py", "bench/peers"),
+    "serve_multi": (*_DEPLOY, "bench/serve_multi.py", "bench/serve_peers.py"),
     "predict_throughput": (*_DEPLOY, "bench/predict_throughput.py", "bench/peak_rss.py"),
+    "index_scale": (*_DEPLOY, "bench/index_scale.py", "bench/peak_rss.py"),
 }
 # the CPU flags a figure can depend on (onnxruntime's int8 kernels, OpenVINO's bf16, torch's
 # oneDNN): the x86 vector extensions and their int8/bf16/fp16 instructions, and Arm's

@@ -42,8 +42,15 @@ SUITE=(
   "serve_load|timing|105|--soak 30 --window 3"
   # 215 s with these arguments
   "serve_peers|timing|220|--window 3 --rounds 4 --concurrency 8,32"
+  # no record yet: 50 s to export, fine-tune (3 epochs of digits) and start three servers,
+  # then 2 comparisons of 2 scenarios, each a 1.5 s warm-up and 2 to 4 rounds of 3 s windows
+  "serve_multi|timing|110|--window 3 --rounds 4"
   # 95 s with these arguments
   "predict_throughput|timing|100|--per-class 100 --mem-sizes 1000,5000 --ceiling-seconds 3 --kills 3"
+  # no record yet: 10,000 photo crops to write (about 100 s), `zoo index` of 1k + 5k + 10k of
+  # them with mobilenet_v2 at 224 px (about 80 images/s on 2 cores: 200 s), three `zoo similar`
+  # (30 s), and the numpy/FAISS table up to 100k rows (about 150 s)
+  "index_scale|timing|480|"
   # 465 s for 3 rounds at 2,12 epochs: 28 s of warm-up + 144 s a round; at 1,6 epochs its
   # fit (each tool's fixed + per-epoch seconds) gives 90 s a round. The headline ratio is
   # taken at 6 epochs: stricter than at 12 (zoo's fixed extra weighs more)
@@ -51,7 +58,7 @@ SUITE=(
   # no record yet: 3 rounds of 6-epoch runs (about 34 s untracked, 37 s tracked), 31 s of
   # warm-up, 20 s to start the MLflow server. 6 epochs: stricter than 12 (what tracking
   # adds once per run weighs more)
-  "tracking_overhead|timing|265|--epochs 6"
+  "tracking_overhead|timing|330|--epochs 12"
   # 130 s with these arguments
   "loader_cache|timing|135|--rounds 3 --images 512 --trainer-per-class 60"
   # 311 s for one round at 128 px (plain 206 s, cached 53 s, one backbone pass 42 s): the
@@ -64,10 +71,19 @@ SUITE=(
   # 340 s for 1 seed of 8 epochs at load 2 to 5 (busy); at the quiet rate 12 runs of
   # 5 epochs over its 1,176 images (10.4 + 5 x 2.4 s, and the report) take 310 s
   "imbalance|accuracy|310|--seeds 0,1,2 --epochs 5"
+  # no record yet: a simple_cnn teacher (8 epochs over 1,437 digits, about 40 s), then per
+  # seed an mlp alone and distilled twice at 2 epochs (about 15 s each, the teacher's logits
+  # cached after the first): about 190 s
+  "distill|accuracy|200|--seeds 0,1,2"
   # no record yet: per seed a digits run (6 epochs over 1,437 images, 28 s, then zoo eval)
   # and a photos run (1,050 photographs), about 85 s; the photo folder written once. A run
   # at these arguments took 937 s at load 5 to 10 on 2 CPUs (not kept)
   "ood|accuracy|270|--seeds 0,1,2 --epochs 6 --per-class 150"
+  # no record yet: per seed a digits run (8 epochs over the 1,293 train + val images of nine
+  # digits, about 32 s), zoo enroll and the held-out scoring (about 20 s); then per seed a
+  # photos run (mobilenet_v2 at 96 px, 2 epochs over 420 photographs, about 25 s) and the
+  # faces enrolment (about 20 s); the photo folder written once (about 20 s)
+  "enroll|accuracy|300|--seeds 0,1,2 --epochs 8"
   # no record yet: per seed, 8 trials run two at a time, one CPU each (digits: 48 epochs
   # under FIFO, about 160 s, ASHA about 80 s, the defaults' run 33 s; photos: about 120 s,
   # 95 s and 30 s), and a Ray start per search: about 520 s a seed
@@ -76,9 +92,11 @@ SUITE=(
 # what a script needs beyond the core install: name|modules|extra
 NEEDS=(
   "serve_peers|litserve,aiohttp|bench"
+  "serve_multi|aiohttp|bench"
   "tracking_overhead|mlflow|mlflow"
   "tune_cost|ray.tune|tune"
   "openvino_bench|openvino,nncf|openvino,nncf"
+  "index_scale|faiss|faiss"
 )
 
 allow_busy=0 dry=0 only="" group=all

@@ -1014,6 +1014,159 @@ def ood(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def enroll(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, s = d["results"], d["results"]["setup"]
+    labels = {"digits": "digits: a left-out digit", "faces": "photos model: `face` (LFW)"}
+
+    def interval(ci: dict[str, Any], digits: int) -> str:
+        if ci.get("low") is None:
+            return fmt(ci["mean"], digits)
+        return f"{fmt(ci['mean'], digits)} ({fmt(ci['low'], digits)} to {fmt(ci['high'], digits)})"
+
+    t = Table(
+        name,
+        "model: new class (mean over seeds)",
+        "held-out recall (95% t interval)",
+        "old classes' top-1 before → after",
+        "change (95% t interval)",
+        "held-out accepted: rule refitted / rule before",
+        "non-faces answered `face`",
+    )
+    for key, m in r["summary"].items():
+        refit, before = m.get("rule_refit") or {}, m.get("rule_before") or {}
+        t.add(
+            labels.get(key, key),
+            interval(m["recall"], 3),
+            f"{fmt(m['old_acc_before'], 4)} → {fmt(m['old_acc'], 4)}",
+            interval(m["old_acc_change"], 4),
+            f"{pct(refit.get('accepted_held_out'))} / {pct(before.get('accepted_held_out'))}",
+            pct(m.get("outside_answered_new")),
+        )
+    names = {
+        "plain_imprint": "plain imprint (Qi et al.)",
+        "centred_imprint": "centred imprint",
+        "centred_imprint_then_fit": "centred imprint, then the row fitted (zoo enroll)",
+    }
+    ab = Table(
+        name, "recipe (same embeddings)", *(f"{k}: recall; old top-1 change" for k in r["summary"])
+    )
+    for key, label in names.items():
+        ab.add(
+            label,
+            *(
+                f"{fmt(m['ablation'][key]['recall'], 4)}; {fmt(m['ablation'][key]['old_acc_change'], 4)}"
+                for m in r["summary"].values()
+            ),
+        )
+    per = Table(
+        name, "run", "seed", "new class", "held-out images", "recall", "old top-1 before → after"
+    )
+    for key, rows in r["runs"].items():
+        for x in rows:
+            per.add(
+                key,
+                x["seed"],
+                f"`{x['new_class']}`",
+                fmt(x["n_held_out"]),
+                fmt(x["recall"], 4),
+                f"{fmt(x['old_acc_before'], 4)} → {fmt(x['old_acc'], 4)}",
+            )
+    return [
+        f"`{s['command']}`; {s['model']}, {s['epochs']} epochs; seeds "
+        f"{', '.join(str(x) for x in s['seeds'])} (left-out digits "
+        f"{', '.join(str(x) for x in s['new_digits'])}); {s['shots']} images enrol the class. "
+        f"Faces: {s['face_model']}, {s['face_epochs']} epochs on {s['photos_per_class']} "
+        "photographs per class.",
+        "",
+        *t.lines(out),
+        "",
+        *ab.lines(out),
+        "",
+        *per.lines(out),
+        "",
+    ]
+
+
+def index_scale(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, st = d["results"], d["results"]["setup"]
+    t = Table(
+        name, "images", "`zoo index`: ms per image", "its peak RSS (MiB)",
+        "`zoo similar`: wall (s)", "its peak RSS (MiB)", "the index's rows (MiB)",
+    )  # fmt: skip
+    for n, v in r["by_size"].items():
+        t.add(
+            fmt(int(n)), fmt(v["index_ms_per_image"], 1), fmt(v["index_peak_rss_mib"], 1),
+            fmt(v["query_wall_s"], 2), fmt(v["query_peak_rss_mib"], 1), fmt(v["index_rows_mib"], 1),
+        )  # fmt: skip
+    b = Table(name, "rows", "queries per search", "numpy (ms)", "FAISS (ms)", "FAISS speed-up")
+    for x in r["backends"]:
+        b.add(
+            fmt(x["rows"]), fmt(x["queries"]), fmt(x["numpy_ms"], 2),
+            fmt(x.get("faiss_ms"), 2), fmt(x.get("faiss_speedup"), 2),
+        )  # fmt: skip
+    return [
+        f"`{st['model']}`; images: {st['images']}; `zoo similar` with {st['query_images']} "
+        f"images; the backend table's rows beyond the real index: {st['backend_rows_beyond_real']}.",
+        "",
+        *t.lines(out),
+        "",
+        *b.lines(out),
+        "",
+    ]
+
+
+def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, st = d["results"], d["results"]["setup"]
+    t = Table(name, "student", "val accuracy (mean over seeds)", "gain over alone (95% t interval)")
+    t.add(f"`{st['student']}` alone", fmt(r["mean"]["plain"], 4), "")
+    for arm, kd in st["kd_arms"].items():
+        ci = r["kd_gain_interval"][arm]
+        t.add(
+            f"`{st['student']}` distilled, T {fmt(kd['temperature'], 1)}, α {fmt(kd['alpha'], 2)}",
+            fmt(r["mean"][arm], 4),
+            f"{fmt(ci['mean'], 4)} ({fmt(ci['low'], 4)} to {fmt(ci['high'], 4)})",
+        )
+    te, ss = r["teacher"], r["student_size"]
+    return [
+        f"Teacher `{st['teacher']}` ({st['teacher_epochs']} epochs, val accuracy "
+        f"{fmt(te['val_acc'], 4)}, {fmt(te['params'])} parameters); student `{st['student']}` "
+        f"({fmt(ss['params'])} parameters), {st['student_epochs']} epochs, teacher logits "
+        f"{st['teacher_logits']}; seeds {st['seeds']}; images {st['images']}. "
+        f"Verdict: {r['verdict']}. Latency: {r['latency']}.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
+def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, st = d["results"], d["results"]["setup"]
+    t = Table(
+        name,
+        "scenario",
+        "RPS total (median of windows)",
+        "converged",
+        "A: RPS, p99 ms",
+        "B: RPS, p99 ms",
+    )
+    rows = [("one server, two models", r["combined"]["one_server"]),
+            ("two servers, a model each", r["combined"]["two_servers"]),
+            ("B alone", r["isolation"]["b_alone"]),
+            ("B with A flooded", r["isolation"]["b_with_a_flooded"])]  # fmt: skip
+    for label, m in rows:
+        cells = [
+            f"{fmt(m[k]['rps'], 1)}, {fmt(m[k]['p99_ms'], 1)}" if k in m else "" for k in ("a", "b")
+        ]
+        t.add(label, fmt(m["rps_total"], 1), "yes" if m["converged"] else "**no**", *cells)
+    return [
+        f"{st['one_server']}; against {st['two_servers']}. Models: {st['models']}. Client: "
+        f"{st['client']}. 5xx in the last windows: {r['errors_5xx_last_windows']}.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
 RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "trainer_overhead": trainer_overhead,
     "feature_cache": feature_cache,
@@ -1031,6 +1184,10 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "tracking_overhead": tracking_overhead,
     "tune_cost": tune_cost,
     "ood": ood,
+    "index_scale": index_scale,
+    "enroll": enroll,
+    "distill": distill,
+    "serve_multi": serve_multi,
 }
 
 
