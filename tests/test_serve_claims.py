@@ -107,8 +107,12 @@ def test_health_and_metrics_answer_while_a_batch_is_computing(
             # answers now was answered by a free event loop
             assert httpx.get(f"{url}/v2/health/ready", timeout=30).json() == {"ready": True}
             assert httpx.get(f"{url}/v2/health/live", timeout=30).status_code == 200
-            text = httpx.get(f"{url}/metrics", timeout=30).text
-            assert "zoo_queue_depth 1.0" in text  # the second request waits its turn
+            for _ in range(300):  # the second request waits its turn (once it has arrived)
+                text = httpx.get(f"{url}/metrics", timeout=30).text
+                if "zoo_queue_depth 1.0" in text:
+                    break
+                threading.Event().wait(0.1)
+            assert "zoo_queue_depth 1.0" in text
             assert not computing.done() and not queued.done()
             gate.release.set()
             got = binary_logits(computing.result(), 4)

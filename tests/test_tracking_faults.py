@@ -123,11 +123,6 @@ def test_server_down_before_the_run_is_created_is_synced(
         server.start()
     assert done is not None and not summary.complete and "the run's start" in summary.unsent
     assert f"zoo runs sync {done}" in summary.line()
-    s = run_zoo("runs", "sync", str(done), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.uri})
-    assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
-    rid = json.loads((done / "tracking.json").read_text())["run_id"]
-    steps = [m.step for m in MlflowClient(server.uri).get_metric_history(rid, "val/loss")]
-    assert sorted(steps) == [1, 2]
     assert (done / "tracking.pending.json").is_file() and not (done / "tracking.json").exists()
     s = run_zoo("runs", "sync", str(done), cwd=tmp_path)  # the recorded URI, no variable
     assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
