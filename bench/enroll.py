@@ -37,32 +37,23 @@ from typing import Any
 import numpy as np
 from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
 from common import t_interval, zoo_cmd, zoo_finetune
+from ood import SPLIT, split_folder
 from provenance import Recording, headline
 
 from zoo.samples import write_digits_folder, write_photo_folder
 
 SHOTS = 5
 NEW_DIGITS = (9, 4, 7, 2, 5)  # the left-out digit of seed i: NEW_DIGITS[i % 5]
-SPLIT = {"val": 0.2, "test": 0.2}  # of each old class; the rest trains
 
 
 def split_old(flat: Path, root: Path, classes: list[str], seed: int) -> Path:
-    """``root/train|val|test/<class>/``: symlinks to ``flat``'s images of ``classes``."""
-    rng = random.Random(seed)
+    """``root/train|val|test/<class>/`` for ``classes`` (sorted) of ``flat`` only: ood's
+    seeded split over a view of those class folders."""
+    view = root.parent / f".{root.name}-classes"
+    view.mkdir(parents=True)
     for cls in classes:
-        files = sorted((flat / cls).iterdir())
-        rng.shuffle(files)
-        n_val, n_test = (max(1, round(f * len(files))) for f in SPLIT.values())
-        parts = {
-            "val": files[:n_val],
-            "test": files[n_val : n_val + n_test],
-            "train": files[n_val + n_test :],
-        }
-        for split, chosen in parts.items():
-            (root / split / cls).mkdir(parents=True)
-            for f in chosen:
-                (root / split / cls / f.name).symlink_to(f)
-    return root
+        (view / cls).symlink_to(flat / cls, target_is_directory=True)
+    return split_folder(view, root, seed)
 
 
 def enroll_cli(run: Path, name: str, shots: list[Path]) -> dict[str, Any]:
