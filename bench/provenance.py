@@ -29,8 +29,10 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,10 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "predict_throughput": (*_DEPLOY, "bench/predict_throughput.py", "bench/peak_rss.py"),
     "index_scale": (*_DEPLOY, "bench/index_scale.py", "bench/peak_rss.py"),
 }
+# what records a run and measures nothing: never among the measured files
+RECORDER = ("bench/provenance.py", "bench/bench_path.py", "bench/loaded/sitecustomize.py")
+# the hook that makes every Python process of a run list the sources it imported
+LOADED_HOOK = ROOT / "bench" / "loaded"
 # the CPU flags a figure can depend on (onnxruntime's int8 kernels, OpenVINO's bf16, torch's
 # oneDNN): the x86 vector extensions and their int8/bf16/fp16 instructions, and Arm's
 ISA_FLAG = re.compile(
@@ -146,6 +152,23 @@ def tree_sources(paths: tuple[str, ...], root: Path = ROOT) -> dict[str, bytes]:
             if p.is_file() and is_source(rel):
                 out[rel] = p.read_bytes()
     return out
+
+
+def loaded_sources(folder: Path | None) -> set[str]:
+    """The source files under ``SOURCE_DIRS`` that this process and every Python process it
+    started (through ``bench/loaded/sitecustomize.py``, which wrote ``folder``) imported,
+    relative to the root; the recorder's own files left out."""
+    root = Path(os.path.realpath(ROOT))
+    files = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and Path(os.path.realpath(path)).is_relative_to(root):
+            files.add(Path(os.path.realpath(path)).relative_to(root).as_posix())
+    for listing in folder.glob("*.txt") if folder else ():
+        files.update(x for x in listing.read_text().splitlines() if x)
+    return {
+        f for f in files if is_source(f) and f.split("/", 1)[0] in SOURCE_DIRS and f not in RECORDER
+    }
 
 
 def source_digest(paths: tuple[str, ...] = SOURCE_DIRS) -> str:
@@ -308,8 +331,31 @@ class Recording:
         self.started = dt.datetime.now(dt.timezone.utc)
         self.t0 = time.perf_counter()
         self.git = git_state(self.paths)
-        self.source_sha256 = source_digest()
-        self.measured_sha256 = source_digest(self.paths)
+        self.sources = tree_sources(SOURCE_DIRS)  # as they were at the start
+        self.source_sha256 = digest(self.sources, SOURCE_DIRS)
+        # every Python process from here on lists the sources it imports (see ``measured``)
+        self.loaded = Path(tempfile.mkdtemp(prefix="zoo-bench-loaded-"))
+        os.environ["ZOO_BENCH_LOADED"] = str(self.loaded)
+        os.environ["ZOO_BENCH_ROOT"] = str(ROOT)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(LOADED_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+
+    def measured(self) -> dict[str, Any]:
+        """The files this run measured: the sources its processes imported and the script's
+        own files (``MEASURED``'s entries under ``bench/``), with their digest at the start.
+        Commits touching other files leave its figures current. Where no process listed
+        anything (the hook did not load), the declared folders of ``MEASURED``."""
+        loaded = loaded_sources(self.loaded)
+        if not loaded:
+            return {
+                "paths": list(self.paths),
+                "sha256": digest(self.sources, self.paths),
+                "from": "declared",
+            }
+        own = {p for p in self.paths if p.startswith("bench/") and p not in RECORDER}
+        paths = tuple(sorted(loaded | own))
+        return {"paths": list(paths), "sha256": digest(self.sources, paths), "from": "imported"}
 
     def document(self, results: dict[str, Any]) -> dict[str, Any]:
         script = Path(self.argv[0]).resolve() if self.argv else None
@@ -327,7 +373,7 @@ class Recording:
                 "duration_s": round(time.perf_counter() - self.t0, 1),
                 "git": self.git,
                 "source_sha256": self.source_sha256,
-                "measured": {"paths": list(self.paths), "sha256": self.measured_sha256},
+                "measured": self.measured(),
                 "versions": versions(),
                 "machine": machine(),
                 "load_avg_before": self.load_before,
@@ -346,6 +392,7 @@ class Recording:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(self.document(results), indent=2, sort_keys=False) + "\n")
         os.replace(tmp, path)
+        shutil.rmtree(self.loaded, ignore_errors=True)
         print(f"raw results → {path}", file=sys.stderr, flush=True)
         return path
 

@@ -54,7 +54,12 @@ def tune_cmd(
         "epochs"
     ],
     metric: Annotated[
-        str, choice(Monitor, "--metric", help="what ranks trials (and picks each best epoch)")
+        str,
+        choice(
+            Monitor,
+            "--metric",
+            help="what ranks trials, equals by the lower val/loss (and picks each best epoch)",
+        ),
     ] = "val/acc",
     address: Annotated[
         str | None,

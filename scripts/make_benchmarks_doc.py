@@ -166,7 +166,7 @@ def stale_line(doc: dict[str, Any], mark: Staleness) -> list[str]:
     """A visible block above a section whose figures are stale (computed, or flagged by hand)."""
     lines = []
     if mark.stale:
-        paths = ", ".join(f"`{x}`" for x in measured_paths(doc))
+        paths = paths_text(measured_paths(doc))
         dirs = ", ".join(f"`{d}/`" for d in provenance.SOURCE_DIRS)
         label = (
             f" Its recorded source digest ({dirs}) is not that commit's: it measured other code"
@@ -183,6 +183,18 @@ def stale_line(doc: dict[str, Any], mark: Staleness) -> list[str]:
     if s:
         lines.append(f"> Flagged by hand: {s['reason']}.")
     return [*lines, ""] if lines else []
+
+
+def paths_text(paths: tuple[str, ...]) -> str:
+    """The measured paths in a line: named where few, else counted by folder (the JSON lists
+    them: a run records every source file its processes imported)."""
+    if len(paths) <= 8:
+        return ", ".join(f"`{x}`" for x in paths)
+    folders: dict[str, int] = {}
+    for x in paths:
+        folders[x.split("/", 1)[0]] = folders.get(x.split("/", 1)[0], 0) + 1
+    counts = ", ".join(f"`{d}/` {n}" for d, n in folders.items())
+    return f"the {len(paths)} source files its processes imported ({counts})"
 
 
 def measured_paths(doc: dict[str, Any]) -> tuple[str, ...]:

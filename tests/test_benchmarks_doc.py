@@ -8,6 +8,7 @@ file on purpose and check that each break is caught."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -253,11 +254,23 @@ def test_the_new_benchmarks_render_from_their_files(
 
 
 # ---------------------------------------------------------------------------- provenance
+@pytest.fixture(autouse=True)
+def _bench_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Recording points this process's children at its listing (PYTHONPATH and two
+    variables): put back after each test."""
+    for name in ("ZOO_BENCH_LOADED", "ZOO_BENCH_ROOT", "PYTHONPATH"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+
+
 def test_recording_writes_provenance_from_git(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ZOO_BENCH_BUSY", raising=False)
     rec = provenance.Recording("unit", argv=[str(ROOT / "bench" / "x.py"), "--flag"])
+    # a process the run starts lists the sources it imported (bench/loaded/sitecustomize.py)
+    subprocess.run([sys.executable, "-c", "import zoo.errors"], check=True)
+    children = [set(f.read_text().split()) for f in rec.loaded.glob("*.txt")]
+    assert len(children) == 1 and "zoo/errors.py" in children[0], children
     value = provenance.headline("x vs y", "ratio", 1.02, "<=", 1.05)
     path = rec.write({"ratio": 1.02, "headlines": [value]}, tmp_path / "unit.json")
     doc = json.loads(path.read_text())
@@ -266,11 +279,21 @@ def test_recording_writes_provenance_from_git(
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     commit = head.stdout.strip() or None  # None: not a git checkout (and no ZOO_BENCH_COMMIT)
     measured = doc["provenance"]["measured"]
-    assert tuple(measured["paths"]) == provenance.SOURCE_DIRS  # "unit" is not in MEASURED
-    assert measured["sha256"] == provenance.source_digest()
-    if commit:
+    paths = tuple(measured["paths"])
+    assert measured["from"] == "imported" and "zoo/errors.py" in paths
+    assert not set(paths) & set(provenance.RECORDER) and not rec.loaded.exists()
+    assert all(provenance.is_source(x) and x.split("/")[0] in provenance.SOURCE_DIRS for x in paths)
+    assert measured["sha256"] == provenance.source_digest(paths)
+    if commit:  # dirty: anything under the declared folders ("unit" is not in MEASURED: all)
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=all", "--", *measured["paths"]],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=all",
+                "--",
+                *provenance.SOURCE_DIRS,
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -449,6 +472,16 @@ def test_staleness_counts_the_commits_that_touched_the_measured_paths(history: d
         label=(("deploy", "zoo"), history["digest"]),
     )
     assert wrong.label_true is False and "not that commit's" in wrong.mark()
+
+
+def test_a_figure_that_lists_its_files_stays_current_when_others_change(history: dict) -> None:
+    """A run records the files its processes imported: a commit to another file of the same
+    folder leaves it current, one to a listed file makes it stale."""
+    root, measured = history["root"], history["measured"]
+    kw = {"commit": measured, "date": "2026-11-30"}
+    assert staleness.staleness(root, paths=("zoo/core.py",), **kw).mark() == "current"
+    assert staleness.staleness(root, paths=("deploy/runtimes/loader.py",), **kw).commits_since == 1
+    assert staleness.staleness(root, paths=("deploy/other.py",), **kw).mark() == "current"
 
 
 def test_a_matching_digest_makes_a_figure_current(history: dict) -> None:

@@ -94,7 +94,12 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
         assert t["attempts"] == [0] and t["threads"] >= 1
     curves = {json.dumps([r["val/loss"] for r in t["epochs"]]) for t in trials}
     assert len(curves) == 4
-    best = max(trials, key=lambda t: max(r["val/acc"] for r in t["epochs"]))
+
+    def shipped(t: dict[str, Any]) -> tuple[float, float]:  # its run's best epoch (first of
+        row = max(t["epochs"], key=lambda r: r["val/acc"])  # equals); equals by the lower loss
+        return row["val/acc"], -row["val/loss"]
+
+    best = max(trials, key=shipped)
     assert record["best"]["trial"] == best["name"] and record["best"]["run"] == best["run"]
 
 
@@ -346,6 +351,21 @@ def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
     small = {"optimizer": Dimension.parse("optimizer", {"choice": ["adamw", "sgd"]})}
     with pytest.raises(UsageError, match="only 2 distinct"):
         sample_trials(small, 3, seed=0)
+
+
+def test_asha_ranks_equal_accuracies_by_the_lower_validation_loss() -> None:
+    """In-process: ASHA cannot rank equals (every photos trial at 100% val/acc stopped none),
+    so the rank it decides by orders equal accuracies by loss and never reorders unequal ones,
+    even one image apart in a million."""
+    from zoo.train.epoch_row import EpochRow, TrainPass, ValScores
+    from zoo.train.tune.book import rank
+
+    def row(acc: float, loss: float) -> EpochRow:
+        return EpochRow(1, 1, TrainPass(0.0, 0.0, 0.0, 1.0, 1.0), ValScores(loss, acc, acc), 0.1, 0)
+
+    assert rank(row(1.0, 0.01), "val/acc") > rank(row(1.0, 0.02), "val/acc")
+    assert rank(row(1.0, 1e9), "val/acc") > rank(row(1.0 - 1e-6, 0.0), "val/acc")
+    assert rank(row(0.5, 0.3), "val/loss") == -0.3 and rank(row(0.9, 0.3), "val/macro_f1") < 0.9
 
 
 def _has_epoch(book: Path, trial: str) -> bool:

@@ -22,7 +22,7 @@ from zoo.errors import InputError, UsageError
 from zoo.train.console import say
 from zoo.train.tune.book import SearchBook, SearchSpec, TrialRecord
 from zoo.train.tune.track import TrialTracking
-from zoo.train.tune.trial import VERDICTS, Verdicts, ZooTrial
+from zoo.train.tune.trial import RANK, VERDICTS, Verdicts, ZooTrial
 
 # passed on to the trials' processes on a cluster whose nodes started without them
 PASSED_ENV = (
@@ -120,8 +120,8 @@ def _fit(book: SearchBook, todo: list[TrialRecord], tracked: TrialTracking | Non
             tune.with_resources(ZooTrial, {"cpu": spec.trial_cpus, "gpu": spec.trial_gpus}),
             param_space={"plan": tune.grid_search(plans)},
             tune_config=tune.TuneConfig(
-                metric=spec.metric,
-                mode=spec.mode,
+                metric=RANK,
+                mode="max",
                 scheduler=scheduler,
                 max_concurrent_trials=spec.max_concurrent,
                 trial_name_creator=lambda trial: trial.config["plan"]["trial"],

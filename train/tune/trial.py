@@ -28,10 +28,12 @@ from ray import tune
 from zoo.train.config import TrainConfig
 from zoo.train.epoch_row import EpochRow
 from zoo.train.observe import RunObserver, StopRun
+from zoo.train.tune.book import rank
 
 if TYPE_CHECKING:
     from zoo.train.tracking import MlflowTracker
 
+RANK = "zoo/rank"  # the key ASHA and Tune decide by (book.rank)
 VERDICTS = "zoo-tune-verdicts"  # a search's named Verdicts actor (one Ray namespace per search)
 
 
@@ -51,10 +53,12 @@ class Verdicts:
 
 
 def result(row: EpochRow, metric: str, run: Path, resumed_from: int) -> dict[str, Any]:
-    """A trial's result for Tune: the epoch (ASHA's clock), the metric, where the run is."""
+    """A trial's result for Tune: the epoch (ASHA's clock), the metric and the rank ASHA
+    goes by, where the run is."""
     return {
         "epoch": row.epoch,
         metric: float(getattr(row.val, metric.split("/", 1)[1])),
+        RANK: rank(row, metric),
         "run": str(run),
         "resumed_from": resumed_from,
         "threads": torch.get_num_threads(),
