@@ -4,6 +4,7 @@ protocol): each test pins one boundary or one message exactly, on plain bytes, i
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import msgspec
@@ -303,3 +304,102 @@ def test_a_list_with_a_bom_reads_and_late_control_bytes_are_refused_escaped(
     assert "Line 10001" in str(info.value) and "'x\\x1b[2Jy'" in str(info.value)
     with pytest.raises(InputError, match=r"nul\.txt' is neither"):
         check_inputs([ok, str(folder / "nul.txt")])  # type: ignore[operator]
+
+
+# The cases mutation testing found untested at ac6006c (docs/quality.md, protocol): each pins
+# which value a refusal names and that no other path is taken.
+def _values_raw(datatype: str, data_json: str, shape: list[int]) -> np.ndarray:
+    """Like ``_values`` with the data written as JSON text (``1e999`` is no Python float)."""
+    body = (
+        f'{{"inputs": [{{"name": "x", "shape": {shape}, "datatype": "{datatype}", '
+        f'"data": {data_json}}}]}}'
+    ).encode()
+    return parse_request(body, None).inputs[0][1]
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [("[1e999]", "data[0]"), ('[1, "a"]', "data[1]"), ("[null]", "data[0]")],
+)
+def test_the_schema_refuses_infinity_strings_and_null_by_json_path(data: str, where: str) -> None:
+    """msgspec refuses them before numpy sees the data: the message names where."""
+    with pytest.raises(InputError, match=re.escape(f"at `$.inputs[0].{where}`")):
+        _values_raw("INT32", data, [len(json.loads(data.replace("1e999", "1")))])
+
+
+@pytest.mark.parametrize(
+    ("datatype", "raw", "message"),
+    [
+        # check_values on its own (what a caller other than the JSON decoder may pass)
+        ("INT32", np.array([1.0, np.inf]), "INT32 data must be integers, got inf"),
+        ("UINT8", np.array([2.0, -np.inf]), "UINT8 data must be integers, got -inf"),
+        ("BOOL", np.array(["a"]), "BOOL data must be true/false, got 'a'"),
+        ("BOOL", np.array([None], dtype=object), "BOOL data must be true/false, got None"),
+        ("BOOL", np.array([True, "b"]), "BOOL data must be true/false, got 'True'"),
+        ("INT32", np.array([1, "a"]), "INT32 data must be integers, got '1'"),
+        ("FP32", np.array([1.5, "a"]), "FP32 data must be numbers, got '1.5'"),
+        ("INT64", np.array([True, None], dtype=object), "INT64 data must be integers, got True"),
+    ],
+)
+def test_check_values_names_the_offending_value(
+    datatype: str, raw: np.ndarray, message: str
+) -> None:
+    dtype = np.dtype(protocol.DTYPES[datatype])
+    with pytest.raises(InputError) as info:
+        protocol.check_values("x", datatype, raw, dtype)
+    assert str(info.value) == f"input 'x': {message}"
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        # integers beyond 64 bits beside smaller ones: an object array; the big one is named
+        ("INT64", [1, 2**70, 3], "input 'x': 1180591620717411303424 is outside INT64's range"),
+        ("INT64", [-(2**70), 5], "input 'x': -1180591620717411303424 is outside INT64's range"),
+        ("INT32", [True, 2**70], "input 'x': 1180591620717411303424 is outside INT32's range"),
+        # the 2**63 boundary: one past INT64's largest is refused with the range
+        (
+            "INT64",
+            [2**63],
+            "input 'x': 9223372036854775808 is outside INT64's range "
+            "-9223372036854775808..9223372036854775807",
+        ),
+        (
+            "INT64",
+            [2**63, -1],
+            "input 'x': 9223372036854775808 is outside INT64's range "
+            "-9223372036854775808..9223372036854775807",
+        ),
+    ],
+)
+def test_big_integers_name_the_offending_value(datatype: str, data: list, message: str) -> None:
+    with pytest.raises(InputError) as info:
+        _values(datatype, data)
+    assert str(info.value) == message
+
+
+def test_in_range_boundaries_of_int64_pass() -> None:
+    assert _values("INT64", [2**63 - 1, -(2**63)]).tolist() == [2**63 - 1, -(2**63)]
+    assert _values("INT64", [0, 2**63 - 1]).dtype == np.int64
+
+
+def test_float_overflow_is_refused_without_a_runtime_warning() -> None:
+    """The cast that finds the overflow runs silenced: a warning turned into an error (as
+    under ``-W error``) must not replace the InputError that names the value."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match=re.escape("70000.0 is outside FP16's range")):
+            _values("FP16", [1.0, 70000.0])
+        with pytest.raises(InputError, match=re.escape("1e+39 is outside FP32's range")):
+            _values("FP32", [1e39])
+
+
+def test_datatype_names_and_the_fallback_for_a_dtype_without_one() -> None:
+    assert protocol.datatype_of(np.dtype("float32")) == "FP32"
+    assert protocol.datatype_of(np.dtype("uint8")) == "UINT8"
+    assert protocol.datatype_of(np.dtype("bool")) == "BOOL"
+    assert protocol.datatype_of(np.dtype(object)) == "BYTES"
+    assert protocol.datatype_of(np.dtype("complex64")) == "complex64"
+    assert protocol.datatype_of(np.dtype("datetime64[s]")) == "datetime64[s]"
