@@ -357,6 +357,11 @@ def test_check_values_names_the_offending_value(
         ("INT64", [1, 2**70, 3], "input 'x': 1180591620717411303424 is outside INT64's range"),
         ("INT64", [-(2**70), 5], "input 'x': -1180591620717411303424 is outside INT64's range"),
         ("INT32", [True, 2**70], "input 'x': 1180591620717411303424 is outside INT32's range"),
+        # the first value past 64 bits is named: 2**63 itself, not a smaller one, not a later
+        ("INT64", [2**63, -(2**70)], "input 'x': 9223372036854775808 is outside INT64's range"),
+        ("INT64", [200, 2**70], "input 'x': 1180591620717411303424 is outside INT64's range"),
+        # a float type never looks for big integers: true beside one is refused as not a number
+        ("FP32", [True, 2**70], "input 'x': FP32 data must be numbers, got True"),
         # the 2**63 boundary: one past INT64's largest is refused with the range
         (
             "INT64",
