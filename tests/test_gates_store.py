@@ -33,6 +33,19 @@ def test_columns_per_k_labels_and_embeddings() -> None:
         ("embedding", "floats"),
     ]
     assert columns(1, multi_label=False) == columns(1, False, embeddings=False)
+    # a model with a rejection rule: the answer, whether it was accepted, the rule's score,
+    # after the top-k and before the embedding
+    assert columns(1, multi_label=False, embeddings=True, judged=True) == [
+        ("path", "str"),
+        ("label_1", "str"),
+        ("index_1", "int"),
+        ("score_1", "float"),
+        ("label", "str"),
+        ("accepted", "bool"),
+        ("score", "float"),
+        ("embedding", "floats"),
+    ]
+    assert columns(1, False) == columns(1, False, judged=False)
 
 
 def test_digest_is_the_sha256_of_the_paths_one_a_line() -> None:
