@@ -2,16 +2,15 @@
 and a photos model against digits, over several seeds.
 
 Each data set is split train / val / test (seeded, per class). Per seed and direction:
-``zoo finetune MODEL --data IN --reject auto`` fits the temperature and the rule on val; then
-``zoo eval RUN --split test --ood OUT --knn --json`` scores the test images (never used for
-any fit) against the other data set's images. Reported per run: accuracy, ECE before/after on
-test, AUROC and FPR at 95% TPR per score kind (max-softmax, energy, and the kNN distance to the
-k-th nearest training embedding, Sun et al. 2022, the run's training split embedded by
-``--knn``), and what the stored rule accepts of the test images and rejects of the outside
-images. The best score kind is the one with the lowest mean FPR at 95% TPR over every run:
-``zoo.calibration.DEFAULT_SCORE`` should name it (``knn`` is measured here, not yet a rule
-``--reject`` can store). Accuracy figures, not timings: the machine's load does not change
-them.
+``zoo finetune MODEL --data IN --reject auto`` fits the temperature and the rule on val (auto:
+the kNN score, its bank of training embeddings stored with the model); then
+``zoo eval RUN --split test --ood OUT --json`` scores the test images (never used for any fit)
+against the other data set's images. Reported per run: accuracy, ECE before/after on test,
+AUROC and FPR at 95% TPR per score kind (max-softmax, energy, and the cosine similarity to the
+k-th nearest training embedding, Sun et al. 2022, from the stored bank), and what the stored
+rule accepts of the test images and rejects of the outside images. The best score kind is the
+one with the lowest mean FPR at 95% TPR over every run: ``zoo.calibration.DEFAULT_SCORE``
+should name it. Accuracy figures, not timings: the machine's load does not change them.
 
     python bench/ood.py                     # writes docs/bench/ood.json
     python bench/ood.py --seeds 0 --epochs 1 --per-class 40 --out /tmp/ood.json   # a smoke run
@@ -31,12 +30,11 @@ from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
 from common import zoo_cmd, zoo_finetune
 from provenance import Recording, headline
 
-from zoo.calibration import DEFAULT_SCORE, SCORE_KINDS
-from zoo.deploy.index import KNN_K
+from zoo.calibration import DEFAULT_SCORE, KNN_K, SCORE_KINDS
 from zoo.samples import write_digits_folder, write_photo_folder
 
 SPLIT = {"val": 0.2, "test": 0.2}  # the rest trains
-KINDS = (*SCORE_KINDS, "knn")  # the logits' scores, and the kNN distance (zoo eval --knn)
+KINDS = SCORE_KINDS  # the logits' scores, and the stored kNN bank's
 
 
 def split_folder(flat: Path, root: Path, seed: int) -> Path:
@@ -58,8 +56,8 @@ def split_folder(flat: Path, root: Path, seed: int) -> Path:
     return root
 
 
-def eval_ood(run: Path, ood: Path, k: int) -> dict:
-    """``zoo eval RUN --split test --ood OOD --knn --knn-k K --json``'s result."""
+def eval_ood(run: Path, ood: Path) -> dict:
+    """``zoo eval RUN --split test --ood OOD --json``'s result."""
     proc = subprocess.run(
         [
             *zoo_cmd(),
@@ -69,9 +67,6 @@ def eval_ood(run: Path, ood: Path, k: int) -> dict:
             "test",
             "--ood",
             str(ood),
-            "--knn",
-            "--knn-k",
-            str(k),
             "--json",
         ],
         capture_output=True,
@@ -83,10 +78,10 @@ def eval_ood(run: Path, ood: Path, k: int) -> dict:
     return json.loads(proc.stdout)
 
 
-def one_run(model: str, data: Path, ood: Path, run: Path, seed: int, epochs: int, k: int) -> dict:
+def one_run(model: str, data: Path, ood: Path, run: Path, seed: int, epochs: int) -> dict:
     opts = ["--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--no-report"]
     zoo_finetune(model, data, run, *opts, "--reject", "auto")
-    res = eval_ood(run, ood, k)
+    res = eval_ood(run, ood)
     o, c = res["ood"], res["calibration"]
     return {
         "acc": res["acc"],
@@ -117,7 +112,6 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--seeds", default="0,1,2", help="at least 3")
     p.add_argument("--per-class", type=int, default=150, help="photos per class")
-    p.add_argument("--knn-k", type=int, default=KNN_K, help="the kNN score's k")
     p.add_argument("--out", default=None, help="default: docs/bench/ood.json")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -138,8 +132,7 @@ def main() -> None:
                 run = t / "runs" / f"{name}-{seed}"
                 # the outside images: the other set's test split (never trained on by anyone)
                 row = one_run(
-                    args.model, split[inside], split[outside] / "test", run, seed, args.epochs,
-                    args.knn_k,
+                    args.model, split[inside], split[outside] / "test", run, seed, args.epochs
                 )  # fmt: skip
                 runs[name].append({"seed": seed, **row})
                 print(f"seed {seed} {name}: {json.dumps(row)}", flush=True)
@@ -175,10 +168,9 @@ def main() -> None:
             "photos_per_class": args.per_class,
             "split": {"train": 1 - sum(SPLIT.values()), **SPLIT},
             "default_score": DEFAULT_SCORE,
-            "knn_k": args.knn_k,
+            "knn_k": KNN_K,
             "command": f"zoo finetune {args.model} --data IN --epochs {args.epochs} --seed S "
-            f"--reject auto; zoo eval RUN --split test --ood OUT/test --knn --knn-k {args.knn_k} "
-            "--json",
+            "--reject auto; zoo eval RUN --split test --ood OUT/test --json",
         },
         "runs": runs,
         "summary": summary,

@@ -13,6 +13,18 @@ from zoo.deploy.index import KNN_K
 from zoo.tta import Tta
 
 
+def _knn_bank(model: str, info: Any) -> Any:
+    """The model folder's kNN bank when its rejection rule is ``knn`` (None otherwise)."""
+    cal = info.calibration
+    if cal is None or cal.reject is None or cal.reject.score != "knn":
+        return None
+    from zoo.knn import KnnBank
+    from zoo.ref import ModelRef
+
+    ref = ModelRef.parse(model)
+    return KnnBank.load(ref.model_folder) if ref.kind in ("run", "model-folder") else None
+
+
 def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:
     """``--variant``: the derived file run by its runtime as the evaluation's forward pass
     (the same preprocessed batches as the PyTorch model), and its path for the result."""
@@ -125,8 +137,9 @@ def eval_cmd(
             )  # fmt: skip
             more = (ExternalScore("knn", pos, neg),)
         separation = evaluate_ood(
-            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers, more=more
-        )
+            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers, more=more,
+            bank=_knn_bank(model, ev.info),
+        )  # fmt: skip
         result = {**result, "ood": separation.to_dict()}
     if report:
         from zoo.train.report import write_report

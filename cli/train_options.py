@@ -189,8 +189,10 @@ RejectOpt = Annotated[
         RejectMode,
         "--reject",
         help="also fit on validation a threshold below which predict and serve answer "
-        "'unknown' (images from outside the classes): auto (the measured best score), msp "
-        "(calibrated top-1 probability) or energy (logsumexp of the logits); off: never",
+        "'unknown' (images from outside the classes): auto (the measured best score: knn), "
+        "knn (closeness of the image's embedding to the training images', built into the "
+        "export), msp (calibrated top-1 probability) or energy (logsumexp of the logits); "
+        "off: never",
     ),
 ]
 AcceptanceOpt = Annotated[

@@ -21,7 +21,6 @@ from zoo.calibration import (
     REJECT_MODES,
     Calibration,
     Rejection,
-    ood_score,
 )
 from zoo.errors import InputError
 from zoo.train.calibration import ece_of
@@ -60,10 +59,17 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def fit_rejection(
-    logits: torch.Tensor, kind: str, temperature: float, acceptance: float
+    logits: torch.Tensor,
+    kind: str,
+    temperature: float,
+    acceptance: float,
+    knn: np.ndarray | None = None,
 ) -> Rejection:
     """The threshold accepting ``acceptance`` of the validation images (at least that share:
     the ``⌊(1 − acceptance)·N⌋``-th lowest score).
+
+    Args:
+        knn: the validation images' kNN scores (:mod:`zoo.train.knn_fit`), for ``knn``.
 
     Raises:
         InputError: ``acceptance`` outside (0, 1], or no validation images.
@@ -72,9 +78,16 @@ def fit_rejection(
         raise InputError(f"--accept must be in (0, 1], got {acceptance}: e.g. 0.95.")
     if not len(logits):
         raise InputError("No validation images to fit a rejection threshold on.")
-    s = np.sort(ood_score(logits.double().cpu().numpy(), kind, temperature))
+    probe = Rejection(score=kind, threshold=0.0, acceptance=acceptance)  # type: ignore[arg-type]
+    s = np.sort(probe.scores(logits.double().cpu().numpy(), temperature, knn))
     k = min(len(s) - 1, math.floor((1.0 - acceptance) * len(s) + 1e-9))
     return Rejection(score=kind, threshold=float(s[k]), acceptance=acceptance)  # type: ignore[arg-type]
+
+
+def score_kind(reject: str) -> str:
+    """The score a ``--reject`` mode fits (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`;
+    ``off``: none, the empty string)."""
+    return "" if reject == "off" else DEFAULT_SCORE if reject == "auto" else reject
 
 
 def fit_calibration(
@@ -83,6 +96,7 @@ def fit_calibration(
     *,
     reject: str = "off",
     acceptance: float = DEFAULT_ACCEPTANCE,
+    knn: np.ndarray | None = None,
 ) -> Calibration:
     """Temperature, ECE before and after, and with ``reject`` a rejection rule.
 
@@ -91,6 +105,7 @@ def fit_calibration(
         targets: ``(N,)`` class indices.
         reject: one of :data:`REJECT_MODES` (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`).
         acceptance: the share of validation images the rejection must accept.
+        knn: the validation images' kNN scores, for a ``knn`` rule (:func:`score_kind`).
 
     Raises:
         InputError: an unknown ``reject`` or an ``acceptance`` outside (0, 1].
@@ -102,7 +117,7 @@ def fit_calibration(
         temperature=t,
         reject=None
         if reject == "off"
-        else fit_rejection(logits, DEFAULT_SCORE if reject == "auto" else reject, t, acceptance),
+        else fit_rejection(logits, score_kind(reject), t, acceptance, knn),
         fitted_on=len(logits),
         ece_before=round(ece_of(logits, targets, 1.0), 6),
         ece_after=round(ece_of(logits, targets, t), 6),
@@ -211,7 +226,16 @@ def calibrate_model(
             f"{model_arg} is multi-label: its per-class thresholds are its calibration "
             "(tuned on validation by zoo finetune)."
         )
-    cal = fit_calibration(ev.logits, ev.targets, reject=reject, acceptance=acceptance)
+    knn = None
+    if score_kind(reject) == "knn":  # the bank is written first: the config then names it
+        from zoo.train.knn_fit import run_bank_and_scores
+
+        bank, knn = run_bank_and_scores(
+            ev.model, ev.info, _train_samples(ref.model_folder, model_arg),
+            [p for p, _ in ev.samples], device=next(ev.model.parameters()).device,
+        )  # fmt: skip
+        bank.save(ref.model_folder)
+    cal = fit_calibration(ev.logits, ev.targets, reject=reject, acceptance=acceptance, knn=knn)
     return CalibrateResult(
         model=model_arg,
         config=write_calibration(ref.model_folder, cal),
@@ -221,11 +245,30 @@ def calibrate_model(
     )
 
 
+def _train_samples(folder: Path, model_arg: str) -> list[tuple[Path, str]]:
+    """The training images of the run a model folder belongs to (the kNN bank's rows).
+
+    Raises:
+        InputError: the folder belongs to no run.
+    """
+    from zoo.run_images import find_run, run_validation_images
+
+    run = find_run(folder)
+    if run is None:
+        raise InputError(
+            f"--reject knn embeds the training images of the run, and {model_arg} belongs to "
+            "no run: calibrate the run folder, or use --reject msp."
+        )
+    found = run_validation_images(run, limit=None, split="train")
+    return list(zip(found.paths, found.labels, strict=True))
+
+
 __all__ = [
     "CalibrateResult",
     "calibrate_model",
     "fit_calibration",
     "fit_rejection",
     "fit_temperature",
+    "score_kind",
     "val_logits",
 ]

@@ -199,12 +199,19 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     _, ref_f = embed(list(reference.paths))
     row = fit_new_row(pos, ref_f, np.asarray(reference.labels), weight, bias)
 
+    seen: dict[str, np.ndarray] = {}  # the validation embeddings check_old_classes scores
+
     def enrolled_logits(f: np.ndarray) -> np.ndarray:
+        seen["val"] = f
         return np.concatenate([f @ weight.T + bias, row.logits(f)[:, None]], axis=1)
 
     answered = int((enrolled_logits(pos).argmax(1) == len(classes)).sum())
+    seen.clear()
     check, val_logits = check_old_classes(reference.run, embed, classes, enrolled_logits)
-    calibration, rejection = _calibration(config, folder, val_logits, check)
+    bank = _knn_bank(config, folder, pos)
+    calibration, rejection = _calibration(
+        config, folder, val_logits, check, bank.scores(seen["val"]) if bank and seen else None
+    )
     record = {
         "class": opts.class_name,
         "index": len(classes),
@@ -228,7 +235,7 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     )
     card = finetuned_card(new_info, new_config) + _card_section(new_config["enrolled"])
     enrolled = _build(config["base"], len(classes) + 1, net, head_name, row)
-    save_model_folder(enrolled, out, new_config, card)
+    save_model_folder(enrolled, out, new_config, card, knn=bank)
     return EnrollResult(
         out=out,
         class_name=opts.class_name,
@@ -242,11 +249,29 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     )
 
 
+def _knn_bank(config: dict[str, Any], folder: Path, new: np.ndarray) -> Any:
+    """For a ``knn`` rule, the bank with the new class's embeddings added and k lowered to
+    their number (a class of 5 images has no 10th neighbour of its own); None otherwise."""
+    from zoo.artifact import read_calibration
+    from zoo.knn import KnnBank
+
+    cal = read_calibration(config, folder)
+    if cal is None or cal.reject is None or cal.reject.score != "knn":
+        return None
+    old = KnnBank.load(folder)
+    return old.extended(new, k=min(old.k, len(new)))
+
+
 def _calibration(
-    config: dict[str, Any], folder: Path, val_logits: np.ndarray | None, check: OldClassCheck | None
+    config: dict[str, Any],
+    folder: Path,
+    val_logits: np.ndarray | None,
+    check: OldClassCheck | None,
+    knn: np.ndarray | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The enrolled model's calibration: the temperature kept; a rejection threshold refitted
-    on the run's validation images when they are at hand, else kept as fitted before."""
+    on the run's validation images when they are at hand (``knn``: their scores against the
+    enrolled bank), else kept as fitted before."""
     import torch
 
     from zoo.artifact import read_calibration
@@ -257,14 +282,14 @@ def _calibration(
         return None, None
     if cal.reject is None:
         return cal.to_dict(), None
-    if val_logits is None or check is None:
+    if val_logits is None or check is None or (cal.reject.score == "knn" and knn is None):
         rule = cal.reject
         return cal.to_dict(), (
             f"threshold {rule.score} {rule.threshold:.4g} fitted before enrolment (no validation "
             "images at hand to refit it)"
         )
     rule = fit_rejection(
-        torch.as_tensor(val_logits), cal.reject.score, cal.temperature, cal.reject.acceptance
+        torch.as_tensor(val_logits), cal.reject.score, cal.temperature, cal.reject.acceptance, knn
     )
     text = (
         f"threshold {rule.score} {cal.reject.threshold:.4g} → {rule.threshold:.4g}, refitted to "

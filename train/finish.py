@@ -23,6 +23,7 @@ from zoo.weights import sha256_file
 
 if TYPE_CHECKING:
     from zoo.calibration import Calibration
+    from zoo.knn import KnnBank
     from zoo.train.build import RunData, RunParts
     from zoo.train.config import TrainConfig
     from zoo.train.run_dir import RunDir
@@ -115,16 +116,25 @@ def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[s
     }
 
 
-def fit_run_calibration(r: RunResult) -> Calibration:
+def fit_run_calibration(r: RunResult) -> tuple[Calibration, KnnBank | None]:
     """The shipped weights' temperature (and with ``--reject`` their threshold), fitted on
-    the run's validation split, said on stderr."""
-    from zoo.train.calibrate import fit_calibration, val_logits
+    the run's validation split, said on stderr; with a ``knn`` rule also its bank of training
+    embeddings (:mod:`zoo.train.knn_fit`)."""
+    from zoo.train.calibrate import fit_calibration, score_kind, val_logits
 
     logits, targets = val_logits(r.parts)
     reject = r.cfg.reject if len(logits) else "off"
     if reject != r.cfg.reject:
         print("warning: no validation images: no rejection threshold fitted", file=sys.stderr)
-    cal = fit_calibration(logits, targets, reject=reject, acceptance=r.cfg.acceptance)
+    bank, knn = None, None
+    if score_kind(reject) == "knn":
+        from zoo.train.knn_fit import run_bank_and_scores
+
+        bank, knn = run_bank_and_scores(
+            r.parts.model, r.parts.info, r.data.samples["train"],
+            [p for p, _ in r.data.samples["val"]], device=r.parts.device, seed=r.cfg.seed,
+        )  # fmt: skip
+    cal = fit_calibration(logits, targets, reject=reject, acceptance=r.cfg.acceptance, knn=knn)
     rule = (
         f"; rejects below {cal.reject.score} {cal.reject.threshold:.4g} "
         f"(accepts {cal.reject.acceptance:.0%} of them)"
@@ -137,7 +147,7 @@ def fit_run_calibration(r: RunResult) -> Calibration:
         file=sys.stderr,
         flush=True,
     )
-    return cal
+    return cal, bank
 
 
 def recipes_used(cfg: TrainConfig) -> dict[str, Any]:
@@ -159,7 +169,7 @@ def finish_run(r: RunResult) -> None:
     state, val, data = r.state, r.val, r.data
     last_val = state.history[-1] if state.history else {}
     best_row = state.history[-1 - state.epochs_since_best] if state.history else {}
-    calibration = None if r.cfg.multi_label else fit_run_calibration(r)
+    calibration, bank = (None, None) if r.cfg.multi_label else fit_run_calibration(r)
     config = model_config(r, calibration)
     info = replace(
         r.parts.info,
@@ -174,7 +184,9 @@ def finish_run(r: RunResult) -> None:
         plot_curves(state.history, run / "curves.png")
     if "confusion_matrix" in val:  # single-label only
         plot_confusion(val["confusion_matrix"], data.classes, run / "confusion_matrix.png")
-    model_dir = save_model_folder(r.parts.model, run / "model", config, card, label="model")
+    model_dir = save_model_folder(
+        r.parts.model, run / "model", config, card, label="model", knn=bank
+    )
     weights_sha256 = sha256_file(model_dir / WEIGHTS_FILE)
     load_report = r.parts.load_report
     report = {

@@ -10,17 +10,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import DataLoader
 
-from zoo.calibration import SCORE_KINDS, Calibration, ood_score
+from zoo.calibration import LOGIT_SCORES, Calibration, ood_score
 from zoo.errors import DataError
 from zoo.images import list_images
 from zoo.train.data import ImageFolderDataset
 from zoo.train.evaluate import Evaluated, Forward, evaluate_with
 from zoo.transforms import eval_transform
+
+if TYPE_CHECKING:
+    from zoo.knn import KnnBank
 
 TPR = 0.95
 
@@ -119,7 +122,7 @@ def separation(
 ) -> tuple[Separation, ...]:
     """Each score kind's AUROC and FPR at 95% TPR on these logits."""
     found = []
-    for kind in SCORE_KINDS:
+    for kind in LOGIT_SCORES:
         pos = ood_score(in_logits, kind, temperature)
         neg = ood_score(out_logits, kind, temperature)
         found.append(Separation(kind, round(auroc(pos, neg), 6), round(fpr_at_tpr(pos, neg), 6)))
@@ -158,6 +161,7 @@ def evaluate_ood(
     batch_size: int = 64,
     num_workers: int = 0,
     more: tuple[ExternalScore, ...] = (),
+    bank: KnnBank | None = None,
 ) -> OodReport:
     """Score ``folder``'s images against the evaluated split's (see the module docstring).
 
@@ -166,6 +170,8 @@ def evaluate_ood(
         folder: images from outside the model's classes.
         forward: the variant that scored ``ev`` (None: the PyTorch model).
         more: scores beside the logits' (``knn``), reported after theirs.
+        bank: the model's kNN bank (a ``knn`` rule): its scores judge the rule and are the
+            reported ``knn`` score (``more``'s own ``knn`` is then left out).
 
     Raises:
         DataError: a multi-label model, or no images in ``folder``.
@@ -178,14 +184,25 @@ def evaluate_ood(
     )
     inside = ev.logits.double().numpy()
     rule = cal.reject
+    knn_in = knn_out = None
+    if bank is not None:  # the stored rule's own score, from the PyTorch model's features
+        from zoo.train.knn_fit import embed_images
+
+        device = next(ev.model.parameters()).device
+        held_out = [p for p, _ in ev.samples]
+        knn_in = bank.scores(embed_images(ev.model, ev.info, held_out, device=device))
+        outside = list_images(Path(folder))
+        knn_out = bank.scores(embed_images(ev.model, ev.info, outside, device=device))
+        more = (ExternalScore("knn", knn_in, knn_out), *(m for m in more if m.score != "knn"))
+    judged = rule is not None and (rule.score != "knn" or knn_in is not None)  # else no bank
     return OodReport(
         folder=str(folder),
         n_in=len(inside),
         n_out=len(out),
         separations=separation(inside, out, cal.temperature) + tuple(m.separation() for m in more),
         rule=rule.to_dict() if rule else None,
-        accepted_in=float(1 - cal.decide(inside)[1].mean()) if rule else None,  # type: ignore[union-attr]
-        rejected_out=float(cal.decide(out)[1].mean()) if rule else None,  # type: ignore[union-attr]
+        accepted_in=float(1 - cal.decide(inside, knn_in)[1].mean()) if judged else None,  # type: ignore[union-attr]
+        rejected_out=float(cal.decide(out, knn_out)[1].mean()) if judged else None,  # type: ignore[union-attr]
     )
 
 

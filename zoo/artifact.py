@@ -21,6 +21,8 @@ from zoo.preprocessing import Preprocessing
 if TYPE_CHECKING:  # reading a folder's config must not import torch
     from torch import nn
 
+    from zoo.knn import KnnBank
+
 SCHEMA_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -28,7 +30,8 @@ CARD_FILE = "README.md"
 ONNX_FILE = "model.onnx"
 REQUIRED_FILES = frozenset({WEIGHTS_FILE, CONFIG_FILE, CARD_FILE})
 VARIANTS_DIR = "variants"  # derived files (int8, fp16, OpenVINO): zoo.variants owns them
-ALLOWED_FILES = REQUIRED_FILES | {ONNX_FILE}
+KNN_BANK_FILE = "knn_bank.safetensors"  # a knn rejection rule's training embeddings (zoo/knn.py)
+ALLOWED_FILES = REQUIRED_FILES | {ONNX_FILE, KNN_BANK_FILE}
 ALLOWED_NAMES = ALLOWED_FILES | {VARIANTS_DIR}
 DERIVED_SUFFIXES = frozenset({".onnx", ".xml"})  # exports, which belong in variants/
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".bin", ".ckpt"})
@@ -82,8 +85,8 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if missing:
         raise ArtifactError(
             f"{folder} is not a zoo model folder: missing {', '.join(missing)}. A model folder "
-            f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE} "
-            f"and {VARIANTS_DIR}/)."
+            f"holds exactly {', '.join(sorted(REQUIRED_FILES))} (+ optional {ONNX_FILE}, "
+            f"{KNN_BANK_FILE} and {VARIANTS_DIR}/)."
         )
     problems = stray_files(folder)
     if problems:
@@ -180,6 +183,7 @@ def save_model_folder(
     onnx_path: Path | None = None,
     *,
     label: str | None = None,
+    knn: KnnBank | None = None,
 ) -> Path:
     """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in
     (:func:`zoo.durable.replace_dir`: a kill leaves the old complete folder or the new one).
@@ -193,6 +197,8 @@ def save_model_folder(
             ``model.onnx`` is kept; its ``variants/`` always are (a user's exports are never
             deleted: when the weights changed they read as stale, see :mod:`zoo.variants`).
         label: the swap's name as a fault point of a run (``None`` outside a run).
+        knn: the bank of a ``knn`` rejection rule (:data:`zoo.knn.BANK_FILE`), written with
+            the weights it was embedded by.
 
     Returns:
         ``out_dir``.
@@ -217,6 +223,8 @@ def save_model_folder(
         (tmp / CARD_FILE).write_text(card)
         if onnx_path is not None:
             shutil.copy2(onnx_path, tmp / ONNX_FILE)
+        if knn is not None:
+            knn.save(tmp)
         _carry_exports(out, tmp, onnx=onnx_path is None)
         durable.replace_dir(tmp, out, label=label)
     except BaseException:

@@ -19,17 +19,25 @@ from zoo.errors import ArtifactError
 if TYPE_CHECKING:
     import numpy as np
 
-ScoreKind = Literal["msp", "energy"]
+ScoreKind = Literal["msp", "energy", "knn"]
 """How in-distribution an image looks, higher is more: ``msp`` the calibrated top-1
 probability (max softmax of logits / T), ``energy`` the negative free energy, ``logsumexp`` of
-the raw logits (Liu et al. 2020, at T = 1)."""
-SCORE_KINDS: tuple[str, ...] = ("msp", "energy")
-DEFAULT_SCORE: ScoreKind = "msp"
-"""What ``--reject auto`` uses: the lower mean FPR at 95% TPR in ``bench/ood.py``
-(docs/bench/ood.json, 3 seeds: msp 0.62, energy 0.64; energy separates photographs from a
-digits model better but fails the other way, FPR 1.0 for a photos model against digits)."""
+the raw logits (Liu et al. 2020, at T = 1), ``knn`` the cosine similarity of the image's
+embedding to its k-th nearest training embedding (:mod:`zoo.knn`; needs the features, not the
+logits: an exported graph computes it as a second output)."""
+SCORE_KINDS: tuple[str, ...] = ("msp", "energy", "knn")
+LOGIT_SCORES: tuple[str, ...] = ("msp", "energy")
+"""The kinds computed from the logits alone (:func:`ood_score`)."""
+DEFAULT_SCORE: ScoreKind = "knn"
+"""What ``--reject auto`` uses: the lowest mean FPR at 95% TPR in ``bench/ood.py``
+(docs/bench/ood.json, 3 seeds: knn 0.06, msp 0.62, energy 0.64; energy separates photographs
+from a digits model better than msp but fails the other way, FPR 1.0 for a photos model
+against digits)."""
+KNN_K = 10
+"""The kNN score's k: Sun et al. use 50 of CIFAR-10's 50,000 training images; our training
+splits hold hundreds to thousands of images, so fewer."""
 DEFAULT_ACCEPTANCE = 0.95
-RejectMode = Literal["off", "auto", "msp", "energy"]
+RejectMode = Literal["off", "auto", "msp", "energy", "knn"]
 """``--reject``: no rejection, the measured default score (:data:`DEFAULT_SCORE`), or a named
 one."""
 REJECT_MODES: tuple[str, ...] = ("off", "auto", *SCORE_KINDS)
@@ -65,9 +73,25 @@ class Rejection:
     def to_dict(self) -> dict[str, Any]:
         return {"score": self.score, "threshold": self.threshold, "acceptance": self.acceptance}
 
-    def scores(self, logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-        """Each row's score of this rule's kind (:func:`ood_score`), ``(N,)`` float64."""
-        return ood_score(logits, self.score, temperature)
+    def scores(
+        self, logits: np.ndarray, temperature: float = 1.0, knn: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Each row's score of this rule's kind, ``(N,)`` float64: :func:`ood_score` of the
+        logits, or for ``knn`` the kNN scores the model computed beside them.
+
+        Raises:
+            ArtifactError: a ``knn`` rule without the kNN scores (the graph lacks the output).
+        """
+        if self.score != "knn":
+            return ood_score(logits, self.score, temperature)
+        if knn is None:
+            raise ArtifactError(
+                "This model's rejection rule is knn, but its graph has no knn_score output: "
+                "export it again from the model folder (zoo export), which adds it."
+            )
+        import numpy as np
+
+        return np.asarray(knn, dtype=np.float64).reshape(-1)
 
     def verdict(self, score: float) -> Verdict:
         """One image's verdict from its score: accepted when it reaches the threshold."""
@@ -167,8 +191,14 @@ class Calibration:
         """Calibrated softmax of ``(N, K)`` logits, float64."""
         return softmax(logits, self.temperature)
 
-    def decide(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def decide(
+        self, logits: np.ndarray, knn: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Calibrated probabilities and, with a rejection rule, which rows it rejects.
+
+        Args:
+            logits: ``(N, K)`` raw logits.
+            knn: ``(N,)`` kNN scores (a ``knn`` rule needs them).
 
         Returns:
             ``(probs, rejected)``: ``rejected`` is a boolean ``(N,)`` (None without a rule).
@@ -176,7 +206,7 @@ class Calibration:
         probs = self.probabilities(logits)
         if self.reject is None:
             return probs, None
-        s = self.reject.scores(logits, self.temperature)
+        s = self.reject.scores(logits, self.temperature, knn)
         return probs, s < self.reject.threshold
 
 
@@ -195,7 +225,7 @@ def ood_score(logits: np.ndarray, kind: str, temperature: float = 1.0) -> np.nda
     Args:
         logits: ``(N, K)`` raw logits.
         kind: ``msp`` (max of the softmax at ``temperature``) or ``energy`` (``logsumexp`` of
-            the raw logits).
+            the raw logits); ``knn`` needs the features (:meth:`zoo.knn.KnnBank.scores`).
         temperature: the model's fitted temperature (``msp`` only).
 
     Returns:
@@ -209,12 +239,16 @@ def ood_score(logits: np.ndarray, kind: str, temperature: float = 1.0) -> np.nda
     if kind == "energy":
         top = x.max(axis=-1)
         return top + np.log(np.exp(x - top[:, None]).sum(axis=-1))
-    raise ArtifactError(f"Unknown score kind {kind!r}: one of {', '.join(SCORE_KINDS)}.")
+    raise ArtifactError(
+        f"Score kind {kind!r} is not one of the logits': {', '.join(LOGIT_SCORES)}."
+    )
 
 
 __all__ = [
     "DEFAULT_ACCEPTANCE",
     "DEFAULT_SCORE",
+    "KNN_K",
+    "LOGIT_SCORES",
     "REJECT_MODES",
     "SCORE_KINDS",
     "UNKNOWN_LABEL",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,21 @@ def load_for_export(
         except Exception:  # informational only; the load itself was verified
             sha = None
     return model.eval(), info, sha
+
+
+def _knn_bank(ref: ModelRef, info: ModelInfo) -> Any:
+    """The model folder's kNN bank when its rejection rule is ``knn`` (None otherwise): the
+    export builds the score into the graph so the file needs nothing beside it.
+
+    Raises:
+        ArtifactError: a ``knn`` rule whose bank file is missing or malformed.
+    """
+    cal = info.calibration
+    if cal is None or cal.reject is None or cal.reject.score != "knn" or info.multi_label:
+        return None
+    from zoo.knn import KnnBank
+
+    return KnnBank.load(ref.model_folder)
 
 
 def dummy_input(info: ModelInfo, batch: int) -> torch.Tensor:
@@ -230,6 +246,7 @@ def export_onnx(
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
     images = gate_images(ref, data)
+    bank = _knn_bank(ref, info)
     result = ExportResult(
         path=str(out),
         format="onnx",
@@ -269,6 +286,10 @@ def export_onnx(
                 from zoo.deploy.export.graph_preprocess import embed_file
 
                 done["input"] = embed_file(tmp, info.preprocessing())
+            if bank is not None:  # the kNN rule's score as a second output (zoo/knn.py)
+                from zoo.deploy.export.knn import add_knn_file
+
+                done["knn"] = add_knn_file(tmp, bank)
             return done
 
         chosen: tuple[str, list[str], ParityReport] | None = None
@@ -294,6 +315,15 @@ def export_onnx(
                         images=images,
                         tolerances=TOLERANCES[precision],
                     )
+                if bank is not None:
+                    from zoo.deploy.export.knn import check_knn
+
+                    knn = check_knn(
+                        model, info, sess, images, bank, export_batch=export_batch,
+                        static=static_batch is not None,
+                        kind="embedded" if embed_preprocessing else precision,
+                    )  # fmt: skip
+                    parity = replace(parity, knn=knn)
             except Exception as exc:  # exporter/check failures: record, maybe fall back
                 attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
                 continue

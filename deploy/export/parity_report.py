@@ -137,6 +137,30 @@ class DynamicCheck:
 
 
 @dataclass(frozen=True)
+class KnnCheck:
+    """The graph's kNN score output against PyTorch's features scored by the same bank, on the
+    gate's real images (:func:`zoo.deploy.export.knn.check_knn`)."""
+
+    images: int
+    max_abs: float
+    bound: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs <= self.bound
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+    def line(self) -> str:
+        verdict = "pass" if self.passed else "FAIL"
+        return (
+            f"parity knn_score: max abs {self.max_abs:.2e} on {self.images} real images "
+            f"(bound {self.bound:.0e}) → {verdict}"
+        )
+
+
+@dataclass(frozen=True)
 class ParityReport:
     """The gate's verdict at every level it checked; ``passed`` only when all passed.
 
@@ -146,6 +170,7 @@ class ParityReport:
         predictions: top-1 agreement on real images (None: not checked).
         dynamic: each other shape checked.
         images: which real images the tensor and prediction levels used.
+        knn: the kNN score output (None: the model has no ``knn`` rule).
     """
 
     tolerances: Tolerances = FP32
@@ -153,6 +178,7 @@ class ParityReport:
     predictions: PredictionCheck | None = None
     dynamic: tuple[DynamicCheck, ...] = ()
     images: tuple[ImageSource, ...] = ()
+    knn: KnnCheck | None = None
 
     @property
     def passed(self) -> bool:
@@ -162,6 +188,7 @@ class ParityReport:
             and self.tensors.passed
             and (self.predictions is None or self.predictions.passed)
             and all(d.passed for d in self.dynamic)
+            and (self.knn is None or self.knn.passed)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,6 +199,7 @@ class ParityReport:
             "predictions": self.predictions.to_dict() if self.predictions else {},
             "dynamic": [d.to_dict() for d in self.dynamic],
             "images": [i.to_dict() for i in self.images],
+            "knn": self.knn.to_dict() if self.knn else None,
             "passed": self.passed,
         }
 
@@ -197,6 +225,8 @@ class ParityReport:
             for d in self.dynamic
             if not d.passed
         ]
+        if self.knn is not None and not self.knn.passed:
+            out.append(self.knn.line())
         return out
 
     def describe_images(self) -> str:

@@ -90,6 +90,8 @@ class ExportResult:
                 f"parity dynamic: batch {d.batch}, {d.size}px → max abs {d.diff.max_abs:.2e} "
                 f"{'pass' if d.passed else 'FAIL'}"
             )
+        if p.knn is not None:
+            lines.append(p.knn.line())
         return lines
 
     def warnings(self) -> list[str]:

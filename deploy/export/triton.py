@@ -59,9 +59,12 @@ def build_config(
     instances: int = 1,
     kind: str = "KIND_CPU",
     pixels: bool = False,
+    knn: bool = False,
 ) -> str:
     """``config.pbtxt`` text; ``pixels``: the graph preprocesses itself and takes
-    ``pixels``, uint8 ``[height, width, C]`` of any size (``input_dims`` ``[-1, -1, C]``)."""
+    ``pixels``, uint8 ``[height, width, C]`` of any size (``input_dims`` ``[-1, -1, C]``);
+    ``knn``: the graph's second output, one kNN score per image (:data:`zoo.knn.KNN_OUTPUT`,
+    shape ``[batch]``: Triton's ``dims [1]`` reshaped to a scalar per image)."""
     from google.protobuf import text_format
 
     pb = _schema()
@@ -73,6 +76,11 @@ def build_config(
     cfg.output.add(
         name="logits", data_type=pb.TYPE_FP32, dims=[num_classes], label_filename="labels.txt"
     )
+    if knn:
+        from zoo.knn import KNN_OUTPUT
+
+        out = cfg.output.add(name=KNN_OUTPUT, data_type=pb.TYPE_FP32, dims=[1])
+        out.reshape.SetInParent()  # shape [] per image
     cfg.dynamic_batching.SetInParent()  # Triton's default: no added queue delay
     cfg.instance_group.add(count=instances, kind=getattr(pb.ModelInstanceGroup, kind))
     return str(text_format.MessageToString(cfg))
@@ -135,6 +143,7 @@ def export_triton(
             num_classes=meta["num_classes"],
             max_batch=max_batch,
             pixels=embed_preprocessing,
+            knn=result.parity is not None and result.parity.knn is not None,
         )
         validate_config(text)
         (stage / "config.pbtxt").write_text(text)

@@ -2,6 +2,6 @@
 :mod:`.build`), ``zoo similar`` and the kNN out-of-distribution score search it
 (:mod:`.query`, backends in :mod:`.search`)."""
 
-KNN_K = 10
-"""The kNN score's k (``zoo eval --ood --knn``): Sun et al. use 50 of CIFAR-10's 50,000
-training images; our training splits hold hundreds to thousands of images, so fewer."""
+from zoo.calibration import KNN_K  # the kNN score's k: one place (zoo/knn.py's rule uses it too)
+
+__all__ = ["KNN_K"]

@@ -272,17 +272,24 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
     info = info_of(net)
     tf = eval_transform(info)
 
-    both = torch_features(net, info.classifier) if embeddings else None
+    cal = info.calibration
+    rule = cal.reject if cal is not None and not info.multi_label else None
+    bank = None
+    if rule is not None and rule.score == "knn":  # the bank of training embeddings beside it
+        from zoo.knn import KnnBank
+
+        bank = KnnBank.load(ref.model_folder)
+    both = torch_features(net, info.classifier) if embeddings or bank is not None else None
 
     def assess(x: np.ndarray, features: bool) -> Assessed:
         with torch.inference_mode():
-            if not features:
+            if both is None:
                 logits, feats = net(torch.from_numpy(x).to(dev)), None
             else:
-                assert both is not None, "load the scorer with embeddings=True"
                 logits, feats = both(torch.from_numpy(x).to(dev))
-        a = judge_logits(logits.float().cpu().numpy(), info.multi_label, info.calibration)
-        return Assessed(a.probs, a.rule_scores, feats)
+        knn = bank.scores(feats) if bank is not None and feats is not None else None
+        a = judge_logits(logits.float().cpu().numpy(), info.multi_label, cal, knn)
+        return Assessed(a.probs, a.rule_scores, feats if features else None)
 
     def score(x: np.ndarray) -> np.ndarray:
         return assess(x, False).probs
@@ -291,8 +298,6 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         a = assess(x, True)
         assert a.features is not None
         return a.probs, a.features
-
-    cal = info.calibration
 
     return Scorer(
         prepare=lambda im: tf(im).numpy(),
@@ -304,7 +309,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         identity=_identity(ref, str(dev)),
         embed=torch_embed if embeddings else None,
         pre=info.preprocessing(),
-        rule=cal.reject if cal is not None and not info.multi_label else None,
+        rule=rule,
         assess=assess,
     )
 

@@ -125,12 +125,30 @@ def op_types_to_quantize() -> list[str]:
 
 def candidates(model: Path) -> dict[str, str]:
     """Node name → op type of every named node of a type onnxruntime quantizes, in graph order:
-    the nodes the search can keep float (all of them float is the fp32 model)."""
+    the nodes the search can keep float (all of them float is the fp32 model). The kNN score's
+    nodes (:func:`zoo.knn.add_to_graph`) are never among them: they always stay float."""
     import onnx
+
+    from zoo.knn import NODE_PREFIX
 
     types = set(op_types_to_quantize())
     graph = onnx.load(str(model), load_external_data=False).graph
-    return {n.name: n.op_type for n in graph.node if n.op_type in types and n.name}
+    return {
+        n.name: n.op_type
+        for n in graph.node
+        if n.op_type in types and n.name and not n.name.startswith(NODE_PREFIX)
+    }
+
+
+def knn_nodes(model: Path) -> list[str]:
+    """The kNN score's nodes in ``model`` (kept float: int8 similarities to the bank would move
+    the score the rejection threshold was fitted on)."""
+    import onnx
+
+    from zoo.knn import NODE_PREFIX
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return [n.name for n in graph.node if n.name.startswith(NODE_PREFIX)]
 
 
 def calibrate(
@@ -186,7 +204,7 @@ def quantize_qdq(
         activation_type=QuantType.QInt8 if calibration.int8_activations else QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=_ort_methods()[calibration.method],
-        nodes_to_exclude=list(exclude),
+        nodes_to_exclude=[*exclude, *knn_nodes(model)],
         nodes_to_quantize=list(only),
         extra_options={"ActivationSymmetric": calibration.symmetric},
         calibration_cache_path=str(cache),

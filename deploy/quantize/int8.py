@@ -30,6 +30,7 @@ from zoo.deploy.quantize.calibration import (
     calibrate,
     candidates,
     check_disjoint,
+    knn_nodes,
     quantize_qdq,
 )
 from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_images
@@ -139,6 +140,7 @@ def quantize(
                 str(tmp_out),
                 weight_type=QuantType.QInt8,
                 per_channel=True if o.per_channel is None else o.per_channel,
+                nodes_to_exclude=knn_nodes(prepped),  # the kNN score stays float
             )
         else:
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]

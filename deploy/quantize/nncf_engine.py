@@ -57,10 +57,14 @@ def _quantize(nncf: Any, model: Any, dataset: Any, n: int) -> Any:
         QuantizationParameters,
     )
 
+    from zoo.knn import NODE_PREFIX
+
     return nncf.quantize(
         model,
         dataset,
         preset=nncf.QuantizationPreset.MIXED,
+        # the kNN score's nodes stay float, as in the onnxruntime engine (calibration.knn_nodes)
+        ignored_scope=nncf.IgnoredScope(patterns=[f"{NODE_PREFIX}.*"], validate=False),
         subset_size=n,
         fast_bias_correction=False,
         advanced_parameters=AdvancedQuantizationParameters(

@@ -20,9 +20,13 @@ HEAVY_OPS = ("Conv", "Gemm", "MatMul")
 
 
 def op_counts(path: Path) -> Counter[str]:
+    """Op types of the model's nodes, the kNN score's left out (they stay float by design)."""
     import onnx
 
-    return Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+    from zoo.knn import NODE_PREFIX
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return Counter(n.op_type for n in graph.node if not n.name.startswith(NODE_PREFIX))
 
 
 def conv_heavy(counts: Counter[str]) -> bool:

@@ -74,15 +74,19 @@ class Assessed:
 
 
 def judge_logits(
-    logits: np.ndarray, multi_label: bool, calibration: Calibration | None
+    logits: np.ndarray,
+    multi_label: bool,
+    calibration: Calibration | None,
+    knn: np.ndarray | None = None,
 ) -> Assessed:
     """Scores of raw ``(N, classes)`` logits (:func:`zoo.preprocess.scores`) and the scores of
     the calibration's rejection rule (energy needs the logits before the softmax, so both come
-    from here; a multi-label model has no rule)."""
+    from here; a ``knn`` rule takes the model's ``(N,)`` kNN scores; a multi-label model has no
+    rule)."""
     rule = calibration.reject if calibration is not None and not multi_label else None
     return Assessed(
         scores(logits, multi_label, calibration),
-        rule.scores(logits, calibration.temperature) if rule and calibration else None,
+        rule.scores(logits, calibration.temperature, knn) if rule and calibration else None,
     )
 
 
@@ -92,9 +96,12 @@ class Classifier:
 
     A runtime sets ``meta``, ``input_name``, ``input_shape``, ``input_type`` (ONNX's
     spelling, e.g. ``tensor(float)``), ``output_name``, ``width`` (outputs per sample),
-    ``threads`` and ``load_s``, and implements ``_run_once`` (exactly the graph's batch in,
-    float32 logits out). Callers score through :meth:`score` (and :meth:`score_with_features`
-    for embeddings) or :meth:`classify`; :meth:`run` gives the raw logits.
+    ``knn`` (the graph also has :data:`zoo.knn.KNN_OUTPUT`), ``threads`` and ``load_s``, and
+    implements ``_run_once`` (exactly the graph's batch in, float32 *outputs* out: the logits,
+    then with ``knn`` one column more, the kNN score, so one array is padded, chunked and
+    batched as one). Callers score through :meth:`score` (and :meth:`score_with_features`
+    for embeddings) or :meth:`classify`; :meth:`run` gives the raw logits, :meth:`outputs`
+    the whole array that :meth:`judge` and :meth:`split` take.
     """
 
     path: Path
@@ -107,6 +114,7 @@ class Classifier:
     threads: int
     load_s: float
     runtime: str
+    knn: bool = False
 
     def _init_common(self) -> None:
         self.pre = read_preprocessing(self.meta, self.path)
@@ -142,12 +150,16 @@ class Classifier:
         raise NotImplementedError
 
     def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logits and penultimate features in one pass (ONNX Runtime only, see
-        :meth:`zoo.deploy.runtimes.loader.OnnxClassifier.run_with_features`).
+        """Logits and penultimate features (``(N, D)`` float32) in one pass (ONNX Runtime
+        only, see :class:`zoo.deploy.runtimes.loader.OnnxClassifier`).
 
         Raises:
             InputError: this runtime cannot read a model's features.
         """
+        outputs, feats = self._outputs_with_features(batch)
+        return self.split(outputs)[0], feats
+
+    def _outputs_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(
             f"{self.runtime} cannot read {self.path}'s embeddings: they come from a second "
             "output that zoo adds to ONNX graphs in ONNX Runtime; give the .onnx file."
@@ -163,17 +175,28 @@ class Classifier:
         return preprocess(image, self.pre)
 
     def run_each(self, samples: list[np.ndarray]) -> np.ndarray:
-        """Logits of samples that may differ in size (pixels for an embedded graph): one
-        batch when they share a shape, one call each otherwise."""
+        """:meth:`outputs` of samples that may differ in size (pixels for an embedded graph):
+        one batch when they share a shape, one call each otherwise."""
         if len({x.shape for x in samples}) == 1:
-            return self.run(np.stack(samples))
-        return np.concatenate([self.run(x[None]) for x in samples])
+            return self.outputs(np.stack(samples))
+        return np.concatenate([self.outputs(x[None]) for x in samples])
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
-        """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
+    def outputs(self, batch: np.ndarray) -> np.ndarray:
+        """The graph's outputs for any number of samples (padded and chunked for a
+        fixed-batch graph): the logits, and with :attr:`knn` the kNN score as a last column."""
         if self.static_batch is None:
             return self._run_once(batch)
         return run_padded(self._run_once, batch, self.static_batch)
+
+    def split(self, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`outputs` as ``(logits, knn scores or None)``."""
+        if not self.knn:
+            return outputs, None
+        return outputs[:, :-1], outputs[:, -1]
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Logits for any number of samples (padded and chunked for a fixed-batch graph)."""
+        return self.split(self.outputs(batch))[0]
 
     def score(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
         """Scores of prepared samples (softmax at the metadata's temperature, or one sigmoid
@@ -186,14 +209,17 @@ class Classifier:
         Returns:
             One row of scores per sample, in order.
         """
-        return scores(self._logits(batch), self.multi_label, self.calibration)
+        logits = self.split(self._outputs(batch))[0]
+        return scores(logits, self.multi_label, self.calibration)
 
-    def _logits(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
-        return self.run_each(list(batch)) if self.embedded else self.run(np.asarray(batch))
+    def _outputs(self, batch: np.ndarray | list[np.ndarray]) -> np.ndarray:
+        return self.run_each(list(batch)) if self.embedded else self.outputs(np.asarray(batch))
 
-    def judge(self, logits: np.ndarray) -> Assessed:
-        """:func:`judge_logits` with this model's calibration."""
-        return judge_logits(logits, self.multi_label, self.calibration)
+    def judge(self, outputs: np.ndarray) -> Assessed:
+        """:func:`judge_logits` of :meth:`outputs` with this model's calibration (and kNN
+        scores, when the graph gives them)."""
+        logits, knn = self.split(outputs)
+        return judge_logits(logits, self.multi_label, self.calibration, knn)
 
     def assess(self, batch: np.ndarray | list[np.ndarray], *, features: bool = False) -> Assessed:
         """:meth:`score`, the rejection rule's scores and (``features``) the penultimate
@@ -203,9 +229,9 @@ class Classifier:
             InputError / ValueError: ``features`` where :meth:`score_with_features` raises.
         """
         if not features:
-            return self.judge(self._logits(batch))
-        logits, feats = self.run_with_features(np.asarray(batch))
-        judged = self.judge(logits)
+            return self.judge(self._outputs(batch))
+        outputs, feats = self._outputs_with_features(np.asarray(batch))
+        judged = self.judge(outputs)
         return Assessed(judged.probs, judged.rule_scores, feats)
 
     def score_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

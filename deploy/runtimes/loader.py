@@ -13,6 +13,7 @@ import numpy as np
 from zoo.deploy.predict.embeddings import flat, with_feature_output
 from zoo.deploy.runtimes.classifier import Classifier, Prediction, run_padded
 from zoo.errors import BackendUnavailableError, InputError
+from zoo.knn import KNN_OUTPUT
 from zoo.onnx_meta import read_metadata
 from zoo.system import available_cpus
 
@@ -91,28 +92,35 @@ class OnnxClassifier(Classifier):
         self.input = self.session.get_inputs()[0]
         self.input_shape, self.input_type = list(self.input.shape), self.input.type
         self.input_name, self.output_name = self.input.name, self.session.get_outputs()[0].name
+        self.knn = KNN_OUTPUT in {o.name for o in self.session.get_outputs()}
+        self._names = [self.output_name, *([KNN_OUTPUT] if self.knn else [])]
         width = self.session.get_outputs()[0].shape[-1]
         self.width = width if isinstance(width, int) else None
         self.threads = self.session.get_session_options().intra_op_num_threads
         self._init_common()
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
-        if self.half_io:
-            x = batch.astype(np.float16)
-            return self.session.run([self.output_name], {self.input.name: x})[0].astype(np.float32)
-        return self.session.run([self.output_name], {self.input.name: batch})[0]
+        x = batch.astype(np.float16) if self.half_io else batch
+        found = self.session.run(self._names, {self.input.name: x})
+        logits = found[0].astype(np.float32, copy=False)
+        if not self.knn:
+            return logits
+        return np.concatenate([logits, found[1].reshape(-1, 1).astype(np.float32)], axis=1)
 
-    def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logits and penultimate features (``(N, D)`` float32) in one pass; needs
+    def _outputs_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`outputs` and penultimate features (``(N, D)`` float32) in one pass; needs
         ``embeddings=True``."""
         if self.feature_name is None:
             raise ValueError("OnnxClassifier(embeddings=True) is needed for features.")
-        names = [self.output_name, self.feature_name]
+        names = [*self._names, self.feature_name]
         width = 0
 
         def both(x: np.ndarray) -> np.ndarray:  # one array, so run_padded chunks it as usual
             nonlocal width
-            logits, feats = self.session.run(names, {self.input.name: x})
+            *outs, feats = self.session.run(names, {self.input.name: x})
+            logits = np.concatenate(
+                [outs[0], *(o.reshape(-1, 1).astype(outs[0].dtype) for o in outs[1:])], axis=1
+            )
             width = logits.shape[1]
             return np.concatenate([logits, flat(feats).astype(logits.dtype)], axis=1)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from zoo.deploy.runtimes.classifier import Classifier
 from zoo.errors import BackendUnavailableError, InputError
+from zoo.knn import KNN_OUTPUT
 from zoo.system import available_cpus
 
 META_KEY = "zoo"
@@ -175,12 +176,19 @@ class OpenVinoClassifier(Classifier):
         self.input_type = _TYPES.get(port.get_element_type().to_string(), "tensor(float)")
         last = model.outputs[0].get_partial_shape()[-1]
         self.width = last.get_length() if last.is_static else None
+        names = [o.get_names() for o in model.outputs]
+        self._knn_at = next((i for i, n in enumerate(names) if KNN_OUTPUT in n), None)
+        self.knn = self._knn_at is not None
         self._init_common()
 
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         with self._lock:
             self._request.infer({0: np.ascontiguousarray(batch, dtype=np.float32)})
-            return np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
+            logits = np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
+            if self._knn_at is None:
+                return logits
+            knn = np.array(self._request.get_output_tensor(self._knn_at).data, np.float32)
+            return np.concatenate([logits, knn.reshape(-1, 1)], axis=1)
 
 
 __all__ = [

@@ -121,7 +121,7 @@ class ModelServer:
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         assert self.clf is not None
-        return self.clf.run(x)
+        return self.clf.outputs(x)  # the logits (and a kNN score column: Classifier.split)
 
     def start(self) -> None:
         """Start the batcher (in the running event loop) and load the model in a thread."""
@@ -253,9 +253,10 @@ class ModelServer:
             return rule_scores >= clf.rule.threshold
         if spec.name == SCORE_OUTPUT and rule_scores is not None:
             return rule_scores.astype(np.float32)
+        logits = clf.split(y)[0]
         if spec.classification:
-            return classification(y, spec.classification, clf.classes)
-        return y.astype(np.float32)
+            return classification(logits, spec.classification, clf.classes)
+        return logits.astype(np.float32)
 
     async def predict_image(
         self, name: str, data: bytes, k: int
