@@ -1,6 +1,7 @@
 """``unknown`` answered by ``zoo predict`` and ``zoo serve`` (issue #33): a real SimpleCNN run on
 real digits with ``--reject energy``, and a copy refitted with ``zoo calibrate --reject
-msp``, each exported; real photographs (scikit-image's) and real digits through ``zoo predict``
+msp`` and one with ``--reject knn`` (the kNN bank of its training embeddings, built into the
+export as a second output), each exported; real photographs (scikit-image's) and real digits through ``zoo predict``
 on the ONNX file alone (in memory and ``--out``), the run folder, and a real ``zoo serve`` on
 loopback (``/predict`` and KServe v2). What each image should get is computed from the stored
 rule and the graph's own logits, never written down. (A 2-epoch CNN on 96 digits hardly
@@ -51,6 +52,21 @@ def msp_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def knn_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights with a knn rule (``zoo calibrate``: the bank from the run's training
+    images), exported again: the graph gains ``knn_score``."""
+    copy = tmp_path_factory.mktemp("knn") / "cnn"
+    shutil.copytree(run, copy, symlinks=True)
+    c = run_zoo("calibrate", str(copy), "--reject", "knn")
+    assert c.returncode == 0, c.stderr
+    assert "rejects below knn" in c.stdout + c.stderr
+    e = run_zoo("export", str(copy))
+    assert e.returncode == 0, e.stderr
+    assert "parity knn_score: max abs" in e.stdout and "→ pass" in e.stdout
+    return copy
+
+
+@pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     from zoo.samples import write_photo_folder
 
@@ -58,7 +74,8 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def _expected(onnx_file: Path, photos: list[Path], four_digits: Path) -> dict:
-    """Images and what the stored rule makes of each, from the graph's logits (onnxruntime)."""
+    """Images and what the stored rule makes of each, from the graph's outputs (onnxruntime):
+    the logits, and for a knn rule the graph's own knn_score."""
     from zoo.deploy.runtimes.loader import load_classifier
     from zoo.onnx_meta import read_calibration, read_metadata
 
@@ -68,8 +85,9 @@ def _expected(onnx_file: Path, photos: list[Path], four_digits: Path) -> dict:
     clf = load_classifier(onnx_file)
     images = [*photos, *digits]
     x = np.stack([clf.prepare(open_image(p)) for p in images])
-    logits = clf.run(x)
-    s = cal.reject.scores(logits, cal.temperature)
+    logits, knn = clf.split(clf.outputs(x))
+    assert (knn is not None) == (cal.reject.score == "knn")  # the output exactly with the rule
+    s = cal.reject.scores(logits, cal.temperature, knn)
     accepted = s >= cal.reject.threshold
     probs = Calibration(cal.temperature).probabilities(logits)
     table = {
@@ -99,6 +117,16 @@ def expected(msp_run: Path, photos: list[Path], four_digits: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
+def knn(knn_run: Path, photos: list[Path], four_digits: Path) -> dict:
+    """The knn model's: it rejects photographs and accepts digits, both occur."""
+    found = _expected(knn_run / "model" / "model.onnx", photos, four_digits)
+    assert found["rule"].score == "knn"
+    assert not found["table"][found["photo"]]["accepted"], "no photograph is rejected"
+    assert found["table"][found["digit"]]["accepted"], "no digit is accepted"
+    return found
+
+
+@pytest.fixture(scope="module")
 def onnx_file(expected: dict) -> Path:
     return expected["onnx"]
 
@@ -110,8 +138,10 @@ def _check(row: dict, want: dict, rule_threshold: float) -> None:
     assert row.get("threshold", rule_threshold) == pytest.approx(rule_threshold)
 
 
-def test_predict_from_the_onnx_file_alone(energy: dict, expected: dict, tmp_path: Path) -> None:
-    for model in (energy, expected):
+def test_predict_from_the_onnx_file_alone(
+    energy: dict, expected: dict, knn: dict, tmp_path: Path
+) -> None:
+    for model in (energy, expected, knn):
         alone = tmp_path / model["rule"].score / "model.onnx"  # no model folder: metadata alone
         alone.parent.mkdir()
         shutil.copy(model["onnx"], alone)
@@ -124,6 +154,7 @@ def test_predict_from_the_onnx_file_alone(energy: dict, expected: dict, tmp_path
             assert row["score_kind"] == rule.score
             assert row["top"][0]["label"] == want["best"]  # the best class stays visible
     rule, table = expected["rule"], expected["table"]
+    alone = tmp_path / rule.score / "model.onnx"
     # the text answer of a rejected photo: unknown, the score against the threshold, best class
     t = run_zoo("predict", str(alone), expected["photo"], expected["digit"])
     assert t.returncode == 0, t.stderr
@@ -141,10 +172,11 @@ def test_predict_from_the_onnx_file_alone(energy: dict, expected: dict, tmp_path
 
 
 def test_predict_from_the_run_folder(
-    run: Path, msp_run: Path, energy: dict, expected: dict
+    run: Path, msp_run: Path, knn_run: Path, energy: dict, expected: dict, knn: dict
 ) -> None:
-    """Through PyTorch: the same verdicts as the exported graph (parity-close scores)."""
-    for folder, model in ((run, energy), (msp_run, expected)):
+    """Through PyTorch (a knn rule: the model folder's bank of embeddings): the same verdicts
+    as the exported graph (parity-close scores)."""
+    for folder, model in ((run, energy), (msp_run, expected), (knn_run, knn)):
         images = [model["photo"], model["digit"]]
         r = run_zoo("predict", str(folder), *images, "--json")
         assert r.returncode == 0, r.stderr
@@ -179,9 +211,14 @@ def test_predict_out_rows(onnx_file: Path, expected: dict, tmp_path: Path, ext: 
         assert "accepted" not in json.loads(out.read_text().splitlines()[0])
 
 
-def test_serve_answers_unknown(onnx_file: Path, expected: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rule_kind", ["msp", "knn"])
+def test_serve_answers_unknown(
+    rule_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     from zoo.deploy.runtimes.loader import load_classifier
 
+    expected = request.getfixturevalue("expected" if rule_kind == "msp" else "knn")
+    onnx_file = expected["onnx"]
     rule, table = expected["rule"], expected["table"]
     images = [expected["photo"], expected["digit"]]
     clf = load_classifier(onnx_file)
@@ -248,3 +285,98 @@ def test_a_model_without_a_rule_answers_as_before(
             timeout=60,
         ).json()
         assert set(body) == {"model_name", "predictions"}
+
+
+def test_knn_gate_catches_a_graph_that_scores_against_another_bank(
+    knn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Break the graph's kNN score (its bank's rows nudged): the parity gate refuses the export
+    and writes nothing; the untouched export passes with a tight bound."""
+    import zoo.deploy.export.knn as knn_export
+    from zoo.deploy.export.onnx_export import export_onnx
+    from zoo.errors import ParityError
+    from zoo.knn import KnnBank, add_to_graph
+
+    def nudged(model: object, features: str, bank: KnnBank) -> None:
+        rows = bank.rows.copy()
+        rows[:, 0] += 0.05
+        add_to_graph(
+            model, features, KnnBank(rows / np.linalg.norm(rows, axis=1, keepdims=True), bank.k)
+        )
+
+    out = tmp_path / "broken.onnx"
+    monkeypatch.setattr(knn_export, "add_to_graph", nudged)
+    with pytest.raises(ParityError, match="knn_score"):
+        export_onnx(str(knn_run), out)
+    assert not out.exists() and not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    result = export_onnx(str(knn_run), out)
+    assert result.parity is not None and result.parity.knn is not None
+    assert result.parity.knn.passed and result.parity.knn.max_abs < 1e-5
+    assert result.parity.knn.images == result.parity.predictions.n_images  # every gate image
+
+
+def test_a_knn_rule_without_its_bank_is_refused_plainly(knn_run: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "cnn"
+    shutil.copytree(knn_run, copy, symlinks=True)
+    (copy / "model" / "knn_bank.safetensors").unlink()
+    for cmd in (
+        ("export", str(copy), "-o", str(tmp_path / "x.onnx")),
+        ("predict", str(copy), __file__),
+    ):
+        r = run_zoo(*cmd)
+        assert r.returncode == 1, r.stderr
+        assert "no knn_bank.safetensors" in r.stderr and "zoo calibrate" in r.stderr
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_int8_keeps_the_knn_score_float(knn_run: Path, knn: dict, tmp_path: Path) -> None:
+    """zoo quantize (onnxruntime's static int8) leaves the kNN nodes float, the coverage
+    counts only the model's own nodes, and the int8 file still answers unknown."""
+    import onnx
+
+    from zoo.knn import KNN_OUTPUT, NODE_PREFIX
+
+    q = tmp_path / "int8.onnx"
+    r = run_zoo("quantize", str(knn["onnx"]), "--engine", "ort", "-o", str(q))
+    assert r.returncode == 0, r.stderr
+    graph = onnx.load(str(q)).graph
+    assert KNN_OUTPUT in [o.name for o in graph.output]
+    knn_nodes = [n for n in graph.node if n.name.startswith(NODE_PREFIX)]
+    assert {n.op_type for n in knn_nodes} >= {"MatMul", "TopK", "LpNormalization"}
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    sims = next(n for n in knn_nodes if n.op_type == "MatMul")
+    assert all(producer.get(i) != "DequantizeLinear" for i in sims.input)  # float both sides
+    p = run_zoo("predict", str(q), knn["photo"], knn["digit"], "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {row["image"]: row for row in json.loads(p.stdout)}
+    assert rows[knn["photo"]]["score_kind"] == "knn"
+    assert rows[knn["photo"]]["accepted"] is False
+
+
+def test_eval_ood_judges_the_stored_knn_rule(knn_run: Path, knn: dict, photos: list[Path]) -> None:
+    r = run_zoo("eval", str(knn_run), "--ood", str(photos[0].parent.parent), "--json")
+    assert r.returncode == 0, r.stderr
+    ood = json.loads(r.stdout)["ood"]
+    assert ood["rule"]["score"] == "knn" and set(ood["scores"]) == {"msp", "energy", "knn"}
+    assert ood["rejected_out"] == pytest.approx(
+        1 - sum(knn["table"][str(p)]["accepted"] for p in photos) / len(photos), abs=1e-9
+    )
+
+
+def test_enrolling_into_a_knn_model_adds_the_images_to_its_bank(
+    knn_run: Path, photos: list[Path], tmp_path: Path
+) -> None:
+    from zoo.knn import KnnBank
+
+    new = [p for p in photos if p.parent.name in ("astronaut", "chelsea")][:5]
+    out = tmp_path / "enrolled"
+    r = run_zoo("enroll", str(knn_run), "--class", "photo", *map(str, new), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    before, after = KnnBank.load(knn_run / "model"), KnnBank.load(out)
+    assert len(after.rows) == len(before.rows) + len(new) and after.k == min(before.k, len(new))
+    assert np.array_equal(after.rows[: len(before.rows)], before.rows)
+    cal = json.loads((out / "config.json").read_text())["calibration"]["reject"]
+    assert cal["score"] == "knn" and "refitted" in r.stdout + r.stderr
+    e = run_zoo("export", str(out), "-o", str(tmp_path / "e.onnx"))
+    assert e.returncode == 0 and "parity knn_score" in e.stdout, e.stderr
