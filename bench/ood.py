@@ -35,6 +35,7 @@ from zoo.samples import write_digits_folder, write_photo_folder
 
 SPLIT = {"val": 0.2, "test": 0.2}  # the rest trains
 KINDS = SCORE_KINDS  # the logits' scores, and the stored kNN bank's
+SWEEP_K = (1, 2, 3, 5, 10, 20)
 
 
 def split_folder(flat: Path, root: Path, seed: int) -> Path:
@@ -78,6 +79,37 @@ def eval_ood(run: Path, ood: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+def k_sweep(run: Path, data: Path, ood: Path) -> dict[str, dict[str, float]]:
+    """For each k of :data:`SWEEP_K`, the kNN score of a bank of every training image with a
+    threshold fitted on val for 95% (as ``--reject knn`` fits it): the share of test images it
+    accepts and of outside images it rejects. In-process, the run's own weights: what the
+    choice of ``zoo.calibration.KNN_K`` rests on."""
+    import numpy as np
+
+    from zoo.factory import create_model, info_of
+    from zoo.images import list_images
+    from zoo.knn import KnnBank
+    from zoo.train.knn_fit import embed_images
+
+    net = create_model(str(run)).eval()
+    info = info_of(net)
+    feats = {
+        name: embed_images(net, info, list_images(folder))
+        for name, folder in (("train", data / "train"), ("val", data / "val"),
+                             ("test", data / "test"), ("out", ood))
+    }  # fmt: skip
+    found = {}
+    for k in SWEEP_K:
+        bank = KnnBank.of(feats["train"], k=k)
+        val, test, out = (bank.scores(feats[n]) for n in ("val", "test", "out"))
+        cut = np.sort(val)[int(np.floor(0.05 * len(val) + 1e-9))]  # fit_rejection's rule
+        found[str(k)] = {
+            "accepted_in": round(float((test >= cut).mean()), 4),
+            "rejected_out": round(float((out < cut).mean()), 4),
+        }
+    return found
+
+
 def one_run(model: str, data: Path, ood: Path, run: Path, seed: int, epochs: int) -> dict:
     opts = ["--epochs", str(epochs), "--seed", str(seed), "--no-progress", "--no-report"]
     zoo_finetune(model, data, run, *opts, "--reject", "auto")
@@ -94,6 +126,7 @@ def one_run(model: str, data: Path, ood: Path, run: Path, seed: int, epochs: int
         "rejected_out": o["rejected_out"],
         "n_in": o["n_in"],
         "n_out": o["n_out"],
+        "knn_k_sweep": k_sweep(run, data, ood),
     }
 
 
@@ -154,6 +187,16 @@ def main() -> None:
         for name, rows in runs.items()
     }
     every = [r for rows in runs.values() for r in rows]
+    sweep = {
+        name: {
+            str(k): {
+                "accepted_in": mean(rows, "knn_k_sweep", str(k), "accepted_in"),
+                "rejected_out": mean(rows, "knn_k_sweep", str(k), "rejected_out"),
+            }
+            for k in SWEEP_K
+        }
+        for name, rows in runs.items()
+    }
     fpr = {k: mean(every, "scores", k, "fpr_at_95_tpr") for k in KINDS}
     best = min(fpr, key=fpr.__getitem__)
     d, ph = summary["digits_vs_photos"], summary["photos_vs_digits"]
@@ -175,6 +218,7 @@ def main() -> None:
         "runs": runs,
         "summary": summary,
         "fpr_at_95_tpr_by_score": fpr,
+        "knn_k_sweep": sweep,
         "best_score": best,
         "default_is_best": best == DEFAULT_SCORE,
         "ece_after_over_before": ece_ratio,

@@ -1009,6 +1009,20 @@ def ood(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             )
     default = "the same" if r["default_is_best"] else "**not the best**"
     split = ", ".join(f"{k} {pct(v, 0)}" for k, v in s["split"].items())
+    sweep_lines: list[str] = []
+    if sweep := r.get("knn_k_sweep"):
+        names = list(sweep)
+        cols = [f"{labels.get(n, n)}: test accepted; outside rejected" for n in names]
+        ks = Table(name, "kNN score's k (val threshold for 95%, mean over seeds)", *cols)
+        for k in sweep[names[0]]:
+            ks.add(
+                f"{k}{' (zoo: KNN_K)' if str(s['knn_k']) == k else ''}",
+                *(
+                    f"{pct(sweep[n][k]['accepted_in'])}; {pct(sweep[n][k]['rejected_out'])}"
+                    for n in names
+                ),
+            )
+        sweep_lines = ["", *ks.lines(out)]
     return [
         f"`{s['command']}`; seeds {', '.join(str(x) for x in s['seeds'])}; "
         f"{s['photos_per_class']} photographs per class; split per class: {split}. FPR at TPR95: "
@@ -1022,6 +1036,7 @@ def ood(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"{fmt(r['ece_after_over_before'], 3)}.",
         "",
         *per.lines(out),
+        *sweep_lines,
         "",
     ]
 

@@ -64,6 +64,7 @@ MODULES=(
   "store|zoo/deploy/predict/store.py|tests/test_gates_predict.py tests/test_gates_store.py|"
   "search|zoo/deploy/quantize/search.py|tests/test_gates_search.py tests/test_quantize_search.py::test_choose_k_is_the_smallest_measured_k_that_reaches_the_target tests/test_quantize_search.py::test_bisection_finds_the_first_k_of_a_monotone_curve tests/test_quantize_search.py::test_bisection_stops_at_k_0_and_measures_n_when_nothing_else_reaches tests/test_quantize_search.py::test_sensitivity_order_is_highest_score_first_ties_in_graph_order tests/test_quantize_search.py::test_best_calibration_is_the_lowest_logit_error_first_of_equals tests/test_quantize_search.py::test_logit_error_and_top1_agreement tests/test_quantize_search.py::test_cli_prints_the_search|"
   "openvino|zoo/deploy/runtimes/openvino.py zoo/deploy/export/openvino.py|tests/test_gates_openvino.py tests/test_openvino.py::test_every_compile_names_its_precision_threads_and_one_stream tests/test_openvino.py::test_bf16_is_refused_where_the_cpu_would_silently_run_f32 tests/test_openvino.py::test_this_machines_plugin_is_asked_not_assumed tests/test_openvino.py::test_a_broken_ir_is_named_plainly|zoo.deploy.runtimes.openvino.* zoo.deploy.export.openvino.x__calibration__mutmut_*"
+  "knn|zoo/knn.py|tests/test_knn.py|"
 )
 
 stage() {  # $1 = folder; the installed layout as plain copies (mutmut copies, never links)

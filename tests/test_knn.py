@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zoo.calibration import KNN_K
 from zoo.errors import ArtifactError
-from zoo.knn import KNN_OUTPUT, KnnBank, add_to_graph, normalise, stratified
+from zoo.knn import KNN_OUTPUT, NODE_PREFIX, KnnBank, add_to_graph, normalise, stratified
 
 
 def test_the_score_is_the_kth_largest_cosine_similarity() -> None:
@@ -30,6 +31,10 @@ def test_stratified_keeps_each_class_share_and_every_class() -> None:
     assert list(idx) == sorted(set(idx)) and np.array_equal(idx, stratified(labels, cap=20, seed=0))
     assert not np.array_equal(idx, stratified(labels, cap=20, seed=1))
     assert np.array_equal(stratified(labels, cap=100), np.arange(100))  # under the cap: all
+    assert np.array_equal(stratified(labels, cap=20), idx)  # seed 0 by default
+    few = np.array(["a"] * 95 + ["b"] * 3 + ["c"] * 2)
+    small = few[stratified(few, cap=20)]  # b's share rounds to 1 row, c's to none: kept at 1
+    assert [(small == c).sum() for c in "abc"] == [19, 1, 1]
 
 
 def test_bank_file_round_trip_and_plain_refusals(tmp_path: Path) -> None:
@@ -38,13 +43,27 @@ def test_bank_file_round_trip_and_plain_refusals(tmp_path: Path) -> None:
     bank.save(tmp_path)
     back = KnnBank.load(tmp_path)
     assert back.k == 5 and np.array_equal(back.rows, bank.rows)
-    with pytest.raises(ArtifactError, match="another model"):
+    with pytest.raises(
+        ArtifactError, match=r"another model; refit it \(zoo calibrate RUN --reject knn\)\.$"
+    ):
         bank.scores(np.ones((2, 9), np.float32))
+    for bad in (np.ones(4, np.float32), np.ones((0, 3), np.float32)):
+        with pytest.raises(ArtifactError, match=r"needs \(M, D\) rows"):
+            KnnBank(bad)
+    grown = bank.extended(np.ones((2, 8)), k=2)
+    assert grown.k == 2 and len(grown.rows) == 32 and np.array_equal(grown.rows[:30], bank.rows)
+    assert grown.rows[30] == pytest.approx(np.full(8, 8**-0.5)) and bank.extended(bank.rows).k == 5
     with pytest.raises(ArtifactError, match=r"no knn_bank\.safetensors.*zoo calibrate"):
         KnnBank.load(tmp_path / "nowhere")
     with pytest.raises(ArtifactError, match="k = 31"):
         KnnBank(bank.rows, k=31)
     assert KnnBank.of(bank.rows[:3], k=10).k == 3  # a tiny split lowers k
+    assert KnnBank.of(bank.rows[:1], k=10).k == 1
+    from safetensors.numpy import save_file
+
+    save_file({"rows": bank.rows.astype(np.float64)}, str(tmp_path / "knn_bank.safetensors"))
+    plain = KnnBank.load(tmp_path)  # no metadata: the default k; rows read as float32
+    assert plain.k == KNN_K and plain.rows.dtype == np.float32
     (tmp_path / "knn_bank.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ArtifactError, match="not a readable kNN bank"):
         KnnBank.load(tmp_path)
@@ -79,6 +98,15 @@ def test_the_graph_computes_the_bank_score(batch: int | None, dtype: type) -> No
     bank = KnnBank.of(rng.normal(size=(40, dim)), k=4)
     add_to_graph(model, "feat", bank)
     onnx.checker.check_model(model, full_check=True)
+    added = [n.name for n in model.graph.node[2:]]
+    assert (
+        len(added) == 6 and len(set(added)) == 6 and all(n.startswith(NODE_PREFIX) for n in added)
+    )
+    out = model.graph.output[1]
+    assert (
+        out.name == KNN_OUTPUT
+        and out.type.tensor_type.shape.dim[0] == g.output[0].type.tensor_type.shape.dim[0]
+    )
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = rng.normal(size=(batch or 5, dim)).astype(dtype)
     logits, got = sess.run(["logits", KNN_OUTPUT], {"input": x})
