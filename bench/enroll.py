@@ -74,6 +74,14 @@ def embed(model: Path) -> tuple[Any, Any]:
     return net, embedder(net, info_of(net), "cpu")
 
 
+def accepted(cal: Any, bank: Any, logits: np.ndarray, feats: np.ndarray) -> float:
+    """The share of images a calibration's rule accepts (a knn rule scores ``feats`` against
+    ``bank``, the one stored with that model)."""
+    rule = cal.reject
+    s = rule.scores(logits, cal.temperature, bank.scores(feats) if bank is not None else None)
+    return round(float((s >= rule.threshold).mean()), 4)
+
+
 def plain_imprint(pos: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple[Any, float]:
     """Qi et al. 2018 as written for a cosine head: the mean normalised embedding at the
     rows' mean norm, the mean bias (the baseline ``zoo enroll`` improves on)."""
@@ -116,8 +124,8 @@ def measure(
     w, b = head.weight.detach().double().numpy(), head.bias.detach().double().numpy()
 
     _, after_embed = embed(enrolled)
-    after_old, _ = after_embed([p for p, _ in old_test])
-    after_new, _ = after_embed(held_out)
+    after_old, g_old = after_embed([p for p, _ in old_test])
+    after_new, g_new = after_embed(held_out)
     result: dict[str, Any] = {
         "n_old_test": len(old_test),
         "n_held_out": len(held_out),
@@ -134,17 +142,20 @@ def measure(
     cal_after = read_calibration(read_config(enrolled), enrolled)
     cal_before = read_calibration(read_config(ModelRef.parse(str(run)).model_folder), run)
     if cal_after and cal_after.reject and cal_before and cal_before.reject:
-        for key, cal in (("rule_refit", cal_after), ("rule_before", cal_before)):
+        from zoo.knn import KnnBank
+
+        for key, cal, folder in (
+            ("rule_refit", cal_after, enrolled),
+            ("rule_before", cal_before, ModelRef.parse(str(run)).model_folder),
+        ):
             rule = cal.reject
             assert rule is not None
+            bank = KnnBank.load(folder) if rule.score == "knn" else None  # its own bank
             result[key] = {
                 "threshold": round(rule.threshold, 6),
-                "accepted_held_out": round(
-                    float((rule.scores(after_new, cal.temperature) >= rule.threshold).mean()), 4
-                ),
-                "accepted_old_test": round(
-                    float((rule.scores(after_old, cal.temperature) >= rule.threshold).mean()), 4
-                ),
+                "score": rule.score,
+                "accepted_held_out": accepted(cal, bank, after_new, g_new),
+                "accepted_old_test": accepted(cal, bank, after_old, g_old),
             }
 
     # the ablation, from the same embeddings and the same reference images zoo enroll used

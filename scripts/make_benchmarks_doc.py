@@ -1016,7 +1016,7 @@ def ood(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         ks = Table(name, "kNN score's k (val threshold for 95%, mean over seeds)", *cols)
         for k in sweep[names[0]]:
             ks.add(
-                f"{k}{' (zoo: KNN_K)' if str(s['knn_k']) == k else ''}",
+                f"`k = {k}`{' (zoo: `KNN_K`)' if str(s['knn_k']) == k else ''}",
                 *(
                     f"{pct(sweep[n][k]['accepted_in'])}; {pct(sweep[n][k]['rejected_out'])}"
                     for n in names

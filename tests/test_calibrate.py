@@ -67,9 +67,12 @@ def test_calibration_round_trip_and_malformed_values() -> None:
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), where="x") == cal
     with pytest.raises(ArtifactError, match=r"cfg.json: calibration is malformed.*positive"):
         Calibration.from_dict({"temperature": -1}, where="cfg.json")
-    with pytest.raises(ArtifactError, match=r"Unknown rejection score 'knn'"):
+    with pytest.raises(ArtifactError, match=r"Unknown rejection score 'mahalanobis'"):
         Calibration.from_dict(
-            {"temperature": 1, "reject": {"score": "knn", "threshold": 1, "acceptance": 0.9}},
+            {
+                "temperature": 1,
+                "reject": {"score": "mahalanobis", "threshold": 1, "acceptance": 0.9},
+            },
             where="cfg.json",
         )
 
@@ -188,8 +191,8 @@ def test_calibrate_refuses_bad_input(run: Path) -> None:
     assert r.returncode == 1 and "overfits the temperature" in r.stderr
     r = run_zoo("calibrate", str(run), "--acceptance", "1.5")
     assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
-    r = run_zoo("calibrate", str(run), "--reject", "knn")
-    assert r.returncode == 2 and "knn" in r.stderr
+    r = run_zoo("calibrate", str(run), "--reject", "mahalanobis")
+    assert r.returncode == 2 and "knn" in r.stderr  # the valid ones named
 
 
 def test_report_shows_before_and_after_and_the_outside_images(run: Path, photos: Path) -> None:

@@ -598,6 +598,7 @@ def test_the_report_names_its_images_and_what_it_did_not_check() -> None:
         "predictions": bad.to_dict(),
         "dynamic": [],
         "images": [s.to_dict() for s in sources],
+        "knn": None,
         "passed": False,
     }
     assert ParityReport(predictions=bad).failures()[1].endswith("(needs 100.0%)")
