@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,10 @@ def runs(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         if line.startswith("epoch 1/5000"):
             proc.send_signal(signal.SIGINT)  # Ctrl-C
             break
-    proc.stderr.read()
-    assert proc.wait() == 130
+    # drain stderr aside and wait for the process itself: a read to EOF would also wait for
+    # anything that inherited the pipe, and an undrained pipe could stall the run's last lines
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    assert proc.wait(timeout=300) == 130
     return root / "runs"
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.serve
 
 
 class Gate:
-    """Wraps ``OnnxClassifier.run``: records each call and can hold it until released."""
+    """Wraps ``OnnxClassifier.outputs`` (what the server runs: warm-up and batches): records each call and can hold it until released."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[int, bool]] = []  # (batch, was the server ready then)
@@ -37,7 +37,7 @@ class Gate:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.server_ready = lambda: False
-        real = OnnxClassifier.run
+        real = OnnxClassifier.outputs
 
         def run(clf: OnnxClassifier, x: np.ndarray) -> np.ndarray:
             self.calls.append((len(x), self.server_ready()))
@@ -46,7 +46,7 @@ class Gate:
                 assert self.release.wait(60), "the test never released the model"
             return real(clf, x)
 
-        monkeypatch.setattr(OnnxClassifier, "run", run)
+        monkeypatch.setattr(OnnxClassifier, "outputs", run)
 
 
 @pytest.fixture

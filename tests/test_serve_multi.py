@@ -229,7 +229,7 @@ def test_a_model_held_in_its_runtime_does_not_hold_the_other(
     """MobileNet's runtime call is held (as a hung model would be); the CNN, health and the
     repository index answer meanwhile, from the same process and event loop."""
     hold, entered, release = threading.Event(), threading.Event(), threading.Event()
-    real = OnnxClassifier.run
+    real = OnnxClassifier.outputs
 
     def run(clf: OnnxClassifier, x: np.ndarray) -> np.ndarray:
         if hold.is_set() and clf.path == mobilenet_onnx:
@@ -237,7 +237,7 @@ def test_a_model_held_in_its_runtime_does_not_hold_the_other(
             assert release.wait(60), "the test never released the model"
         return real(clf, x)
 
-    monkeypatch.setattr(OnnxClassifier, "run", run)
+    monkeypatch.setattr(OnnxClassifier, "outputs", run)
     cnn_onnx = cnn_run / "model" / "model.onnx"
     cfg = ServeConfig(
         f"a={mobilenet_onnx}", port=free_port(), more_models=(f"b={cnn_onnx}",), threads=2

@@ -10,7 +10,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zoo import durable
 from zoo.calibration import Calibration
@@ -21,7 +21,13 @@ from zoo.preprocessing import Preprocessing
 if TYPE_CHECKING:  # reading a folder's config must not import torch
     from torch import nn
 
-    from zoo.knn import KnnBank
+
+class SavesInto(Protocol):
+    """What writes a file of its own into a model folder being built (:class:`zoo.knn.KnnBank`:
+    zoo.knn reads this module's file names, so the type is named here, not imported)."""
+
+    def save(self, folder: Path) -> Path: ...
+
 
 SCHEMA_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -183,7 +189,7 @@ def save_model_folder(
     onnx_path: Path | None = None,
     *,
     label: str | None = None,
-    knn: KnnBank | None = None,
+    knn: SavesInto | None = None,
 ) -> Path:
     """Write the artifact folder atomically: build it beside ``out_dir``, then swap it in
     (:func:`zoo.durable.replace_dir`: a kill leaves the old complete folder or the new one).
