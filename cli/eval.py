@@ -14,15 +14,15 @@ from zoo.tta import Tta
 
 
 def _knn_bank(model: str, info: Any) -> Any:
-    """The model folder's kNN bank when its rejection rule is ``knn`` (None otherwise)."""
-    cal = info.calibration
-    if cal is None or cal.reject is None or cal.reject.score != "knn":
-        return None
-    from zoo.knn import KnnBank
+    """The model folder's kNN bank when its rejection rule is ``knn`` (None otherwise, and for
+    a file outside a model folder)."""
+    from zoo.knn import rule_bank
     from zoo.ref import ModelRef
 
     ref = ModelRef.parse(model)
-    return KnnBank.load(ref.model_folder) if ref.kind in ("run", "model-folder") else None
+    if ref.kind not in ("run", "model-folder"):
+        return None
+    return rule_bank(info.calibration, info.multi_label, lambda: ref.model_folder)
 
 
 def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:

@@ -15,6 +15,7 @@ Nothing here imports torch: the runtimes (ONNX Runtime, OpenVINO) score with num
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,18 @@ class KnnBank:
             raise ArtifactError(f"{path} is not a readable kNN bank ({exc}).") from exc
 
 
+def rule_bank(calibration: Any, multi_label: bool, folder: Callable[[], Path]) -> KnnBank | None:
+    """A model folder's bank when its rejection rule is ``knn`` (None for any other rule, no
+    rule, or a multi-label model): what export, predict and eval load beside the weights.
+    ``folder`` is asked only for a knn rule (a registry model has no folder).
+
+    Raises:
+        ArtifactError: a ``knn`` rule whose bank file is missing or malformed.
+    """
+    rule = calibration.reject if calibration is not None and not multi_label else None
+    return KnnBank.load(folder()) if rule is not None and rule.score == "knn" else None
+
+
 def stratified(labels: np.ndarray, cap: int = MAX_BANK, seed: int = 0) -> np.ndarray:
     """Sorted indices of at most ``cap`` samples, each class keeping its share (at least one
     each), seeded: which training images a bank embeds.
@@ -199,5 +212,6 @@ __all__ = [
     "KnnBank",
     "add_to_graph",
     "normalise",
+    "rule_bank",
     "stratified",
 ]

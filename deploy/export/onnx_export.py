@@ -31,6 +31,7 @@ from zoo.deploy.export.parity import (
 from zoo.deploy.export.result import ExportResult
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
 from zoo.factory import create_model, info_of
+from zoo.knn import rule_bank
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
 
@@ -66,21 +67,6 @@ def load_for_export(
         except Exception:  # informational only; the load itself was verified
             sha = None
     return model.eval(), info, sha
-
-
-def _knn_bank(ref: ModelRef, info: ModelInfo) -> Any:
-    """The model folder's kNN bank when its rejection rule is ``knn`` (None otherwise): the
-    export builds the score into the graph so the file needs nothing beside it.
-
-    Raises:
-        ArtifactError: a ``knn`` rule whose bank file is missing or malformed.
-    """
-    cal = info.calibration
-    if cal is None or cal.reject is None or cal.reject.score != "knn" or info.multi_label:
-        return None
-    from zoo.knn import KnnBank
-
-    return KnnBank.load(ref.model_folder)
 
 
 def dummy_input(info: ModelInfo, batch: int) -> torch.Tensor:
@@ -246,7 +232,8 @@ def export_onnx(
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
     images = gate_images(ref, data)
-    bank = _knn_bank(ref, info)
+    # a knn rule: the export builds its score into the graph, so the file needs nothing beside it
+    bank = rule_bank(info.calibration, info.multi_label, lambda: ref.model_folder)
     result = ExportResult(
         path=str(out),
         format="onnx",

@@ -274,11 +274,9 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
 
     cal = info.calibration
     rule = cal.reject if cal is not None and not info.multi_label else None
-    bank = None
-    if rule is not None and rule.score == "knn":  # the bank of training embeddings beside it
-        from zoo.knn import KnnBank
+    from zoo.knn import rule_bank
 
-        bank = KnnBank.load(ref.model_folder)
+    bank = rule_bank(cal, info.multi_label, lambda: ref.model_folder)  # a knn rule's embeddings
     both = torch_features(net, info.classifier) if embeddings or bank is not None else None
 
     def assess(x: np.ndarray, features: bool) -> Assessed:
