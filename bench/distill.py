@@ -69,6 +69,12 @@ def main() -> None:
         default="4:0.5,2:0.9",
         help="KD settings T:ALPHA, each an arm; the first (zoo distill's defaults) is the headline",
     )
+    p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="random training views for both arms (the teacher then judges every view)",
+    )
     p.add_argument("--seeds", default="0,1,2", help="at least 3 for an interval")
     p.add_argument("--out", default=None, help="default: docs/bench/distill.json")
     args = p.parse_args()
@@ -89,7 +95,8 @@ def main() -> None:
             *quiet,
         ).extra["run"]
         print(f"teacher: {report_of(teacher)['best']['val/acc']:.4f}", flush=True)
-        budget = ["--epochs", str(args.epochs), "--no-augment", *quiet]
+        views = [] if args.augment else ["--no-augment"]
+        budget = ["--epochs", str(args.epochs), *views, *quiet]
         rows = []
         summary = None
         for seed in seeds:

@@ -17,7 +17,12 @@ import torch
 from tests.conftest import run_zoo
 from zoo.calibration import DEFAULT_SCORE, Calibration, Rejection, ood_score
 from zoo.errors import ArtifactError
-from zoo.train.calibrate import fit_calibration, fit_rejection, fit_temperature
+from zoo.train.calibrate import (
+    acceptance_cut,
+    fit_calibration,
+    fit_rejection,
+    fit_temperature,
+)
 from zoo.train.calibration import ece_of
 
 
@@ -42,15 +47,28 @@ def test_calibration_lowers_the_nll_and_keeps_every_top1() -> None:
     assert cal.ece_after == pytest.approx(ece_of(z, y, cal.temperature), abs=1e-6)
 
 
-def test_rejection_threshold_accepts_at_least_the_share_asked() -> None:
+def test_rejection_threshold_is_the_conformal_quantile() -> None:
     logits = torch.randn(101, 4, generator=torch.Generator().manual_seed(2))
-    for acceptance in (0.5, 0.9, 0.95, 1.0):
-        rule = fit_rejection(logits, "energy", 1.0, acceptance)
-        s = ood_score(logits.numpy(), "energy")
+    s = np.sort(ood_score(logits.numpy(), "energy"))
+    for acceptance, rank in ((0.5, 51), (0.9, 10), (0.95, 5), (0.99, 1), (1.0, 0)):
+        rule = fit_rejection(logits, "energy", 1.0, acceptance)  # rank: ⌊(1 − a)·102⌋
+        assert rule.threshold == s[max(rank - 1, 0)]
         assert (s >= rule.threshold).mean() >= acceptance
-        assert (s > rule.threshold).mean() < acceptance  # the lowest threshold that does
     with pytest.raises(Exception, match=r"--accept.*\(0, 1\]"):
         fit_rejection(logits, "msp", 1.0, 1.5)
+
+
+def test_rejection_threshold_accepts_the_share_asked_of_new_images() -> None:
+    # the promise is about images the fit never saw: averaged over many draws of N validation
+    # scores and one new image from the same distribution, it accepts at least 95%; the
+    # empirical quantile (the ⌊0.05·N⌋ + 1-th lowest) falls short of it
+    rng = np.random.default_rng(0)
+    draws, n = 20000, 30
+    val, new = rng.normal(size=(draws, n)), rng.normal(size=draws)
+    cuts = np.array([acceptance_cut(v, 0.95) for v in val])
+    empirical = np.sort(val, axis=1)[:, int(0.05 * n)]
+    assert (new >= cuts).mean() >= 0.95 - 0.004  # 1 − 1/31 = 0.968 expected
+    assert (new >= empirical).mean() < 0.95 - 0.004  # 1 − 2/31 = 0.935 expected
 
 
 def test_scores_by_hand() -> None:

@@ -17,7 +17,9 @@ def test_auroc_and_fpr_by_hand() -> None:
     assert auroc(pos, neg) == pytest.approx(13 / 16)
     # 95% of 4 positives: the threshold is the lowest positive (0.6); 0.85 passes it
     assert fpr_at_tpr(pos, neg) == pytest.approx(1 / 4)
-    assert fpr_at_tpr(pos, neg, tpr=0.5) == pytest.approx(1 / 4)  # cut at 0.8: 0.85 still in
+    assert fpr_at_tpr(pos, neg, tpr=0.5) == pytest.approx(
+        1 / 4
+    )  # cut at 0.7 (⌊0.5·5⌋ = 2nd lowest)
     assert auroc(pos, pos - 10) == 1.0 and fpr_at_tpr(pos, pos - 10) == 0.0
 
 

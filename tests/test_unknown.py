@@ -368,13 +368,16 @@ def test_enrolling_into_a_knn_model_adds_the_images_to_its_bank(
     knn_run: Path, photos: list[Path], tmp_path: Path
 ) -> None:
     from zoo.knn import KnnBank
+    from zoo.train.enroll_images import BANK_VIEWS
 
     new = [p for p in photos if p.parent.name in ("astronaut", "chelsea")][:5]
     out = tmp_path / "enrolled"
     r = run_zoo("enroll", str(knn_run), "--class", "photo", *map(str, new), "-o", str(out))
     assert r.returncode == 0, r.stderr
     before, after = KnnBank.load(knn_run / "model"), KnnBank.load(out)
-    assert len(after.rows) == len(before.rows) + len(new) and after.k == min(before.k, len(new))
+    # each image's eval view and BANK_VIEWS augmented views; k at most the images
+    assert len(after.rows) == len(before.rows) + len(new) * (1 + BANK_VIEWS)
+    assert after.k == min(before.k, len(new))
     assert np.array_equal(after.rows[: len(before.rows)], before.rows)
     cal = json.loads((out / "config.json").read_text())["calibration"]["reject"]
     assert cal["score"] == "knn" and "refitted" in r.stdout + r.stderr

@@ -58,6 +58,21 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return min(max(t, 1e-2), 1e2) if math.isfinite(t) else 1.0
 
 
+def acceptance_cut(scores: np.ndarray, acceptance: float) -> float:
+    """The threshold that accepts a new image like ``scores``' images with probability at
+    least ``acceptance``: the ``⌊acceptance'·(N + 1)⌋``-th lowest score, ``acceptance' = 1 −
+    acceptance`` (split conformal prediction's quantile; Angelopoulos & Bates 2021, §1.1).
+
+    The empirical quantile (the ``⌊(1 − acceptance)·N⌋ + 1``-th lowest) accepts exactly
+    ``acceptance`` of these images but only ``1 − (⌊(1 − acceptance)·N⌋ + 1)/(N + 1)`` of new
+    ones: 94.75% of new images for 95% of 323 (``bench/ood.py`` measured 94.9% on held-out
+    digits). Fewer than ``1/(1 − acceptance) − 1`` scores: the lowest (all of them accepted).
+    """
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    rank = math.floor((1.0 - acceptance) * (len(s) + 1) + 1e-9)  # 1-based; 0: accept all
+    return float(s[min(len(s) - 1, max(rank - 1, 0))])
+
+
 def fit_rejection(
     logits: torch.Tensor,
     kind: str,
@@ -65,8 +80,8 @@ def fit_rejection(
     acceptance: float,
     knn: np.ndarray | None = None,
 ) -> Rejection:
-    """The threshold accepting ``acceptance`` of the validation images (at least that share:
-    the ``⌊(1 − acceptance)·N⌋``-th lowest score).
+    """The threshold that accepts a new image like the validation images with probability at
+    least ``acceptance`` (:func:`acceptance_cut`: the conformal quantile).
 
     Args:
         knn: the validation images' kNN scores (:mod:`zoo.train.knn_fit`), for ``knn``.
@@ -79,9 +94,9 @@ def fit_rejection(
     if not len(logits):
         raise InputError("No validation images to fit a rejection threshold on.")
     probe = Rejection(score=kind, threshold=0.0, acceptance=acceptance)  # type: ignore[arg-type]
-    s = np.sort(probe.scores(logits.double().cpu().numpy(), temperature, knn))
-    k = min(len(s) - 1, math.floor((1.0 - acceptance) * len(s) + 1e-9))
-    return Rejection(score=kind, threshold=float(s[k]), acceptance=acceptance)  # type: ignore[arg-type]
+    s = probe.scores(logits.double().cpu().numpy(), temperature, knn)
+    cut = acceptance_cut(s, acceptance)
+    return Rejection(score=kind, threshold=cut, acceptance=acceptance)  # type: ignore[arg-type]
 
 
 def score_kind(reject: str) -> str:
@@ -104,7 +119,7 @@ def fit_calibration(
         logits: ``(N, K)`` validation logits.
         targets: ``(N,)`` class indices.
         reject: one of :data:`REJECT_MODES` (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`).
-        acceptance: the share of validation images the rejection must accept.
+        acceptance: the share of new images like the validation images the rule must accept.
         knn: the validation images' kNN scores, for a ``knn`` rule (:func:`score_kind`).
 
     Raises:
@@ -265,6 +280,7 @@ def _train_samples(folder: Path, model_arg: str) -> list[tuple[Path, str]]:
 
 __all__ = [
     "CalibrateResult",
+    "acceptance_cut",
     "calibrate_model",
     "fit_calibration",
     "fit_rejection",

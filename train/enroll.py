@@ -1,7 +1,8 @@
 """``zoo enroll``: add a class to a trained model from a few images, without retraining it.
 
 The model's classifier layer gains one row (:mod:`zoo.train.imprint`: a centred weight imprint,
-then that row alone fitted with the old rows fixed), so the result is an ordinary model folder
+then that row alone fitted with the old rows fixed on the images and augmented views of them,
+its bias capped on validation), so the result is an ordinary model folder
 with one class more: export, its parity gate, predict, serve and eval work on it unchanged, and
 its ONNX file simply answers the new class. The row is fitted against embeddings of images of
 the existing classes (the *reference*): a sample of the run's training split, or ``--data``.
@@ -12,6 +13,7 @@ written (the old classes' top-1 before and after) and a rejection threshold is r
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -109,10 +111,13 @@ class EnrollResult:
             "images it was fitted on; held-out recall needs held-out images: zoo eval)",
         ]
         if self.check is not None:
+            from zoo.train.imprint import MAX_TAKEN
+
             c = self.check
             text.append(
                 f"old classes: top-1 {c.acc_before:.4f} → {c.acc_after:.4f} on {c.images} of the "
-                f"run's {c.total} validation images (the new class took {c.taken})"
+                f"run's {c.total} validation images (the new class took {c.taken}: its bias is "
+                f"capped to take at most {MAX_TAKEN:.0%})"
             )
         else:
             text.append("old classes: not measured (no run validation split at hand)")
@@ -179,8 +184,16 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     from zoo.cards import finetuned_card
     from zoo.device import pick_device
     from zoo.factory import create_model, info_of
-    from zoo.train.enroll_images import check_old_classes, embedder
-    from zoo.train.imprint import fit_new_row
+    from zoo.train.enroll_images import (
+        BANK_VIEWS,
+        REFERENCE_VIEWS,
+        VIEWS,
+        check_old_classes,
+        embedder,
+        old_class_validation,
+        view_embedder,
+    )
+    from zoo.train.imprint import MAX_TAKEN, cap_bias, fit_new_row
 
     net = create_model(ref).eval()
     info = info_of(net)
@@ -193,31 +206,47 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
         )
     device = pick_device(opts.device)
     embed = embedder(net.to(device), info, device)
+    views = view_embedder(net, info, device)
     weight = head.weight.detach().double().cpu().numpy()
     bias = head.bias.detach().double().cpu().numpy()
     _, pos = embed(images)
-    _, ref_f = embed(list(reference.paths))
-    row = fit_new_row(pos, ref_f, np.asarray(reference.labels), weight, bias)
-
-    seen: dict[str, np.ndarray] = {}  # the validation embeddings check_old_classes scores
+    ref_paths, ref_labels = list(reference.paths), np.asarray(reference.labels)
+    _, ref_f = embed(ref_paths)
+    row = fit_new_row(
+        np.concatenate([pos, views(images, VIEWS)]),
+        np.concatenate([ref_f, views(ref_paths, REFERENCE_VIEWS)]),
+        np.concatenate([ref_labels, np.repeat(ref_labels, REFERENCE_VIEWS)]),
+        weight,
+        bias,
+    )
+    val = old_class_validation(reference.run, embed, classes)
+    if val is not None:
+        row = cap_bias(row, val.features, val.logits)
 
     def enrolled_logits(f: np.ndarray) -> np.ndarray:
-        seen["val"] = f
         return np.concatenate([f @ weight.T + bias, row.logits(f)[:, None]], axis=1)
 
     answered = int((enrolled_logits(pos).argmax(1) == len(classes)).sum())
-    seen.clear()
-    check, val_logits = check_old_classes(reference.run, embed, classes, enrolled_logits)
-    bank = _knn_bank(config, folder, pos)
+    val_logits = enrolled_logits(val.features) if val is not None else None
+    check = check_old_classes(val, val_logits) if val is not None else None
+    bank = _knn_bank(
+        config, folder, len(images), lambda: np.concatenate([pos, views(images, BANK_VIEWS)])
+    )
     calibration, rejection = _calibration(
-        config, folder, val_logits, check, bank.scores(seen["val"]) if bank and seen else None
+        config,
+        folder,
+        val_logits,
+        check,
+        bank.scores(val.features) if bank is not None and val is not None else None,
     )
     record = {
         "class": opts.class_name,
         "index": len(classes),
         "images": len(images),
         "sha256": digests,
-        "method": "centred weight imprint, then the new row fitted with the old rows fixed",
+        "method": f"centred weight imprint, then the new row fitted with the old rows fixed "
+        f"on each image and {VIEWS} augmented views of it"
+        + (f"; bias capped to take at most {MAX_TAKEN:.0%} of validation images" if val else ""),
         "reference": reference.described,
         "reference_run": str(reference.run) if reference.run else None,
         "old_classes": check.to_dict() if check else None,
@@ -249,9 +278,13 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     )
 
 
-def _knn_bank(config: dict[str, Any], folder: Path, new: np.ndarray) -> Any:
-    """For a ``knn`` rule, the bank with the new class's embeddings added and k lowered to
-    their number (a class of 5 images has no 10th neighbour of its own); None otherwise."""
+def _knn_bank(
+    config: dict[str, Any], folder: Path, images: int, new: Callable[[], np.ndarray]
+) -> Any:
+    """For a ``knn`` rule, the bank with the new class's embeddings added (``new()``: each
+    image's eval view and :data:`~zoo.train.enroll_images.BANK_VIEWS` augmented views) and k
+    lowered to the number of its ``images`` (a class of 5 images has no 10th neighbour of
+    its own); None otherwise."""
     from zoo.artifact import read_calibration
     from zoo.knn import KnnBank
 
@@ -259,7 +292,7 @@ def _knn_bank(config: dict[str, Any], folder: Path, new: np.ndarray) -> Any:
     if cal is None or cal.reject is None or cal.reject.score != "knn":
         return None
     old = KnnBank.load(folder)
-    return old.extended(new, k=min(old.k, len(new)))
+    return old.extended(new(), k=min(old.k, images))
 
 
 def _calibration(
@@ -356,8 +389,9 @@ def _card_section(records: list[dict[str, Any]]) -> str:
     return f"""
 ## Enrolled classes
 Added by `zoo enroll` without retraining: a centred weight imprint of the classifier row, then
-that row alone fitted with the old rows fixed. Temperature and rejection threshold: see each
-record's `calibration` in config.json. The validation metric above is the old classes' top-1
+that row alone fitted with the old rows fixed, on each image and augmented views of it; with
+the run's validation images at hand, its bias capped so that the class takes at most 1% of
+them. Temperature and rejection threshold: see each record's `calibration` in config.json. The validation metric above is the old classes' top-1
 after enrolment (the validation split holds no image of an enrolled class).
 
 | class | index | images | old classes' top-1 (run validation split) |

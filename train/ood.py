@@ -7,7 +7,6 @@ rule, what it accepts of each."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from torch.utils.data import DataLoader
 from zoo.calibration import LOGIT_SCORES, Calibration, ood_score
 from zoo.errors import DataError
 from zoo.images import list_images
+from zoo.train.calibrate import acceptance_cut
 from zoo.train.data import ImageFolderDataset
 from zoo.train.evaluate import Evaluated, Forward, evaluate_with
 from zoo.transforms import eval_transform
@@ -110,11 +110,9 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def fpr_at_tpr(pos: np.ndarray, neg: np.ndarray, tpr: float = TPR) -> float:
-    """The share of negatives at or above the threshold that keeps ``tpr`` of the positives
-    (the ``⌊(1 − tpr)·N⌋``-th lowest positive: the rule ``--reject`` fits)."""
-    s = np.sort(pos)
-    cut = s[min(len(s) - 1, math.floor((1.0 - tpr) * len(s) + 1e-9))]
-    return float((neg >= cut).mean())
+    """The share of negatives at or above the threshold ``--reject`` would fit on the
+    positives to accept ``tpr`` (:func:`zoo.train.calibrate.acceptance_cut`)."""
+    return float((neg >= acceptance_cut(pos, tpr)).mean())
 
 
 def separation(

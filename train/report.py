@@ -179,7 +179,8 @@ def _calibration(ev: Evaluated, probs: np.ndarray, pred: np.ndarray, target: np.
         )
     rule = (
         f" Images scoring below {cal.reject.score} {cal.reject.threshold:.4g} are answered "
-        f"<b>unknown</b> (fitted to accept {cal.reject.acceptance:.0%} of the validation images)."
+        f"<b>unknown</b> (fitted on the validation images to accept {cal.reject.acceptance:.0%} of "
+        "new images like them)."
         if cal.reject is not None
         else ""
     )
