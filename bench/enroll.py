@@ -184,7 +184,7 @@ def measure(
     )
     val = old_class_validation(run, run_embed, classes)
     assert val is not None
-    capped = cap_bias(with_views, val.features, val.logits)
+    capped = cap_bias(with_views, val.features, val.logits, val.labels)
     recipes = {
         "plain_imprint": plain_imprint(f_pos, w, b),
         "centred_imprint": (fitted.imprinted, fitted.imprinted_bias),

@@ -259,23 +259,25 @@ def test_the_fit_on_separated_clusters() -> None:
     assert (row.imprinted == imprinted).all() and row.imprinted_bias == b0
 
 
-def test_the_bias_cap_keeps_the_promised_share_of_old_images() -> None:
+def test_the_bias_cap_keeps_the_promised_cost_to_the_old_classes() -> None:
     from zoo.train.imprint import NewRow, cap_bias
 
     rng = np.random.default_rng(1)
     f = rng.normal(size=(300, 8))
-    w_old = rng.normal(size=(3, 8))
-    old = f @ w_old.T
+    old = f @ rng.normal(size=(3, 8)).T
+    labels = old.argmax(1)
+    labels[:60] = (labels[:60] + 1) % 3  # 60 images the old rows already get wrong
     greedy = NewRow(weight=rng.normal(size=8), bias=50.0, imprinted=np.zeros(8), imprinted_bias=0)
 
-    def taken(row: NewRow) -> int:
-        return int((np.concatenate([old, row.logits(f)[:, None]], 1).argmax(1) == 3).sum())
+    def lost(row: NewRow) -> int:  # right before, taken by the new class after
+        after = np.concatenate([old, row.logits(f)[:, None]], 1).argmax(1)
+        return int(((old.argmax(1) == labels) & (after == 3)).sum())
 
-    assert taken(greedy) == 300  # a bias that takes everything …
-    for share, most in ((0.01, 3), (0.1, 30), (0.0, 0)):
-        capped = cap_bias(greedy, f, old, share)
-        assert taken(capped) == most  # … is lowered to take ⌊share·N⌋, no fewer
+    assert lost(greedy) == 240  # a bias that takes everything …
+    for cost, most in ((0.01, 3), (0.1, 30), (0.0, 0)):
+        capped = cap_bias(greedy, f, old, labels, cost)
+        assert lost(capped) == most  # … is lowered to cost ⌊cost·N⌋ of the N, no fewer
         assert (capped.weight == greedy.weight).all()
     modest = NewRow(weight=greedy.weight, bias=-50.0, imprinted=np.zeros(8), imprinted_bias=0)
-    assert cap_bias(modest, f, old, 0.01) == modest  # never raised
-    assert cap_bias(greedy, f, old, 1.0) == greedy  # a share of all: nothing to cap
+    assert cap_bias(modest, f, old, labels, 0.01) == modest  # never raised
+    assert cap_bias(greedy, f, old, labels, 0.9) == greedy  # more than the right ones: no cap

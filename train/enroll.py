@@ -111,13 +111,13 @@ class EnrollResult:
             "images it was fitted on; held-out recall needs held-out images: zoo eval)",
         ]
         if self.check is not None:
-            from zoo.train.imprint import MAX_TAKEN
+            from zoo.train.imprint import MAX_COST
 
             c = self.check
             text.append(
                 f"old classes: top-1 {c.acc_before:.4f} → {c.acc_after:.4f} on {c.images} of the "
-                f"run's {c.total} validation images (the new class took {c.taken}: its bias is "
-                f"capped to take at most {MAX_TAKEN:.0%})"
+                f"run's {c.total} validation images (the new class took {c.taken}; its bias is "
+                f"capped to cost at most {MAX_COST:.0%})"
             )
         else:
             text.append("old classes: not measured (no run validation split at hand)")
@@ -193,7 +193,7 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
         old_class_validation,
         view_embedder,
     )
-    from zoo.train.imprint import MAX_TAKEN, cap_bias, fit_new_row
+    from zoo.train.imprint import MAX_COST, cap_bias, fit_new_row
 
     net = create_model(ref).eval()
     info = info_of(net)
@@ -221,7 +221,7 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     )
     val = old_class_validation(reference.run, embed, classes)
     if val is not None:
-        row = cap_bias(row, val.features, val.logits)
+        row = cap_bias(row, val.features, val.logits, val.labels)
 
     def enrolled_logits(f: np.ndarray) -> np.ndarray:
         return np.concatenate([f @ weight.T + bias, row.logits(f)[:, None]], axis=1)
@@ -246,7 +246,11 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
         "sha256": digests,
         "method": f"centred weight imprint, then the new row fitted with the old rows fixed "
         f"on each image and {VIEWS} augmented views of it"
-        + (f"; bias capped to take at most {MAX_TAKEN:.0%} of validation images" if val else ""),
+        + (
+            f"; bias capped to cost the old classes at most {MAX_COST:.0%} of validation top-1"
+            if val
+            else ""
+        ),
         "reference": reference.described,
         "reference_run": str(reference.run) if reference.run else None,
         "old_classes": check.to_dict() if check else None,
@@ -390,8 +394,8 @@ def _card_section(records: list[dict[str, Any]]) -> str:
 ## Enrolled classes
 Added by `zoo enroll` without retraining: a centred weight imprint of the classifier row, then
 that row alone fitted with the old rows fixed, on each image and augmented views of it; with
-the run's validation images at hand, its bias capped so that the class takes at most 1% of
-them. Temperature and rejection threshold: see each record's `calibration` in config.json. The validation metric above is the old classes' top-1
+the run's validation images at hand, its bias capped so that the old classes lose at most 1
+point of top-1 on them. Temperature and rejection threshold: see each record's `calibration` in config.json. The validation metric above is the old classes' top-1
 after enrolment (the validation split holds no image of an enrolled class).
 
 | class | index | images | old classes' top-1 (run validation split) |
