@@ -395,8 +395,9 @@ def _card_section(records: list[dict[str, Any]]) -> str:
 Added by `zoo enroll` without retraining: a centred weight imprint of the classifier row, then
 that row alone fitted with the old rows fixed, on each image and augmented views of it; with
 the run's validation images at hand, its bias capped so that the old classes lose at most 1
-point of top-1 on them. Temperature and rejection threshold: see each record's `calibration` in config.json. The validation metric above is the old classes' top-1
-after enrolment (the validation split holds no image of an enrolled class).
+point of top-1 on them. Temperature and rejection threshold: see each record's `calibration`
+in config.json. The validation metric above is the old classes' top-1 after enrolment (the
+validation split holds no image of an enrolled class).
 
 | class | index | images | old classes' top-1 (run validation split) |
 | --- | --- | --- | --- |
