@@ -227,8 +227,10 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
         return np.concatenate([f @ weight.T + bias, row.logits(f)[:, None]], axis=1)
 
     answered = int((enrolled_logits(pos).argmax(1) == len(classes)).sum())
-    val_logits = enrolled_logits(val.features) if val is not None else None
-    check = check_old_classes(val, val_logits) if val is not None else None
+    val_logits, check = None, None
+    if val is not None:
+        val_logits = enrolled_logits(val.features)
+        check = check_old_classes(val, val_logits)
     bank = _knn_bank(
         config, folder, len(images), lambda: np.concatenate([pos, views(images, BANK_VIEWS)])
     )
