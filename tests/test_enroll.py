@@ -96,6 +96,10 @@ def test_the_folder_holds_one_class_more_and_says_how(
         == len(json.loads((run / "split.json").read_text())["splits"]["val"])
     )
     assert abs(old["acc_after"] - old["acc_before"]) <= 0.05
+    # the bias cap's promise, on exactly these images: at most MAX_COST of top-1 lost
+    from zoo.train.imprint import MAX_COST
+
+    assert old["acc_before"] - old["acc_after"] <= MAX_COST + 1e-6
     assert config["metrics"] == {"val/acc": old["acc_after"]}
     # calibration: the temperature kept, the rejection threshold refitted on those images
     assert config["calibration"]["temperature"] == source["calibration"]["temperature"]
