@@ -408,3 +408,59 @@ def test_datatype_names_and_the_fallback_for_a_dtype_without_one() -> None:
     assert protocol.datatype_of(np.dtype(object)) == "BYTES"
     assert protocol.datatype_of(np.dtype("complex64")) == "complex64"
     assert protocol.datatype_of(np.dtype("datetime64[s]")) == "datetime64[s]"
+
+
+def _form(files: list[tuple[str, str | None, bytes]]) -> tuple[bytes, bytes]:
+    """A multipart body as httpx writes it: (name, filename or None for a text field, bytes)."""
+    import httpx
+
+    req = httpx.Request(
+        "POST",
+        "http://zoo/",
+        files=[(n, (f, b, "image/png") if f is not None else (None, b)) for n, f, b in files],
+    )
+    boundary = req.headers["content-type"].split("boundary=")[1]
+    return req.read(), boundary.encode()
+
+
+def test_upload_field_is_the_last_file_part_named_file_byte_for_byte() -> None:
+    from zoo.deploy.serve.inputs import upload_field
+
+    payload = b"\x89PNG\r\n--\r\n\x00" + bytes(range(256)) * 40  # a boundary-like run inside
+    body, boundary = _form(
+        [("note", None, b"hi"), ("file", "a.png", b"first"), ("file", "b.png", payload)]
+    )
+    assert upload_field(body, boundary) == payload
+    assert upload_field(body + b"an epilogue after the close", boundary) == payload
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda b: b[:-12], "cut short"),  # inside the closing boundary
+        (lambda b: b[: len(b) // 2], "cut short"),  # inside the file's bytes
+        (lambda b: b"no boundary at all" + b, "cannot be parsed"),
+        (lambda b: b.replace(b'name="file"', b'name="image"'), "'file' field"),
+    ],
+    ids=["closing", "middle", "garbage", "other-name"],
+)
+def test_upload_field_refuses_what_is_not_a_whole_file_part(make: object, words: str) -> None:
+    from zoo.deploy.serve.inputs import upload_field
+
+    body, boundary = _form([("file", "a.png", b"x" * 100)])
+    with pytest.raises(InputError, match=words):
+        upload_field(make(body), boundary)  # type: ignore[operator]
+
+
+def test_upload_field_refuses_a_text_field_and_too_many_parts() -> None:
+    from zoo.deploy.serve.inputs import MAX_PARTS, upload_field
+
+    body, boundary = _form([("file", None, b"not a file")])
+    with pytest.raises(InputError, match="a file part"):
+        upload_field(body, boundary)
+    parts = [(f"f{i}", None, b"v") for i in range(MAX_PARTS)]
+    body, boundary = _form([*parts[:-1], ("file", "a.png", b"ok")])
+    assert upload_field(body, boundary) == b"ok"  # exactly MAX_PARTS parts
+    body, boundary = _form([*parts, ("file", "a.png", b"ok")])
+    with pytest.raises(InputError, match=f"more than {MAX_PARTS} parts"):
+        upload_field(body, boundary)
