@@ -139,10 +139,12 @@ def metric(text: str, name: str) -> float:
 
 @contextmanager
 def in_process_server(
-    cfg: ServeConfig, keys: ApiKeys | None = None
+    cfg: ServeConfig, keys: ApiKeys | None = None, *, ready: bool = False
 ) -> Iterator[tuple[str, ModelServer]]:
     """``create_app`` under a real uvicorn on loopback, in a thread of this process, so a test
-    can instrument the model (the CLI server is a separate process)."""
+    can instrument the model (the CLI server is a separate process). ``ready``: yield only
+    once every model is loaded and warmed up (else as soon as uvicorn listens: the model may
+    still answer 503)."""
     import threading
 
     import uvicorn
@@ -157,6 +159,9 @@ def in_process_server(
         deadline = time.time() + 60
         while not srv.started:
             assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        while ready and not app.state.models.ready:
+            assert time.time() < deadline + 60, "the model was not ready within 120 s"
             time.sleep(0.02)
         yield url, app.state.server
     finally:

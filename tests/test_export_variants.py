@@ -131,7 +131,7 @@ def test_fp16_io_takes_and_gives_float16_behind_the_same_gate(tmp_path: Path) ->
     from zoo.deploy.serve.config import ServeConfig
 
     cfg = ServeConfig(model_path=str(half), name="m", port=free_port())
-    with in_process_server(cfg) as (url, _):
+    with in_process_server(cfg, ready=True) as (url, _):
         ok = httpx.post(f"{url}/v2/models/m/infer", json=json_infer(x[:1]), timeout=60)
         assert ok.status_code == 200, ok.text
         big = httpx.post(f"{url}/v2/models/m/infer", json=json_infer(x[:1] * 1e6), timeout=60)

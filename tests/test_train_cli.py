@@ -24,7 +24,7 @@ def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
         "--data",
         str(digits_dir),
         "--epochs",
-        "8",
+        "5",  # 0.967 at epoch 4 here, 0.969 at 5
         "--runs",
         str(tmp_path),
         "--name",
