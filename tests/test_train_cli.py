@@ -24,7 +24,7 @@ def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
         "--data",
         str(digits_dir),
         "--epochs",
-        "5",  # 0.967 at epoch 4 here, 0.969 at 5
+        "6",  # 0.955 at epoch 4 of 6 here, 0.964 at 6 (8 epochs: 0.981)
         "--runs",
         str(tmp_path),
         "--name",
@@ -53,7 +53,7 @@ def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
     assert {p.name for p in (run / "model").iterdir()} == REQUIRED_FILES
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["strategy"] == "full" and cfg["lr"] == 1e-3  # random init trains fully
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == 8
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 6
     assert len(report["per_class"]) == 10 and len(report["confusion_matrix"]) == 10
     assert "estimate" in r.stderr and "620,362 parameters" in r.stderr
     # zoo eval on the run reproduces the shipped model's accuracy
