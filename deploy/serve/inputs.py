@@ -73,13 +73,14 @@ async def read_upload(request: Request, limit: int) -> bytes:
 
 def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
     """The content of the last file part named ``name`` in a whole multipart ``body`` (the
-    field Starlette's form would give), parsed in memory by python-multipart's parser: an
-    image upload is already held whole within the body limit, so Starlette's form (a spooled
-    temporary file per part) costs the event loop a third of a small upload's time for
-    nothing.
+    field Starlette's form would give), parsed in memory by python-multipart's own parser.
+    Written here because the body is already held whole within the limit: Starlette's form
+    spools each part to a temporary file on the event loop, which cost small uploads (a
+    32×32 digit) 15% of a server's requests per second, measured side by side.
 
     Raises:
-        InputError: a body that does not parse, more than 16 parts, or no such file part.
+        InputError: a body that does not parse or was cut short, more than
+            :data:`MAX_PARTS` parts, or no file part of that name.
     """
     parts: list[tuple[bytes, bytes | None, list[bytes]]] = []  # name, filename, data
     header: list[bytes] = [b"", b""]  # the field and the value being read
