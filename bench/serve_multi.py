@@ -233,13 +233,15 @@ def main() -> None:
         for k, v in sc[ld]["codes_last_window"].items()
         if k.startswith("5")
     )
-    own = iso["b_own_process_a_flooded"][B]["p99_ms"] / max(
-        iso["b_alone_own_process"][B]["p99_ms"], 1e-9
+    own = round(
+        iso["b_own_process_a_flooded"][B]["p99_ms"]
+        / max(iso["b_alone_own_process"][B]["p99_ms"], 1e-9),
+        2,
     )  # type: ignore[index]
     result["ratios"] = {
         "combined_rps": ratio,
         "b_p99_flooded_vs_alone": p99,
-        "b_p99_flooded_vs_alone_own_processes": round(own, 2),
+        "b_p99_flooded_vs_alone_own_processes": own,
     }
     result["errors_5xx_last_windows"] = errors_5xx
     result["setup"] = {

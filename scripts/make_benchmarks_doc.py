@@ -1183,11 +1183,10 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     rows = [("one server, two models", r["combined"]["one_server"]),
             ("two servers, a model each", r["combined"]["two_servers"]),
             ("B alone", r["isolation"]["b_alone"]),
-            ("B with A flooded", r["isolation"]["b_with_a_flooded"])]  # fmt: skip
-    iso = r["isolation"]
-    if "b_alone_own_process" in iso:  # the reference: a process per model, same cores
-        rows += [("B alone, its own server", iso["b_alone_own_process"]),
-                 ("B in its own server, A flooded in another", iso["b_own_process_a_flooded"])]  # fmt: skip
+            ("B with A flooded", r["isolation"]["b_with_a_flooded"]),
+            # the reference: a process per model, on the same cores
+            ("B alone, its own server", r["isolation"]["b_alone_own_process"]),
+            ("B in its own server, A flooded in another", r["isolation"]["b_own_process_a_flooded"])]  # fmt: skip
     for label, m in rows:
         cells = [
             f"{fmt(m[k]['rps'], 1)}, {fmt(m[k]['p99_ms'], 1)}" if k in m else "" for k in ("a", "b")
@@ -1195,15 +1194,10 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         t.add(label, fmt(m["rps_total"], 1), "yes" if m["converged"] else "**no**", *cells)
     return [
         f"{st['one_server']}; against {st['two_servers']}. Models: {st['models']}. Client: "
-        f"{st['client']}. 5xx in the last windows: {r['errors_5xx_last_windows']}."
-        + (
-            " With A flooded, B's p99 grows "
-            f"{fmt(r['ratios']['b_p99_flooded_vs_alone'], 2)}× in the two-model server and "
-            f"{fmt(r['ratios']['b_p99_flooded_vs_alone_own_processes'], 2)}× when each model "
-            "has a server process of its own on the same cores (the reference)."
-            if "b_p99_flooded_vs_alone_own_processes" in r["ratios"]
-            else ""
-        ),
+        f"{st['client']}. 5xx in the last windows: {r['errors_5xx_last_windows']}. With A "
+        f"flooded, B's p99 grows {fmt(r['ratios']['b_p99_flooded_vs_alone'], 2)}× in the "
+        f"two-model server and {fmt(r['ratios']['b_p99_flooded_vs_alone_own_processes'], 2)}× "
+        "when each model has a server process of its own on the same cores (the reference).",
         "",
         *t.lines(out),
         "",

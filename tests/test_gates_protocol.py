@@ -432,6 +432,10 @@ def test_upload_field_is_the_last_file_part_named_file_byte_for_byte() -> None:
     )
     assert upload_field(body, boundary) == payload
     assert upload_field(body + b"an epilogue after the close", boundary) == payload
+    # a part without a Content-Disposition is no field, not the part before it again
+    bare = b"--zz\r\nContent-Type: image/png\r\n\r\nbare\r\n--zz--\r\n"
+    named = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\nok\r\n'
+    assert upload_field(named + bare, b"zz") == b"ok"
 
 
 @pytest.mark.parametrize(

@@ -56,19 +56,17 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_upload(request: Request, limit: int) -> bytes:
     """The bytes of the multipart field ``file``, within ``limit`` bytes of body."""
-    declared = declared_length(request)
-    if declared is None:
-        check_encoding(request)
+    check_encoding(request)
+    if declared_length(request) is None:
         raise InputError("multipart uploads need a Content-Length header")
     _, params = parse_options_header(request.headers.get("content-type"))
     boundary = params.get(b"boundary")
     if not boundary:
-        check_encoding(request)
         raise InputError(
             "multipart body cannot be parsed: missing boundary in the Content-Type (send "
             "multipart/form-data with a boundary and a 'file' field)"
         )
-    return upload_field(await read_body(request, limit), boundary)  # encoding, limit checked
+    return upload_field(await read_body(request, limit), boundary)
 
 
 def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
@@ -83,11 +81,10 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
             :data:`MAX_PARTS` parts, or no file part of that name.
     """
     parts: list[tuple[bytes, bytes | None, list[bytes]]] = []  # name, filename, data
-    header: list[bytes] = [b"", b""]  # the field and the value being read
-    disposition: list[bytes] = []
+    header = [b"", b"", b""]  # the field and the value being read; this part's disposition
 
     def on_part_begin() -> None:
-        disposition.clear()
+        header[2] = b""
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         header[0] += data[start:end]
@@ -97,22 +94,17 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
 
     def on_header_end() -> None:
         if header[0].lower() == b"content-disposition":
-            disposition.append(header[1])
+            header[2] = header[1]
         header[0] = header[1] = b""
 
     def on_headers_finished() -> None:
         if len(parts) >= MAX_PARTS:
             raise InputError(f"multipart body has more than {MAX_PARTS} parts")
-        _, options = parse_options_header(disposition[-1] if disposition else b"")
+        _, options = parse_options_header(header[2])
         parts.append((options.get(b"name", b""), options.get(b"filename"), []))
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
         parts[-1][2].append(data[start:end])
-
-    ended: list[int] = []  # the parts whose closing boundary came
-
-    def on_part_end() -> None:
-        ended.append(len(parts) - 1)
 
     callbacks = {
         "on_part_begin": on_part_begin,
@@ -121,7 +113,6 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
         "on_header_end": on_header_end,
         "on_headers_finished": on_headers_finished,
         "on_part_data": on_part_data,
-        "on_part_end": on_part_end,
     }
     try:
         parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
@@ -136,10 +127,11 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
         raise InputError(
             "multipart body ends before its closing boundary: the upload was cut short"
         )
-    files = [i for i in ended if parts[i][0] == name and parts[i][1] is not None]
+    # the closing boundary came, so every part is whole
+    files = [data for n, filename, data in parts if n == name and filename is not None]
     if not files:
         raise InputError(f"multipart upload needs a {name.decode()!r} field (a file part)")
-    return b"".join(parts[files[-1]][2])
+    return b"".join(files[-1])
 
 
 def check_tensor(
