@@ -2,15 +2,18 @@
 the real MobileNetV2 ImageNet export (A) and a simple_cnn fine-tuned here on scikit-learn's
 digits (B), both fed image uploads (multipart field `file`: the bundled 451×300 JPEG of a cat
 for A, a 32×32 digit PNG for B) by the closed-loop aiohttp client of `bench/serve_peers.py`.
+The two-model server runs as users run it (`zoo serve a=A b=B`: a worker process per model
+behind one port) and, in the same run, with `--one-process` (both models in one process and
+event loop, as before the workers).
 
-1. Combined RPS: A and B at c=16 each, at the same time, on `zoo serve a=A b=B` (the CPU budget
-   split between the two models) and on two `zoo serve` processes (`--threads` each the same
-   share, so both sides have the same inference threads); the idle side is paused (SIGSTOP).
-   Goal: one server ≥ 0.9× the two servers' combined RPS.
-2. Isolation: B's p99 at c=16 on the two-model server, alone and with A flooded (c=64 past its
-   batch, the default queue), in alternating windows. Goal: B's p99 with A flooded ≤ 1.5× alone.
-   The same pair of windows on the two one-model servers is the reference: B's p99 when the
-   operating system, not one process, shares the cores between a flooded A and B.
+1. Combined RPS: A and B at c=16 each, at the same time, on each two-model server (the CPU
+   budget split between the two models) and on two `zoo serve` processes (`--threads` each
+   the same share, so every side has the same inference threads); the idle servers are paused
+   (SIGSTOP of their process group). Goal: one server ≥ 0.9× the two servers' combined RPS.
+2. Isolation: B's p99 at c=16 alone and with A flooded (c=64 past its batch, the default
+   queue), in alternating windows, on each two-model server and on the two one-model servers
+   (the reference: the operating system, not one server, shares the cores between a flooded
+   A and B). Goal: B's p99 with A flooded ≤ 1.5× alone.
 
 Each scenario runs a discarded warm-up window, then the scenarios take turns in windows until
 each one's last two windows agree within 10% on RPS (at most --rounds); a figure is the median
@@ -157,40 +160,48 @@ def main() -> None:
         timed([*zoo, "export", str(run)])
         b_onnx = run / "model" / "model.onnx"
         digit = sorted((digits / "digit_7").iterdir())[0].read_bytes()
-        ports = [_free_port() for _ in range(3)]
+        ports = [_free_port() for _ in range(4)]
         serve = [*zoo, "serve", "--max-batch", "16"]
         multi = Server([*serve, f"{A}={a_onnx}", f"{B}={b_onnx}", "--port", str(ports[0])],
                        "/v2/health/ready", ports[0])  # fmt: skip
         multi.pause()
+        shared = Server([*serve, f"{A}={a_onnx}", f"{B}={b_onnx}", "--one-process",
+                         "--port", str(ports[3])], "/v2/health/ready", ports[3])  # fmt: skip
+        shared.pause()
         one_a = Server([*serve, str(a_onnx), "--name", A, "--threads", str(shares[0]),
                         "--port", str(ports[1])], "/v2/health/ready", ports[1])  # fmt: skip
         one_a.pause()
         one_b = Server([*serve, str(b_onnx), "--name", B, "--threads", str(shares[1]),
                         "--port", str(ports[2])], "/v2/health/ready", ports[2])  # fmt: skip
-        every = [multi, one_a, one_b]
+        every = [multi, shared, one_a, one_b]
         try:
             for s in every:
                 s.resume()
             img_a, img_b = multipart(jpeg), multipart(digit)
             labels = {
                 "multi_a": top1(f"{multi.url}/v2/models/{A}/predict", *img_a),
+                "one_process_a": top1(f"{shared.url}/v2/models/{A}/predict", *img_a),
                 "single_a": top1(f"{one_a.url}/v2/models/{A}/predict", *img_a),
                 "multi_b": top1(f"{multi.url}/v2/models/{B}/predict", *img_b),
+                "one_process_b": top1(f"{shared.url}/v2/models/{B}/predict", *img_b),
                 "single_b": top1(f"{one_b.url}/v2/models/{B}/predict", *img_b),
             }
-            assert labels["multi_a"] == labels["single_a"] == "Egyptian cat", labels
-            assert labels["multi_b"] == labels["single_b"], labels
+            assert labels["multi_a"] == labels["one_process_a"] == labels["single_a"], labels
+            assert labels["single_a"] == "Egyptian cat", labels
+            assert labels["multi_b"] == labels["one_process_b"] == labels["single_b"], labels
             result["top1"] = labels
             c = args.concurrency
 
             def load(srv: Server, name: str, img: tuple[bytes, dict[str, str]], n: int) -> Load:
                 return Load(f"{srv.url}/v2/models/{name}/predict", *img, n)
 
+            def both(srv: Server) -> dict[str, Load]:
+                return {A: load(srv, A, img_a, c), B: load(srv, B, img_b, c)}
+
             result["combined"] = alternate(
                 {
-                    "one_server": Scenario(
-                        (multi,), {A: load(multi, A, img_a, c), B: load(multi, B, img_b, c)}
-                    ),
+                    "one_server": Scenario((multi,), both(multi)),
+                    "one_process": Scenario((shared,), both(shared)),
                     "two_servers": Scenario(
                         (one_a, one_b), {A: load(one_a, A, img_a, c), B: load(one_b, B, img_b, c)}
                     ),
@@ -199,20 +210,20 @@ def main() -> None:
                 args.window,
                 args.rounds,
             )
+
+            def flooded(b_srv: Server, a_srv: Server) -> dict[str, Load]:
+                return {B: load(b_srv, B, img_b, c), A: load(a_srv, A, img_a, args.flood)}
+
             result["isolation"] = alternate(
                 {
                     "b_alone": Scenario((multi,), {B: load(multi, B, img_b, c)}),
-                    "b_with_a_flooded": Scenario(
-                        (multi,),
-                        {B: load(multi, B, img_b, c), A: load(multi, A, img_a, args.flood)},
-                    ),
-                    # the reference: B in a process of its own, A flooded in another on the
-                    # same cores (what a process per model could reach here at best)
+                    "b_with_a_flooded": Scenario((multi,), flooded(multi, multi)),
+                    "b_alone_one_process": Scenario((shared,), {B: load(shared, B, img_b, c)}),
+                    "b_one_process_a_flooded": Scenario((shared,), flooded(shared, shared)),
+                    # the reference: B in a server of its own, A flooded in another on the
+                    # same cores
                     "b_alone_own_process": Scenario((one_b,), {B: load(one_b, B, img_b, c)}),
-                    "b_own_process_a_flooded": Scenario(
-                        (one_a, one_b),
-                        {B: load(one_b, B, img_b, c), A: load(one_a, A, img_a, args.flood)},
-                    ),
+                    "b_own_process_a_flooded": Scenario((one_a, one_b), flooded(one_b, one_a)),
                 },
                 every,
                 args.window,
@@ -222,8 +233,15 @@ def main() -> None:
             for s in every:
                 s.stop()
     comb, iso = result["combined"], result["isolation"]
-    ratio = round(comb["one_server"]["rps_total"] / max(comb["two_servers"]["rps_total"], 1e-9), 2)  # type: ignore[index]
-    p99 = round(iso["b_with_a_flooded"][B]["p99_ms"] / max(iso["b_alone"][B]["p99_ms"], 1e-9), 2)  # type: ignore[index]
+
+    def over(x: float, y: float) -> float:
+        return round(x / max(y, 1e-9), 2)
+
+    def b_p99(scenario: str) -> float:
+        return float(iso[scenario][B]["p99_ms"])  # type: ignore[index]
+
+    ratio = over(comb["one_server"]["rps_total"], comb["two_servers"]["rps_total"])  # type: ignore[index]
+    p99 = over(b_p99("b_with_a_flooded"), b_p99("b_alone"))
     errors_5xx = sum(
         v
         for part in (comb, iso)
@@ -233,20 +251,26 @@ def main() -> None:
         for k, v in sc[ld]["codes_last_window"].items()
         if k.startswith("5")
     )
-    own = round(
-        iso["b_own_process_a_flooded"][B]["p99_ms"]
-        / max(iso["b_alone_own_process"][B]["p99_ms"], 1e-9),
-        2,
-    )  # type: ignore[index]
     result["ratios"] = {
         "combined_rps": ratio,
+        "combined_rps_one_process": over(
+            comb["one_process"]["rps_total"],  # type: ignore[index]
+            comb["two_servers"]["rps_total"],  # type: ignore[index]
+        ),
         "b_p99_flooded_vs_alone": p99,
-        "b_p99_flooded_vs_alone_own_processes": own,
+        "b_p99_flooded_vs_alone_one_process": over(
+            b_p99("b_one_process_a_flooded"), b_p99("b_alone_one_process")
+        ),
+        "b_p99_flooded_vs_alone_own_processes": over(
+            b_p99("b_own_process_a_flooded"), b_p99("b_alone_own_process")
+        ),
     }
     result["errors_5xx_last_windows"] = errors_5xx
     result["setup"] = {
         "one_server": f"zoo serve {A}=A {B}=B --max-batch 16 (ORT threads split: "
-        f"{shares[0]} + {shares[1]} of {cpus} CPUs; one event loop)",
+        f"{shares[0]} + {shares[1]} of {cpus} CPUs; a worker process per model behind one "
+        "port)",
+        "one_process": "the same with --one-process (both models in one process and event loop)",
         "two_servers": f"zoo serve A --threads {shares[0]} and zoo serve B --threads "
         f"{shares[1]}, --max-batch 16 (two processes, two event loops)",
         "models": "A: mobilenet_v2 ImageNet export (torchvision weights); B: simple_cnn "

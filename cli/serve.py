@@ -86,6 +86,13 @@ def serve_cmd(
         int | None,
         typer.Option(min=0, max=65535, help="also serve the v2 gRPC protocol on this port"),
     ] = D["grpc_port"],
+    one_process: Annotated[
+        bool,
+        typer.Option(
+            help="several models: serve them all in this one process (less memory, no "
+            "isolation); default: a worker process per model behind the same ports"
+        ),
+    ] = D["one_process"],
     variant: VariantOpt = None,
 ) -> None:
     """Serve ONNX models over the Open Inference Protocol (KServe v2) with dynamic batching.
@@ -116,6 +123,7 @@ def serve_cmd(
             ssl_certfile=ssl_certfile,
             ssl_keyfile=ssl_keyfile,
             grpc_port=grpc_port,
+            one_process=one_process,
         )
     )
 

@@ -1180,11 +1180,14 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "A: RPS, p99 ms",
         "B: RPS, p99 ms",
     )
-    rows = [("one server, two models", r["combined"]["one_server"]),
+    rows = [("one server, a worker process per model", r["combined"]["one_server"]),
+            ("one server, `--one-process`", r["combined"]["one_process"]),
             ("two servers, a model each", r["combined"]["two_servers"]),
-            ("B alone", r["isolation"]["b_alone"]),
-            ("B with A flooded", r["isolation"]["b_with_a_flooded"]),
-            # the reference: a process per model, on the same cores
+            ("B alone (worker per model)", r["isolation"]["b_alone"]),
+            ("B with A flooded (worker per model)", r["isolation"]["b_with_a_flooded"]),
+            ("B alone (`--one-process`)", r["isolation"]["b_alone_one_process"]),
+            ("B with A flooded (`--one-process`)", r["isolation"]["b_one_process_a_flooded"]),
+            # the reference: a server per model, on the same cores
             ("B alone, its own server", r["isolation"]["b_alone_own_process"]),
             ("B in its own server, A flooded in another", r["isolation"]["b_own_process_a_flooded"])]  # fmt: skip
     for label, m in rows:
@@ -1192,12 +1195,17 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             f"{fmt(m[k]['rps'], 1)}, {fmt(m[k]['p99_ms'], 1)}" if k in m else "" for k in ("a", "b")
         ]
         t.add(label, fmt(m["rps_total"], 1), "yes" if m["converged"] else "**no**", *cells)
+    q = r["ratios"]
     return [
-        f"{st['one_server']}; against {st['two_servers']}. Models: {st['models']}. Client: "
-        f"{st['client']}. 5xx in the last windows: {r['errors_5xx_last_windows']}. With A "
-        f"flooded, B's p99 grows {fmt(r['ratios']['b_p99_flooded_vs_alone'], 2)}× in the "
-        f"two-model server and {fmt(r['ratios']['b_p99_flooded_vs_alone_own_processes'], 2)}× "
-        "when each model has a server process of its own on the same cores (the reference).",
+        f"{st['one_server']}; {st['one_process']}; against {st['two_servers']}. Models: "
+        f"{st['models']}. Client: {st['client']}. 5xx in the last windows: "
+        f"{r['errors_5xx_last_windows']}. Combined RPS against the two servers: "
+        f"{fmt(q['combined_rps'], 2)}× with a worker per model, "
+        f"{fmt(q['combined_rps_one_process'], 2)}× in one process. With A flooded, B's p99 "
+        f"grows {fmt(q['b_p99_flooded_vs_alone'], 2)}× with a worker per model, "
+        f"{fmt(q['b_p99_flooded_vs_alone_one_process'], 2)}× in one process, and "
+        f"{fmt(q['b_p99_flooded_vs_alone_own_processes'], 2)}× when each model has a server "
+        "of its own on the same cores (the reference).",
         "",
         *t.lines(out),
         "",

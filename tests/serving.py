@@ -145,25 +145,32 @@ def in_process_server(
     can instrument the model (the CLI server is a separate process). ``ready``: yield only
     once every model is loaded and warmed up (else as soon as uvicorn listens: the model may
     still answer 503)."""
+    app = create_app(cfg, keys=keys)
+    with in_process_asgi(app, cfg.port) as url:
+        deadline = time.time() + 120
+        while ready and not app.state.models.ready:
+            assert time.time() < deadline, "the model was not ready within 120 s"
+            time.sleep(0.02)
+        yield url, app.state.server
+
+
+@contextmanager
+def in_process_asgi(app: Any, port: int) -> Iterator[str]:
+    """An ASGI app under a real uvicorn on 127.0.0.1:``port``, in a thread; its URL."""
     import threading
 
     import uvicorn
 
-    app = create_app(cfg, keys=keys)
-    config = uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{cfg.port}"
     try:
         deadline = time.time() + 60
         while not srv.started:
             assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
             time.sleep(0.02)
-        while ready and not app.state.models.ready:
-            assert time.time() < deadline + 60, "the model was not ready within 120 s"
-            time.sleep(0.02)
-        yield url, app.state.server
+        yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(60)

@@ -6,11 +6,22 @@ and gRPC (KServe's stub), each answer equal to onnxruntime's on that model's fil
 name is 404 / NOT_FOUND naming the models served; API keys guard every model's routes;
 ``/metrics`` labels each model. One model flooded past its queue answers 429 while the other
 keeps answering the same numbers; one model held inside its runtime does not hold the other;
-names that collide are a usage error (exit 2)."""
+names that collide are a usage error (exit 2). ``zoo serve A B`` runs a worker process per
+model behind the same ports: a request that lands on another model's worker is relayed and
+answered as its owner answers it (tested with two workers in this process, where which one a
+request reaches is chosen); a killed worker is started again while the other model answers;
+a model that does not load stops the start (exit 1); SIGTERM stops every worker (exit 0),
+and so does the parent's death."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,11 +33,22 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import run_zoo
-from tests.serving import NAME, binary_infer, free_port, in_process_server, metric, server, x_of
+from tests.conftest import ZOO, run_zoo
+from tests.serving import (
+    NAME,
+    binary_infer,
+    free_port,
+    in_process_asgi,
+    in_process_server,
+    metric,
+    server,
+    x_of,
+)
 from zoo.deploy.runtimes.loader import OnnxClassifier, make_session
-from zoo.deploy.serve.auth import ENV_VAR
+from zoo.deploy.serve.app import create_app
+from zoo.deploy.serve.auth import ENV_VAR, load_keys
 from zoo.deploy.serve.config import ServeConfig, split_name, thread_shares
+from zoo.deploy.serve.relay import Peers
 from zoo.errors import UsageError
 from zoo.images import open_image
 
@@ -72,9 +94,25 @@ def srv(cnn_run: Path, mobilenet_onnx: Path, srv_log: Path) -> Iterator[tuple[st
     grpc_port = free_port()
     args = [str(mobilenet_onnx), "--grpc-port", str(grpc_port), "--threads", "2"]
     args += ["--max-batch", "8", "--max-queue", "2"]
-    with server(f"{CNN}={cnn_run}", *args, log=srv_log, env={ENV_VAR: KEY}) as (url, _):
+    with server(f"{CNN}={cnn_run}", *args, log=srv_log, env={ENV_VAR: KEY}) as (url, proc):
         yield url, grpc_port
-    assert KEY not in srv_log.read_text(errors="replace")
+    log = srv_log.read_text(errors="replace")
+    assert KEY not in log
+    assert proc.returncode == 0, log[-2000:]  # SIGTERM: every worker stopped gracefully
+    assert not [pid for pid in worker_pids(log) if alive(pid)]
+
+
+def worker_pids(log: str) -> list[int]:
+    """The worker processes named in a server's start-up lines."""
+    return [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "; worker process " in line]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def infer(url: str, model: str, x: np.ndarray, classes: int) -> np.ndarray:
@@ -98,6 +136,7 @@ def test_two_models_are_listed_and_each_answers_as_its_own_file(
     for name in (CNN, NAME):  # one start-up line per model: its share of the CPU budget
         assert f"model {name!r} from" in log
     assert log.count("1 inference threads (its share of 2 CPUs among 2 models)") == 2
+    assert "2 worker processes (one per model)" in log and len(set(worker_pids(log))) == 2
 
     index = httpx.get(f"{url}/v2/repository/index", headers=AUTH)
     expected = [
@@ -287,3 +326,204 @@ def test_names_threads_and_collisions(cnn_run: Path, mobilenet_onnx: Path) -> No
     r = run_zoo("serve", str(cnn_run), str(cnn_run), "--port", str(free_port()), timeout=120)
     assert r.returncode == 2, r.stderr
     assert "two models are named 'simple_cnn.ft-cnn'" in r.stderr and "NAME=MODEL" in r.stderr
+
+
+def test_a_worker_relays_the_other_workers_model_as_its_owner_answers(
+    cnn_run: Path, mobilenet_onnx: Path, digits_x: np.ndarray, four_digits: Path, tmp_path: Path
+) -> None:
+    """The two workers of ``zoo serve m=MOBILENET cnn=RUN`` (each its own model, as
+    :mod:`zoo.deploy.serve.workers` runs them), here in this process so each request goes to
+    the worker chosen: everything sent to the MobileNet worker for the CNN is answered as
+    the CNN's worker answers it directly (HTTP and gRPC, answers and errors); a missing key is
+    refused before anything is relayed; the index and readiness ask both. The CNN's worker
+    stopped, its model is 503 / UNAVAILABLE saying why, while MobileNet answers."""
+    cnn_onnx = cnn_run / "model" / "model.onnx"
+    keys = load_keys(None, {ENV_VAR: KEY})
+    cfg = ServeConfig(f"m={mobilenet_onnx}", more_models=(f"{CNN}={cnn_onnx}",), max_body_mb=1)
+    owners, relay = {"m": 0, CNN: 1}, tmp_path / "relay"
+    relay.mkdir()
+    urls, grpc_ports, stacks = [], [free_port(), free_port()], []
+    for i in (0, 1):
+        peers = Peers(owners, i, relay, keys, cfg.body_limit)
+        worker = dataclasses.replace(cfg, grpc_port=grpc_ports[i])
+        app = create_app(worker, keys=keys, peers=peers)
+        stacks.append(contextlib.ExitStack())
+        urls.append(stacks[i].enter_context(in_process_asgi(peers.router(app), free_port())))
+    here, owner = urls
+    try:
+        deadline = time.time() + 120
+        while httpx.get(f"{here}/v2/health/ready").status_code != 200:
+            assert time.time() < deadline, "the two workers were never ready"
+            time.sleep(0.1)
+        index = httpx.get(f"{here}/v2/repository/index", headers=AUTH).json()
+        assert [(e["name"], e["state"]) for e in index] == [("m", "READY"), (CNN, "READY")]
+
+        def both(method: str, path: str, **kw: Any) -> httpx.Response:
+            """The relayed answer, checked equal to the owner's own."""
+            relayed = httpx.request(method, here + path, timeout=60, **kw)
+            direct = httpx.request(method, owner + path, timeout=60, **kw)
+            assert relayed.status_code == direct.status_code, (relayed.text, direct.text)
+            assert relayed.content == direct.content
+            assert relayed.headers.get("retry-after") == direct.headers.get("retry-after")
+            return relayed
+
+        assert both("GET", f"/v2/models/{CNN}", headers=AUTH).json()["name"] == CNN
+        r = both("POST", f"/v2/models/{CNN}/infer", **_with_key(binary_infer(digits_x)))
+        head = int(r.headers["inference-header-content-length"])
+        got = np.frombuffer(r.content[head:], np.float32).reshape(len(digits_x), 4)
+        direct = make_session(cnn_onnx).run(None, {"input": digits_x})[0]
+        np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-5)
+        png = sorted(four_digits.glob("*/*.png"))[0].read_bytes()
+        files = {"file": ("d.png", png, "image/png")}
+        r = both("POST", f"/v2/models/{CNN}/predict?top_k=2", files=files, headers=AUTH)
+        assert r.status_code == 200 and len(r.json()["predictions"]) == 2
+        big = b"0" * (cfg.body_limit + 10)  # over the limit: by its declared length, then read
+        assert both("POST", f"/v2/models/{CNN}/infer", content=big, headers=AUTH).status_code == 413
+        for url in urls:  # no declared length (chunked): refused once the limit is read
+            chunks = iter([big[:700_000], big[700_000:]])
+            r = httpx.post(f"{url}/v2/models/{CNN}/infer", content=chunks, headers=AUTH)
+            assert r.status_code == 413 and "1,048,576-byte limit" in r.json()["error"]
+        assert (
+            both("POST", f"/v2/models/{CNN}/infer", json={"inputs": 1}, headers=AUTH).status_code
+            == 400
+        )
+        assert both("GET", f"/v2/models/{CNN}/infer", headers=AUTH).status_code == 405
+        assert both("GET", f"/v2/models/{CNN}/nothing", headers=AUTH).status_code == 404
+        refused = httpx.post(f"{here}/v2/models/{CNN}/infer", **binary_infer(digits_x))
+        assert refused.status_code == 401 and "WWW-Authenticate" in refused.headers
+        refusals = 'zoo_auth_refusals_total{reason="missing",scope="infer"}'
+        for url, count in ((here, 1), (owner, 0)):  # refused here: its body never went on
+            text = httpx.get(f"{url}/metrics", headers=AUTH).text
+            assert metric(text, refusals) == count, text
+
+        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
+
+        metadata = (("authorization", f"Bearer {KEY}"),)
+        request = pb.ModelInferRequest(model_name=CNN, id="relayed")
+        request.inputs.add(name="input", datatype="FP32", shape=list(digits_x.shape))
+        request.raw_input_contents.append(digits_x.tobytes())
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_ports[0]}") as channel:
+            stub = v2_grpc.GRPCInferenceServiceStub(channel)
+            res = stub.ModelInfer(request, metadata=metadata)
+            assert res.model_name == CNN and res.id == "relayed"
+            got = np.frombuffer(res.raw_output_contents[0], np.float32).reshape(-1, 4)
+            np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-5)
+            assert stub.ModelReady(pb.ModelReadyRequest(name=CNN), metadata=metadata).ready
+            assert stub.ServerReady(pb.ServerReadyRequest()).ready
+            small = digits_x[:, :, :8, :8].copy()  # not the CNN's input size: the owner says
+            for name, x, code in (
+                (CNN, small, grpc.StatusCode.INVALID_ARGUMENT),
+                ("nope", digits_x, grpc.StatusCode.NOT_FOUND),
+            ):
+                bad = pb.ModelInferRequest(model_name=name)
+                bad.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+                bad.raw_input_contents.append(x.tobytes())
+                with pytest.raises(grpc.RpcError) as failed:
+                    stub.ModelInfer(bad, metadata=metadata)
+                assert failed.value.code() is code, failed.value.details()
+            with pytest.raises(grpc.RpcError) as unkeyed:
+                stub.ModelInfer(request)
+            assert unkeyed.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+            stacks[1].close()  # the CNN's worker stops
+            gone = httpx.get(f"{here}/v2/models/{CNN}/ready", headers=AUTH)
+            assert gone.status_code == 503 and "not answering" in gone.json()["error"]
+            states = httpx.get(f"{here}/v2/repository/index", headers=AUTH).json()
+            assert [e["state"] for e in states] == ["READY", "UNAVAILABLE"]
+            assert "not answering" in states[1]["reason"]
+            assert httpx.get(f"{here}/v2/health/ready").status_code == 503
+            mine = httpx.post(
+                f"{here}/v2/models/m/infer", timeout=60, **_with_key(binary_infer(x_of(1)))
+            )
+            assert mine.status_code == 200
+            with pytest.raises(grpc.RpcError) as unavailable:
+                stub.ModelInfer(request, metadata=metadata)
+            assert unavailable.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert not stub.ServerReady(pb.ServerReadyRequest()).ready
+    finally:
+        for stack in reversed(stacks):
+            stack.close()
+
+
+def test_a_killed_worker_is_started_again_and_the_parent_takes_its_workers_along(
+    cnn_run: Path, mobilenet_onnx: Path, digits_x: np.ndarray, tmp_path: Path
+) -> None:
+    """``zoo serve m=MOBILENET cnn=RUN``: the CNN's worker killed (as a crash would), the
+    CNN answers 503 saying why until its worker is back, then the same numbers; MobileNet
+    answers all along. The parent killed (no chance to stop anything), the workers stop
+    too, and the port is free again."""
+    log = tmp_path / "server.log"
+    with server(f"m={mobilenet_onnx}", f"{CNN}={cnn_run}", "--threads", "2", log=log) as (
+        url,
+        proc,
+    ):
+        pids = worker_pids(log.read_text())
+        before = infer_open(url, CNN, digits_x)
+        os.kill(pids[1], signal.SIGKILL)
+        codes: Counter[int] = Counter()
+        deadline = time.time() + 120
+        while True:
+            assert time.time() < deadline, f"the CNN never came back: {codes}"
+            m = httpx.post(f"{url}/v2/models/m/infer", timeout=60, **binary_infer(x_of(4)))
+            assert m.status_code == 200, m.text
+            r = httpx.post(f"{url}/v2/models/{CNN}/infer", timeout=60, **binary_infer(digits_x))
+            codes[r.status_code] += 1
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and "not answering" in r.json()["error"], r.text
+        np.testing.assert_array_equal(infer_open(url, CNN, digits_x), before)
+        text = log.read_text()
+        assert f"the worker of model {CNN!r} exited with code -9; starting it again" in text
+        restarted = worker_pids(text)[-1]
+        assert restarted not in pids and alive(restarted)
+        port = int(url.rsplit(":", 1)[1])
+        proc.kill()
+        proc.wait()
+        for pid in (pids[0], restarted):
+            for _ in range(100):
+                if not alive(pid):
+                    break
+                time.sleep(0.1)
+            assert not alive(pid), f"worker {pid} outlived its parent"
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free: nothing of the server is left
+
+
+def infer_open(url: str, model: str, x: np.ndarray) -> np.ndarray:
+    r = httpx.post(f"{url}/v2/models/{model}/infer", timeout=60, **binary_infer(x))
+    assert r.status_code == 200, r.text[:300]
+    head = int(r.headers["inference-header-content-length"])
+    return np.frombuffer(r.content[head:], np.float32).reshape(len(x), -1)
+
+
+def test_a_model_that_does_not_load_stops_the_start(mobilenet_onnx: Path, tmp_path: Path) -> None:
+    """One of two models is a graph onnxruntime cannot load (an operator it does not know):
+    ``zoo serve`` exits 1 naming the file and why, before anything serves, and leaves no
+    worker behind."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 3, 8, 8])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 2])
+    node = helper.make_node("NoSuchOp", ["input"], ["logits"], domain="zoo.test")
+    graph = helper.make_graph([node], "unrunnable", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("zoo.test", 1)]
+    broken = tmp_path / "broken.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets), broken)
+    port = free_port()
+    r = subprocess.run(
+        [ZOO, "serve", f"m={mobilenet_onnx}", f"x={broken}", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "onnxruntime cannot load" in r.stderr and "broken.onnx" in r.stderr, r.stderr
+    assert "NoSuchOp" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert worker_pids(r.stderr) == []  # no model line: refused before serving
+    workers = f"zoo.deploy.serve.workers [mx]@127.0.0.1:{port}"  # each worker's command line
+    left = subprocess.run(["pgrep", "-f", workers], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout

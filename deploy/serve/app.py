@@ -30,6 +30,7 @@ from zoo.deploy.serve.inputs import read_body, read_upload
 from zoo.deploy.serve.model import ModelServer
 from zoo.deploy.serve.openapi import openapi_document
 from zoo.deploy.serve.protocol import HEADER, encode_response, parse_request
+from zoo.deploy.serve.relay import Peers, answer_http
 from zoo.deploy.serve.served import ServedModels
 from zoo.errors import (
     InputError,
@@ -164,7 +165,7 @@ class HttpApi:
         return JSONResponse({"live": True})
 
     async def ready_ep(self, request: Request) -> Response:
-        ready = self.models.ready
+        ready = await self.models.all_ready()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def repository_index(self, request: Request) -> Response:
@@ -173,7 +174,7 @@ class HttpApi:
 
         async def go() -> Response:
             body = await read_body(request, 4096) if request.method == "POST" else b""
-            entries = self.models.index(body)
+            entries = await self.models.index(body)
             return Response(msgspec.json.encode(entries), media_type="application/json")
 
         return await self._guard(request, "repository_index", go)
@@ -236,13 +237,13 @@ class HttpApi:
         labels."""
         if self._page is None:
             template = (files("zoo.deploy.serve") / "demo.html").read_text(encoding="utf-8")
-            name = html.escape(self.models.first.name, quote=True)
+            name = html.escape(self.models.names[0], quote=True)
             self._page = template.replace("{{MODEL}}", name)
         return HTMLResponse(self._page)
 
     async def openapi_ep(self, request: Request) -> Response:
         if self._openapi is None:
-            doc = openapi_document(list(self.models.models), self.keyed_paths)
+            doc = openapi_document(list(self.models.names), self.keyed_paths)
             self._openapi = msgspec.json.encode(doc)
         return Response(self._openapi, media_type="application/json")
 
@@ -256,6 +257,7 @@ def create_app(
     keys: ApiKeys | None = None,
     *,
     loaded: Mapping[str, Classifier] | None = None,
+    peers: Peers | None = None,
 ) -> Starlette:
     """The ASGI app serving ``cfg``'s models (Open Inference Protocol v2 + ``/predict``),
     and the v2 gRPC service on ``cfg.grpc_port`` if set.
@@ -270,6 +272,9 @@ def create_app(
         keys: the API keys (:func:`zoo.deploy.serve.auth.load_keys`, read at start-up);
             None: no authentication. Health stays open either way.
         loaded: models already loaded, by name (``zoo serve`` loads every one before binding).
+        peers: the other workers of a server with a process per model
+            (:mod:`zoo.deploy.serve.workers`): only this worker's models are served here, the
+            others' answers are relayed (run the app behind :meth:`Peers.router`).
 
     Returns:
         A Starlette app; ``app.state.models`` is its :class:`ServedModels`,
@@ -282,7 +287,7 @@ def create_app(
     given = dict(loaded or {})
     if clf is not None:
         given[cfg.served()[0].name] = clf
-    models = ServedModels.build(cfg, given)
+    models = ServedModels.build(cfg, given, peers)
     api = HttpApi(models, keys)
     # path, endpoint, methods, the API-key scope (None: open to probes)
     table: list[tuple[str, Endpoint, list[str] | None, str | None]] = [
@@ -310,11 +315,19 @@ def create_app(
             from zoo.deploy.serve.grpc_server import start_grpc
 
             grpc = await start_grpc(models, keys, cfg)
+        if peers is not None:
+            await peers.open(
+                lambda call: answer_http(app, call),
+                grpc.service.relayed if grpc is not None else None,
+                models.local_entries,
+            )
         try:
             yield
         finally:
+            if peers is not None:  # what other workers relayed here finishes first
+                await peers.close(cfg.graceful_timeout_s)
             if grpc is not None:  # in-flight RPCs finish on the running batchers
-                await grpc.stop(cfg.graceful_timeout_s)
+                await grpc.server.stop(cfg.graceful_timeout_s)
             await models.stop()
 
     app = Starlette(

@@ -86,6 +86,9 @@ class ServeConfig:
         ssl_certfile: TLS certificate (PEM) for HTTPS and gRPC; None: plain text.
         ssl_keyfile: its private key (PEM), unless the certificate file holds it.
         grpc_port: also serve the v2 gRPC protocol on this port (None: HTTP only).
+        one_process: several models in this one process and event loop (less memory; one
+            model's decoding and Python work then slows the others'); default: a worker
+            process per model behind the same ports (:mod:`zoo.deploy.serve.workers`).
 
     Raises:
         UsageError: a key file without a certificate, gRPC and HTTP on the same port, or
@@ -111,6 +114,7 @@ class ServeConfig:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     grpc_port: int | None = None
+    one_process: bool = False
     more_models: tuple[str, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 

@@ -21,6 +21,7 @@ from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.grpc_protocol import SERVICE, infer_response, messages, parse_infer
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.model import ModelServer
+from zoo.deploy.serve.relay import GrpcCall, GrpcReply
 from zoo.deploy.serve.served import ServedModels
 from zoo.errors import (
     InputError,
@@ -60,6 +61,28 @@ def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
+class _Elsewhere(Exception):
+    """The RPC names a model another worker owns (:mod:`zoo.deploy.serve.workers`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """An RPC's answer: the response (a message, or one already serialized by the worker
+    that owns the model), or the status code it ends with and why."""
+
+    response: Any = None
+    code: grpc.StatusCode | None = None
+    message: str = ""
+
+
+def _serialize(response: Any) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 class GrpcService:
     """The service's methods over a server's models.
 
@@ -72,63 +95,81 @@ class GrpcService:
     def __init__(self, models: ServedModels, keys: ApiKeys | None, body_limit: int) -> None:
         self.models, self.keys, self.pb = models, keys, messages()
         self.body_limit = body_limit
+        # method -> (the API-key scope, None: open to probes; the method)
+        self.methods: dict[str, tuple[str | None, Handler]] = {
+            "ServerLive": (None, self.server_live),
+            "ServerReady": (None, self.server_ready),
+            "ServerMetadata": ("metadata", self.server_metadata),
+            "ModelReady": ("metadata", self.model_ready),
+            "ModelMetadata": ("metadata", self.model_metadata),
+            "ModelInfer": ("infer", self.model_infer),
+        }
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The method table: requests arrive as bytes and are parsed in the method, so a
         message that does not decode is INVALID_ARGUMENT (gRPC's own deserializer would
         answer INTERNAL)."""
-        pb = self.pb
-        methods: dict[str, tuple[str | None, Handler, Any]] = {
-            "ServerLive": (None, self.server_live, pb.ServerLiveResponse),
-            "ServerReady": (None, self.server_ready, pb.ServerReadyResponse),
-            "ServerMetadata": ("metadata", self.server_metadata, pb.ServerMetadataResponse),
-            "ModelReady": ("metadata", self.model_ready, pb.ModelReadyResponse),
-            "ModelMetadata": ("metadata", self.model_metadata, pb.ModelMetadataResponse),
-            "ModelInfer": ("infer", self.model_infer, pb.ModelInferResponse),
-        }
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                name: grpc.unary_unary_rpc_method_handler(
-                    self._guarded(name, scope, fn),
-                    response_serializer=response.SerializeToString,
-                )
-                for name, (scope, fn, response) in methods.items()
-            },
-        )
 
-    def _guarded(self, method: str, scope: str | None, fn: Handler) -> Any:
-        async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
-            rpc = _Call(self.models.unrouted)
-            if self.keys is not None and scope is not None:
+        def method(name: str) -> Any:
+            async def call(data: bytes, context: grpc.aio.ServicerContext) -> Any:
                 metadata = dict(context.invocation_metadata() or ())
-                verdict = self.keys.check(metadata.get("authorization"), scope)
-                if verdict is not Verdict.OK:
-                    self.models.families.auth_refusals.labels(scope, verdict.value).inc()
-                    forbidden = verdict is Verdict.FORBIDDEN
-                    code = (
-                        grpc.StatusCode.PERMISSION_DENIED
-                        if forbidden
-                        else grpc.StatusCode.UNAUTHENTICATED
-                    )
-                    log.info(
-                        "gRPC %s -> %s: %r", method, code.name, refusal_message(verdict, scope)
-                    )
-                    await context.abort(code, refusal_message(verdict, scope))
+                outcome = await self.answer(name, data, metadata.get("authorization"))
+                if outcome.code is not None:
+                    await context.abort(outcome.code, outcome.message)
+                return outcome.response
+
+            return grpc.unary_unary_rpc_method_handler(call, response_serializer=_serialize)
+
+        return grpc.method_handlers_generic_handler(SERVICE, {n: method(n) for n in self.methods})
+
+    async def answer(self, method: str, data: bytes, authorization: str | None) -> _Outcome:
+        """One RPC, keyed, answered here or by the worker that owns its model; every failure
+        becomes a status code, and the server goes on."""
+        scope, fn = self.methods[method]
+        rpc = _Call(self.models.unrouted)
+        if self.keys is not None and scope is not None:
+            verdict = self.keys.check(authorization, scope)
+            if verdict is not Verdict.OK:
+                self.models.families.auth_refusals.labels(scope, verdict.value).inc()
+                forbidden = verdict is Verdict.FORBIDDEN
+                code = (
+                    grpc.StatusCode.PERMISSION_DENIED
+                    if forbidden
+                    else grpc.StatusCode.UNAUTHENTICATED
+                )
+                log.info("gRPC %s -> %s: %r", method, code.name, refusal_message(verdict, scope))
+                return _Outcome(code=code, message=refusal_message(verdict, scope))
+        try:
             try:
                 answer = await fn(data, rpc)
-                rpc.metrics.requests.labels(f"grpc_{method}", "ok").inc()
-                return answer
-            except Exception as exc:  # every failure becomes a status; the server goes on
-                code, message = _status(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("gRPC %s failed", method)
-            elif code is not grpc.StatusCode.NOT_FOUND:  # one line, as HTTP's client errors
-                log.info("gRPC %s -> %s: %r", method, code.name, message[:500])
-            rpc.metrics.requests.labels(f"grpc_{method}", code.name.lower()).inc()
-            await context.abort(code, message)
+            except _Elsewhere as elsewhere:  # counted by the worker that answers it
+                assert self.models.peers is not None
+                reply = await self.models.peers.relay(
+                    elsewhere.name, GrpcCall(method, data, authorization)
+                )
+                assert isinstance(reply, GrpcReply)
+                if reply.code:
+                    return _Outcome(code=grpc.StatusCode[reply.code], message=reply.message)
+                return _Outcome(reply.data)
+            rpc.metrics.requests.labels(f"grpc_{method}", "ok").inc()
+            return _Outcome(answer)
+        except Exception as exc:  # every failure becomes a status; the server goes on
+            code, message = _status(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.exception("gRPC %s failed", method)
+        elif code is not grpc.StatusCode.NOT_FOUND:  # one line, as HTTP's client errors
+            log.info("gRPC %s -> %s: %r", method, code.name, message[:500])
+        rpc.metrics.requests.labels(f"grpc_{method}", code.name.lower()).inc()
+        return _Outcome(code=code, message=message)
 
-        return call
+    async def relayed(self, call: GrpcCall) -> GrpcReply:
+        """An RPC another worker relayed here (for one of this worker's models)."""
+        if call.method not in self.methods:
+            return GrpcReply(code="UNIMPLEMENTED", message=f"no method {call.method!r}")
+        outcome = await self.answer(call.method, call.data, call.authorization)
+        if outcome.code is not None:
+            return GrpcReply(code=outcome.code.name, message=outcome.message)
+        return GrpcReply(_serialize(outcome.response))
 
     def _parse(self, message: Any, data: bytes) -> Any:
         from google.protobuf.message import DecodeError
@@ -143,7 +184,10 @@ class GrpcService:
 
         Raises:
             ModelNotServedError: no model of that name.
+            _Elsewhere: another worker's model (relayed there by :meth:`answer`).
         """
+        if self.models.peers is not None and not self.models.peers.is_local(name):
+            raise _Elsewhere(name)
         model = self.models.get(name)
         rpc.metrics = model.metrics
         return model
@@ -153,7 +197,7 @@ class GrpcService:
         return self.pb.ServerLiveResponse(live=True)
 
     async def server_ready(self, data: bytes, rpc: _Call) -> Any:
-        return self.pb.ServerReadyResponse(ready=self.models.ready)
+        return self.pb.ServerReadyResponse(ready=await self.models.all_ready())
 
     async def server_metadata(self, data: bytes, rpc: _Call) -> Any:
         return self.pb.ServerMetadataResponse(name="zoo", version=zoo_version(), extensions=[])
@@ -186,11 +230,18 @@ class GrpcService:
         return infer_response(model.name, req.id, outputs)
 
 
-async def start_grpc(
-    models: ServedModels, keys: ApiKeys | None, cfg: ServeConfig
-) -> grpc.aio.Server:
+@dataclass(frozen=True)
+class GrpcServer:
+    """The running gRPC server and its service."""
+
+    server: grpc.aio.Server
+    service: GrpcService
+
+
+async def start_grpc(models: ServedModels, keys: ApiKeys | None, cfg: ServeConfig) -> GrpcServer:
     """The v2 gRPC service on ``cfg.grpc_port`` (TLS with the HTTP certificate), started in
-    the running event loop.
+    the running event loop. In a worker of a server with a process per model, every worker
+    listens on the port (``SO_REUSEPORT``, the port checked free before the workers start).
 
     Raises:
         InputError: the v2 messages are not installed (:func:`messages`).
@@ -198,10 +249,11 @@ async def start_grpc(
     """
     assert cfg.grpc_port is not None
     service = GrpcService(models, keys, cfg.body_limit)
+    shared = models.peers is not None  # else a port in use is an error, not a shared listener
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", cfg.body_limit),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+            ("grpc.so_reuseport", int(shared)),
         ]
     )
     server.add_generic_rpc_handlers((service.handler(),))
@@ -219,4 +271,4 @@ async def start_grpc(
         port = server.add_insecure_port(address)
     await server.start()
     log.info("zoo serve: gRPC on %s:%s%s", host, port, " (TLS)" if cfg.ssl_certfile else "")
-    return server
+    return GrpcServer(server, service)

@@ -2,13 +2,20 @@
 
 One model: the metrics carry no model label (as they always have). Several: every metric of
 a model carries ``model="NAME"`` (``""``: a request that names no served model), one family
-per metric shared by all models, so ``/metrics`` lists them side by side."""
+per metric shared by all models, so ``/metrics`` lists them side by side. In the worker
+processes of a server with a process per model (:mod:`zoo.deploy.serve.workers`), each
+worker counts into prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set
+by the parent) and ``/metrics``, wherever it lands, sums them over the workers."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's own variable: where each worker process's metric files live."""
 
 _TIME_BUCKETS = (
     0.0005,
@@ -52,7 +59,11 @@ class MetricFamilies:
             registry=self.registry,
         )
         self.queue_depth = Gauge(
-            "zoo_queue_depth", "Requests waiting for a batch", model, registry=self.registry
+            "zoo_queue_depth",
+            "Requests waiting for a batch",
+            model,
+            registry=self.registry,
+            multiprocess_mode="livesum",  # over the live workers (one process: the value)
         )
         self.batch_size = Histogram(
             "zoo_batch_size",
@@ -77,7 +88,15 @@ class MetricFamilies:
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition text: this registry's, or every worker's summed."""
+        shared = os.environ.get(MULTIPROC_ENV)
+        if not shared:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=shared)
+        return generate_latest(merged)
 
 
 class _Bound:

@@ -113,6 +113,16 @@ class InferenceResponse(msgspec.Struct, omit_defaults=True):
     id: str | None = None
 
 
+class IndexEntry(msgspec.Struct, omit_defaults=True):
+    """One model in the repository index (Triton's model repository extension):
+    ``state`` is READY, LOADING (warming up) or UNAVAILABLE (``reason`` says why)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
 class TensorMetadata(msgspec.Struct):
     name: str
     datatype: str

@@ -4,19 +4,21 @@ graceful shutdown."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import logging
-import signal
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig, load_served
+from zoo.deploy.serve.startup import (
+    graceful_server,
+    log_model,
+    log_server,
+    setup_logging,
+    uvicorn_config,
+)
 from zoo.errors import InputError
 from zoo.ref import RUNTIME_KINDS, ModelRef
-from zoo.system import available_cpus
 
 
 def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
@@ -67,31 +69,10 @@ def default_name(onnx_path: Path) -> str:
     return onnx_path.stem
 
 
-def _graceful_server_class() -> type:
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """SIGTERM/SIGINT: stop accepting, finish in-flight requests (bounded by
-        timeout_graceful_shutdown), then return normally, so the process exits 0. (uvicorn's own
-        handler re-raises the signal after shutting down, which ends the process with -15.)"""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            previous = {
-                s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)
-            }
-            try:
-                yield
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-
-    return GracefulServer
-
-
 def serve(cfg: ServeConfig) -> None:
     """Serve one model or several under uvicorn until SIGTERM/SIGINT, then shut down
-    gracefully.
+    gracefully. Several models get a worker process each behind the same ports
+    (:func:`zoo.deploy.serve.workers.serve_workers`) unless ``cfg.one_process``.
 
     Args:
         cfg: the settings; ``cfg.model_path`` (and ``cfg.more_models``) are model references
@@ -107,18 +88,13 @@ def serve(cfg: ServeConfig) -> None:
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
-            once, before the server binds, so a model it cannot run is refused, not served 503.
+            once, before the server serves, so a model it cannot run is refused, not served 503
+            (with workers: the error's class and message, from the worker that loaded it).
     """
-    import uvicorn
-
     from zoo.deploy.serve.app import create_app
     from zoo.deploy.serve.auth import check_exposure, load_keys
 
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("zoo.serve").setLevel(logging.INFO)  # start-up line, one per client error
-    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
+    setup_logging()
     keys = load_keys(cfg.api_key_file)  # at start-up, from the environment as it is now
     check_exposure(cfg.host, keys, allow_unauthenticated=cfg.allow_unauthenticated)
     for option, tls_file in (
@@ -140,48 +116,18 @@ def serve(cfg: ServeConfig) -> None:
             path = resolve_onnx(ref, workdir)
             files.append((str(path), default_name(path)))
         cfg = cfg.resolved(files)
+        if len(cfg.models) > 1 and not cfg.one_process:
+            from zoo.deploy.serve.workers import serve_workers
+
+            serve_workers(cfg)  # each model loaded in its worker, refused there the same way
+            return
         # loaded once, here: a model it cannot run is refused (exit 1) before the server
         # binds, rather than a server that answers 503 for ever; the app only warms it up
         loaded = {}
         for model in cfg.served():
             loaded[model.name] = load_served(model)
-            logging.getLogger("zoo.serve").info(
-                "zoo serve: model %r from %s: %s inference threads%s; its own batcher "
-                "(max batch %s) and queue (max %s)",
-                model.name,
-                model.model_path,
-                loaded[model.name].threads,
-                f" (its share of {cfg.threads or available_cpus()} CPUs among {len(refs)} models)"
-                if len(refs) > 1
-                else "",
-                model.max_batch,
-                model.max_queue,
-            )
+            log_model(cfg, model, loaded[model.name].threads)
         app = create_app(cfg, keys=keys, loaded=loaded)
-        # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
-        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-        config = uvicorn.Config(
-            app,
-            host=cfg.host,
-            port=cfg.port,
-            loop=loop,
-            http=http,
-            log_level="warning",
-            timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
-            access_log=False,
-            ssl_certfile=cfg.ssl_certfile,
-            ssl_keyfile=cfg.ssl_keyfile,
-        )
-        scheme = "https" if cfg.tls else "http"
-        logging.getLogger("zoo.serve").info(
-            "zoo serve: %s://%s:%s (uvicorn, %s loop, %s parser)%s; API keys: %s",
-            scheme,
-            cfg.host,
-            cfg.port,
-            loop,
-            http,
-            f", gRPC on port {cfg.grpc_port}" if cfg.grpc_port is not None else "",
-            f"{len(keys.entries)} (health open)" if keys else "none (every endpoint open)",
-        )
-        _graceful_server_class()(config).run()
+        config = uvicorn_config(app, cfg)
+        log_server(cfg, config, keys, "")
+        graceful_server(config).run()

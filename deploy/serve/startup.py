@@ -1,0 +1,104 @@
+"""How a serving process starts and stops: its log lines (start-up lines included), uvicorn's
+settings, and a graceful shutdown on SIGTERM and SIGINT; for ``zoo serve`` in one process
+(:mod:`zoo.deploy.serve.run`) and for each worker of a server with a process per model
+(:mod:`zoo.deploy.serve.workers`)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+from zoo.deploy.serve.auth import ApiKeys
+from zoo.deploy.serve.config import ModelConfig, ServeConfig
+from zoo.system import available_cpus
+
+
+def graceful_server(config: Any) -> Any:
+    """A uvicorn server for ``config`` that shuts down gracefully on SIGTERM and SIGINT."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """SIGTERM/SIGINT: stop accepting, finish in-flight requests (bounded by
+        timeout_graceful_shutdown), then return normally, so the process exits 0. (uvicorn's own
+        handler re-raises the signal after shutting down, which ends the process with -15.)"""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {
+                s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)
+            }
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return GracefulServer(config)
+
+
+def setup_logging(where: str = "") -> None:
+    """The server's log lines: warnings, zoo's start-up and client-error lines (``where``:
+    which worker process says it)."""
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s"
+    )
+    logging.getLogger("zoo.serve").setLevel(logging.INFO)  # start-up line, one per client error
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # its bad-body warnings: ours
+
+
+def log_model(cfg: ServeConfig, model: ModelConfig, threads: int | None, where: str = "") -> None:
+    """The start-up line of one served model: its file, threads, batcher and queue."""
+    several = len(cfg.served()) > 1
+    logging.getLogger("zoo.serve").info(
+        "zoo serve: model %r from %s: %s inference threads%s; its own batcher "
+        "(max batch %s) and queue (max %s)%s",
+        model.name,
+        model.model_path,
+        threads,
+        f" (its share of {cfg.threads or available_cpus()} CPUs among {len(cfg.served())} models)"
+        if several
+        else "",
+        model.max_batch,
+        model.max_queue,
+        where,
+    )
+
+
+def uvicorn_config(app: Any, cfg: ServeConfig) -> Any:
+    """uvicorn's settings for ``app`` under ``cfg``."""
+    import uvicorn
+
+    # uvicorn's fast loop and parser are dependencies; "auto" still runs without them
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        loop=loop,
+        http=http,
+        log_level="warning",
+        timeout_graceful_shutdown=int(cfg.graceful_timeout_s),
+        access_log=False,
+        ssl_certfile=cfg.ssl_certfile,
+        ssl_keyfile=cfg.ssl_keyfile,
+    )
+
+
+def log_server(cfg: ServeConfig, config: Any, keys: ApiKeys | None, how: str) -> None:
+    """The start-up line of the server: its address, loop and parser, gRPC, keys."""
+    logging.getLogger("zoo.serve").info(
+        "zoo serve: %s://%s:%s (uvicorn, %s loop, %s parser%s)%s; API keys: %s",
+        "https" if cfg.tls else "http",
+        cfg.host,
+        cfg.port,
+        config.loop,
+        config.http,
+        how,
+        f", gRPC on port {cfg.grpc_port}" if cfg.grpc_port is not None else "",
+        f"{len(keys.entries)} (health open)" if keys else "none (every endpoint open)",
+    )

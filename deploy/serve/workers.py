@@ -1,0 +1,324 @@
+"""``zoo serve A B …``: a worker process per model behind the same ports.
+
+Each model's decoding, batching and inference run in its own process, so one model flooded
+or stuck costs another no GIL time (issue #34: in one process, a flooded MobileNet took the
+event loop from a small CNN). The parent (this module's :func:`serve_workers`) binds the HTTP
+port once and hands the socket to every worker, which all accept on it (the kernel shares the
+connections out, as under uvicorn's own ``--workers``); gRPC is bound by every worker with
+``SO_REUSEPORT``. A request that lands on a worker for another worker's model is relayed to
+it (:mod:`zoo.deploy.serve.relay`). Readiness and the repository index ask every worker;
+``/metrics`` sums them (prometheus_client's multiprocess mode). The parent loads nothing: it
+starts the workers, waits for each to load its model (one that cannot is refused, exit 1,
+before any serves), starts a worker again if one dies, and on SIGTERM or SIGINT stops them
+gracefully.
+
+A worker reads its :class:`WorkerSpec` on standard input as JSON (never a pickle), says
+whether its model loaded on the status pipe, serves once the parent says ``go``, and shuts
+down when the parent goes (its standard input closes)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import msgspec
+
+import zoo.errors
+from zoo.deploy.serve.config import ServeConfig
+from zoo.deploy.serve.metrics import MULTIPROC_ENV
+from zoo.deploy.serve.startup import graceful_server, log_model, setup_logging, uvicorn_config
+from zoo.errors import InputError, ZooError
+
+log = logging.getLogger("zoo.serve")
+
+RESTARTS = 3
+"""Restarts of one worker within :data:`RESTART_WINDOW_S` before the server gives up (exit 1)."""
+RESTART_WINDOW_S = 60.0
+
+
+class WorkerSpec(msgspec.Struct):
+    """What one worker serves: the server's settings (models resolved to files), which model
+    is its own, where the workers' relay sockets are, and its inherited descriptors."""
+
+    cfg: ServeConfig
+    index: int
+    relay_dir: str
+    http_fd: int
+    status_fd: int
+
+
+class WorkerStatus(msgspec.Struct, omit_defaults=True):
+    """A worker's word after loading: its inference threads, or why its model did not load
+    (the message and the :mod:`zoo.errors` class, so the parent exits as ``zoo serve`` would
+    with the model loaded in it)."""
+
+    threads: int | None = None
+    error: str = ""
+    kind: str = ""
+
+
+class _Worker:
+    """One worker process, seen from the parent."""
+
+    def __init__(self, spec: WorkerSpec, http: socket.socket, env: dict[str, str]) -> None:
+        self.spec, self.http, self.env = spec, http, env
+        self.name = spec.cfg.served()[spec.index].name
+        self.where = f"{spec.cfg.host}:{spec.cfg.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.status_r = -1
+        self.restarts: list[float] = []
+
+    def start(self) -> None:
+        read, write = os.pipe()
+        spec = msgspec.structs.replace(self.spec, http_fd=self.http.fileno(), status_fd=write)
+        self.proc = subprocess.Popen(
+            # the model and address on its command line: what `ps` shows of it
+            [sys.executable, "-m", "zoo.deploy.serve.workers", f"{self.name}@{self.where}"],
+            stdin=subprocess.PIPE,
+            pass_fds=(self.http.fileno(), write),
+            env=self.env,
+        )
+        os.close(write)
+        self.status_r = read
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(msgspec.json.encode(spec) + b"\n")
+        self.proc.stdin.flush()
+
+    def loaded(self) -> WorkerStatus:
+        """The worker's status once its model is loaded (or it failed, or died)."""
+        with os.fdopen(self.status_r, "rb") as status:
+            line = status.readline()
+        if not line:
+            assert self.proc is not None
+            code = self.proc.wait()
+            return WorkerStatus(
+                error=f"the worker process of model {self.name!r} exited with code {code} "
+                "before its model loaded (its log is above)"
+            )
+        return msgspec.json.decode(line, type=WorkerStatus)
+
+    def go(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("the worker of model %r did not stop in %.0f s: killed", self.name, timeout_s)
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+def _raise(status: WorkerStatus) -> None:
+    """The worker's load error, as the class it was (else :class:`ZooError`)."""
+    cls = getattr(zoo.errors, status.kind, None)
+    if isinstance(cls, type) and issubclass(cls, ZooError):
+        try:
+            raise cls(status.error)
+        except TypeError:  # a class whose constructor takes more than a message
+            pass
+    raise ZooError(status.error)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket every worker accepts on (bound here, once).
+
+    Raises:
+        InputError: the address cannot be bound (the port in use, an address not here).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise InputError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; give another --port "
+            "(0: any free one) or --host"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _reserve_grpc(host: str, port: int) -> socket.socket:
+    """A socket holding the gRPC port for the workers' ``SO_REUSEPORT`` listeners (it never
+    listens itself). The port must be free: a listener of another program there, shared
+    silently, would take some of the calls.
+
+    Raises:
+        InputError: the port is in use.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if port:
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise InputError(
+                    f"cannot listen on {host}:{port} for gRPC: {exc.strerror or exc}; give "
+                    "another --grpc-port"
+                ) from exc
+    hold = socket.socket(family)
+    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    hold.bind((host, port))
+    return hold
+
+
+def serve_workers(cfg: ServeConfig) -> None:
+    """Serve ``cfg``'s models (resolved to files, several), a worker process each, until
+    SIGTERM or SIGINT; then stop every worker gracefully and return.
+
+    Raises:
+        InputError: a port that cannot be bound.
+        ZooError (the class the worker raised): a model that does not load; every worker is
+            stopped first.
+    """
+    models = cfg.served()
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    with tempfile.TemporaryDirectory(prefix="zoo-serve-") as tmp:  # private: mode 0700
+        relay_dir, metrics_dir = Path(tmp) / "relay", Path(tmp) / "metrics"
+        relay_dir.mkdir()
+        metrics_dir.mkdir()
+        http = _listen(cfg.host, cfg.port)
+        hold = _reserve_grpc(cfg.host, cfg.grpc_port) if cfg.grpc_port is not None else None
+        cfg = replace(
+            cfg,
+            port=http.getsockname()[1],
+            grpc_port=hold.getsockname()[1] if hold is not None else None,
+        )
+        env = {**os.environ, MULTIPROC_ENV: str(metrics_dir)}
+        workers = [
+            _Worker(WorkerSpec(cfg, i, str(relay_dir), -1, -1), http, env)
+            for i in range(len(models))
+        ]
+        try:
+            for w in workers:  # they load at the same time
+                w.start()
+            statuses = [w.loaded() for w in workers]
+            for status in statuses:
+                if status.error and stop.is_set():  # Ctrl-C while loading: no error of ours
+                    return
+                if status.error:
+                    _raise(status)
+            for w, model, status in zip(workers, models, statuses, strict=True):
+                assert w.proc is not None
+                log_model(cfg, model, status.threads, f"; worker process {w.proc.pid}")
+            log.info(
+                "zoo serve: %s://%s:%s, %s worker processes (one per model) accepting on it%s",
+                "https" if cfg.tls else "http",
+                cfg.host,
+                cfg.port,
+                len(workers),
+                f", gRPC on port {cfg.grpc_port}" if cfg.grpc_port is not None else "",
+            )
+            for w in workers:
+                w.go()
+            _supervise(workers, stop, metrics_dir)
+        finally:
+            for w in workers:
+                w.signal(signal.SIGTERM)
+            for w in workers:
+                w.wait(cfg.graceful_timeout_s + 10)
+            http.close()
+            if hold is not None:
+                hold.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def _supervise(workers: list[_Worker], stop: threading.Event, metrics_dir: Path) -> None:
+    """Until ``stop``: a worker that exits is started again (its model loaded anew; the
+    others serve meanwhile, and answer 503 for its model).
+
+    Raises:
+        ZooError: a worker exited more than :data:`RESTARTS` times within a minute, or its
+            model no longer loads.
+    """
+    from prometheus_client import multiprocess
+
+    while not stop.wait(0.2):
+        for w in workers:
+            assert w.proc is not None
+            code = w.proc.poll()
+            if code is None or stop.is_set():
+                continue
+            multiprocess.mark_process_dead(w.proc.pid, str(metrics_dir))  # its live gauges
+            now = time.monotonic()
+            w.restarts = [t for t in w.restarts if now - t < RESTART_WINDOW_S] + [now]
+            if len(w.restarts) > RESTARTS:
+                raise ZooError(
+                    f"the worker of model {w.name!r} exited {len(w.restarts)} times within "
+                    f"{RESTART_WINDOW_S:.0f} s (last exit code {code}); stopping the server"
+                )
+            log.error("the worker of model %r exited with code %s; starting it again", w.name, code)
+            w.start()
+            status = w.loaded()
+            if status.error:
+                _raise(status)
+            w.go()
+            log.info("zoo serve: model %r loaded again; worker process %s", w.name, w.proc.pid)
+
+
+# ---------------------------------------------------------------- in the worker process
+def _exit_with_parent() -> None:
+    """The parent is gone (standard input closed): shut down as on SIGTERM."""
+    while os.read(0, 4096):  # unbuffered: a daemon thread must hold no lock at exit
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> None:
+    """A worker: load the model, say so, wait for ``go``, serve until SIGTERM."""
+    spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=WorkerSpec)
+    from zoo.deploy.serve.app import create_app
+    from zoo.deploy.serve.auth import load_keys
+    from zoo.deploy.serve.config import load_served
+    from zoo.deploy.serve.relay import Peers
+
+    served = spec.cfg.served()
+    model = served[spec.index]
+    setup_logging(f" [{model.name}]")
+    with os.fdopen(spec.status_fd, "wb") as status:
+        try:
+            keys = load_keys(spec.cfg.api_key_file)
+            clf = load_served(model)
+        except Exception as exc:  # told to the parent, which exits with it
+            status.write(msgspec.json.encode(WorkerStatus(error=str(exc), kind=type(exc).__name__)))
+            raise SystemExit(1) from None
+        status.write(msgspec.json.encode(WorkerStatus(threads=clf.threads)) + b"\n")
+    if sys.stdin.buffer.readline().strip() != b"go":
+        return  # the parent gave up (another model did not load)
+    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+    peers = Peers(
+        {m.name: i for i, m in enumerate(served)},
+        spec.index,
+        Path(spec.relay_dir),
+        keys,
+        spec.cfg.body_limit,
+    )
+    app = create_app(spec.cfg, keys=keys, loaded={model.name: clf}, peers=peers)
+    server = graceful_server(uvicorn_config(peers.router(app), spec.cfg))
+    server.run(sockets=[socket.socket(fileno=spec.http_fd)])
+
+
+if __name__ == "__main__":
+    main()
