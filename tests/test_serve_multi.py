@@ -179,7 +179,16 @@ def test_two_models_are_listed_and_each_answers_as_its_own_file(
         assert httpx.get(url + path).status_code == 401  # every model's routes are keyed
     assert httpx.post(f"{url}/v2/models/{CNN}/infer", **binary_infer(digits_x)).status_code == 401
 
+    # one keep-alive connection for both models: handed to the first one's worker, so every
+    # request for the other is relayed to its worker, and each still answers as its own file
+    with httpx.Client(headers=AUTH, timeout=60) as client:
+        for _ in range(2):
+            for name in (CNN, NAME):
+                assert client.get(f"{url}/v2/models/{name}").json()["name"] == name
     text = httpx.get(f"{url}/metrics", headers=AUTH).text
+    assert metric(text, "zoo_relayed_requests_total") >= 2
+    # a connection per request above: those landing on the other model's worker were handed
+    assert metric(text, "zoo_handed_connections_total") >= 1
     for name in (CNN, NAME):
         assert (
             metric(text, f'zoo_requests_total{{endpoint="infer",model="{name}",outcome="ok"}}') >= 1
@@ -391,6 +400,10 @@ def test_a_worker_relays_the_other_workers_model_as_its_owner_answers(
         assert both("GET", f"/v2/models/{CNN}/nothing", headers=AUTH).status_code == 404
         refused = httpx.post(f"{here}/v2/models/{CNN}/infer", **binary_infer(digits_x))
         assert refused.status_code == 401 and "WWW-Authenticate" in refused.headers
+        relayed = metric(
+            httpx.get(f"{here}/metrics", headers=AUTH).text, "zoo_relayed_requests_total"
+        )
+        assert relayed == 8  # each request above for the CNN sent here, but the unkeyed one
         refusals = 'zoo_auth_refusals_total{reason="missing",scope="infer"}'
         for url, count in ((here, 1), (owner, 0)):  # refused here: its body never went on
             text = httpx.get(f"{url}/metrics", headers=AUTH).text

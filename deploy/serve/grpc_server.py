@@ -144,6 +144,7 @@ class GrpcService:
                 answer = await fn(data, rpc)
             except _Elsewhere as elsewhere:  # counted by the worker that answers it
                 assert self.models.peers is not None
+                self.models.families.relayed.labels(elsewhere.name).inc()
                 reply = await self.models.peers.relay(
                     elsewhere.name, GrpcCall(method, data, authorization)
                 )

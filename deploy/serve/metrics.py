@@ -58,6 +58,20 @@ class MetricFamilies:
             ["scope", "reason"],
             registry=self.registry,
         )
+        # a server with a worker process per model: what crossed between workers
+        self.handed = Counter(
+            "zoo_handed_connections",
+            "Connections handed to the worker process of the model their first request named",
+            ["model"],
+            registry=self.registry,
+        )
+        self.relayed = Counter(
+            "zoo_relayed_requests",
+            "Requests relayed to the worker process of their model (a later request on a "
+            "connection for another model, or any over TLS)",
+            ["model"],
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             "zoo_queue_depth",
             "Requests waiting for a batch",

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from zoo.deploy.serve.auth import ApiKeys, Verdict
+from zoo.deploy.serve.metrics import MetricFamilies
 from zoo.deploy.serve.protocol import IndexEntry
 from zoo.errors import ModelNotReadyError
 
@@ -150,6 +151,7 @@ class Peers:
         self._encoder = msgspec.msgpack.Encoder()
         self._server: asyncio.AbstractServer | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self.families: MetricFamilies | None = None  # where crossings count (the app's)
 
     def socket_of(self, worker: int) -> Path:
         return self.relay_dir / f"{worker}.sock"
@@ -303,6 +305,8 @@ class _Router:
             scope["headers"],
             b"".join(chunks),
         )
+        if self.peers.families is not None:
+            self.peers.families.relayed.labels(name).inc()
         try:
             reply = await self.peers.relay(name, call)
             assert isinstance(reply, HttpReply)

@@ -53,6 +53,8 @@ class ServedModels:
     ) -> None:
         self.models = {m.name: m for m in models}
         self.peers = peers
+        if peers is not None:
+            peers.families = families or models[0].metrics.families
         self.names = peers.names if peers is not None else tuple(self.models)
         self.families = families or models[0].metrics.families
         one = len(self.names) == 1

@@ -12,12 +12,20 @@ starts the workers, waits for each to load its model (one that cannot is refused
 before any serves), starts a worker again if one dies, and on SIGTERM or SIGINT stops them
 gracefully.
 
+A connection is handed whole to the worker that owns the model its first request names
+(:class:`_Handoff`: its descriptor passed over a Unix socket, the request still unread), so a
+client that talks to one model, as most do, reaches that model's process directly; only a
+later request on the same connection for another model, or any over TLS (whose first line
+cannot be read before the handshake), is relayed.
+
 A worker reads its :class:`WorkerSpec` on standard input as JSON (never a pickle), says
 whether its model loaded on the status pipe, serves once the parent says ``go``, and shuts
 down when the parent goes (its standard input closes)."""
 
 from __future__ import annotations
 
+import array
+import asyncio
 import logging
 import os
 import signal
@@ -29,12 +37,15 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 
 import zoo.errors
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import MULTIPROC_ENV
+from zoo.deploy.serve.relay import MODEL_PREFIX, Peers
 from zoo.deploy.serve.startup import graceful_server, log_model, setup_logging, uvicorn_config
 from zoo.errors import InputError, ZooError
 
@@ -279,6 +290,167 @@ def _supervise(workers: list[_Worker], stop: threading.Event, metrics_dir: Path)
 
 
 # ---------------------------------------------------------------- in the worker process
+PEEK_BYTES = 2048
+"""The most of a connection's first bytes read (not consumed) for its request line."""
+PEEK_WAIT_S = 2.0
+"""How long a new connection may take to send its request line before it is served here."""
+
+
+class _Handoff:
+    """This worker's side of the shared HTTP socket: it accepts connections and serves each
+    in the worker that owns the model its first request names. The request line is read
+    with ``MSG_PEEK`` (left in the socket); a connection for another worker's model is sent
+    to that worker as a descriptor (``SCM_RIGHTS`` over a Unix datagram socket) and served
+    there by uvicorn as if accepted there. Written here: uvicorn and asyncio accept, but do
+    not route connections between processes.
+
+    Args:
+        peers: the workers (who owns which model, where their sockets are).
+        listen: the shared listening socket.
+        server: this worker's uvicorn server (its protocol serves the connections).
+        tls: the connections are TLS (served where accepted; requests relayed).
+    """
+
+    def __init__(self, peers: Peers, listen: socket.socket, server: Any, tls: bool) -> None:
+        self.peers, self.listen, self.server, self.tls = peers, listen, server, tls
+        self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.accepting: asyncio.Task[None] | None = None
+
+    def _protocol(self) -> asyncio.Protocol:
+        config, server = self.server.config, self.server
+        protocol: asyncio.Protocol = config.http_protocol_class(
+            config=config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+        return protocol
+
+    async def _serve_here(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        ssl = self.server.config.ssl
+        await loop.connect_accepted_socket(self._protocol, conn, ssl=ssl)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def start(self) -> None:
+        """Accept on the shared socket and take connections handed here (in the loop)."""
+        loop = asyncio.get_running_loop()
+        path = self.peers.relay_dir / f"{self.peers.own}.fd"
+        path.unlink(missing_ok=True)
+        self.inbox.bind(str(path))
+        self.inbox.setblocking(False)
+        self.outbox.setblocking(False)
+        self.listen.setblocking(False)
+        loop.add_reader(self.inbox.fileno(), self._take)
+        self.accepting = loop.create_task(self._accept())
+
+    async def stop(self) -> None:
+        """Accept no more; the connections being routed go where they were going."""
+        if self.accepting is not None:
+            self.accepting.cancel()
+        asyncio.get_running_loop().remove_reader(self.inbox.fileno())
+        self.inbox.close()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=PEEK_WAIT_S + 1)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self.listen)
+            except OSError as exc:  # out of descriptors, a connection reset before accept
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.05)
+                continue
+            conn.setblocking(False)
+            self._spawn(self._route(conn))
+
+    async def _route(self, conn: socket.socket) -> None:
+        name = None if self.tls else await self._model(conn)
+        owner = self.peers.owners.get(name or "", self.peers.own)
+        if owner != self.peers.own:
+            path = str(self.peers.relay_dir / f"{owner}.fd")
+            try:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))]
+                self.outbox.sendmsg([b"c"], rights, 0, path)  # send_fds drops the address (3.11)
+            except OSError:  # that worker is not there (restarting): served and relayed here
+                pass
+            else:
+                conn.close()  # its copy lives on in the owner
+                if self.peers.families is not None:
+                    self.peers.families.handed.labels(name).inc()
+                return
+        try:
+            await self._serve_here(conn)
+        except OSError:  # the client went away meanwhile
+            conn.close()
+
+    async def _model(self, conn: socket.socket) -> str | None:
+        """The model the first request names (None: not a model's path, or no request line
+        within :data:`PEEK_WAIT_S`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PEEK_WAIT_S
+        while True:
+            ready: asyncio.Future[None] = loop.create_future()
+
+            def readable(f: asyncio.Future[None] = ready) -> None:
+                if not f.done():  # called again while the loop runs on: once is enough
+                    f.set_result(None)
+
+            loop.add_reader(conn.fileno(), readable)
+            try:
+                await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return None
+            finally:
+                loop.remove_reader(conn.fileno())
+            try:
+                head = conn.recv(PEEK_BYTES, socket.MSG_PEEK)
+            except OSError:
+                return None
+            end = head.find(b"\r\n")
+            if end >= 0 or not head or len(head) >= PEEK_BYTES:
+                break
+            await asyncio.sleep(0.002)  # a request line in pieces: still readable, so wait
+        parts = head[: max(end, 0)].split(b" ")
+        if len(parts) != 3 or not parts[1].startswith(MODEL_PREFIX.encode()):
+            return None
+        name = parts[1][len(MODEL_PREFIX) :].split(b"/", 1)[0].split(b"?", 1)[0]
+        return unquote(name.decode("latin-1"))
+
+    def _take(self) -> None:
+        """Connections handed here by the other workers: served as if accepted here."""
+        while True:
+            try:
+                _, fds, _, _ = socket.recv_fds(self.inbox, 16, 8)
+            except (BlockingIOError, InterruptedError):
+                return
+            for fd in fds:
+                conn = socket.socket(fileno=fd)
+                conn.setblocking(False)
+                self._spawn(self._serve_here(conn))
+
+
+def _worker_server(config: Any, handoff: Any) -> Any:
+    """uvicorn's server for this worker, its connections accepted by the handoff."""
+    graceful = type(graceful_server(config))
+
+    class WorkerServer(graceful):  # type: ignore[misc,valid-type]
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=[])  # no listener of uvicorn's own
+            if not self.should_exit:
+                handoff(self).start()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await self.handoff.stop()
+            await super().shutdown(sockets=sockets)
+
+    return WorkerServer(config)
+
+
 def _exit_with_parent() -> None:
     """The parent is gone (standard input closed): shut down as on SIGTERM."""
     while os.read(0, 4096):  # unbuffered: a daemon thread must hold no lock at exit
@@ -292,7 +464,6 @@ def main() -> None:
     from zoo.deploy.serve.app import create_app
     from zoo.deploy.serve.auth import load_keys
     from zoo.deploy.serve.config import load_served
-    from zoo.deploy.serve.relay import Peers
 
     served = spec.cfg.served()
     model = served[spec.index]
@@ -316,8 +487,13 @@ def main() -> None:
         spec.cfg.body_limit,
     )
     app = create_app(spec.cfg, keys=keys, loaded={model.name: clf}, peers=peers)
-    server = graceful_server(uvicorn_config(peers.router(app), spec.cfg))
-    server.run(sockets=[socket.socket(fileno=spec.http_fd)])
+    listen = socket.socket(fileno=spec.http_fd)
+
+    def handoff(server: Any) -> _Handoff:
+        server.handoff = _Handoff(peers, listen, server, spec.cfg.tls)
+        return server.handoff
+
+    _worker_server(uvicorn_config(peers.router(app), spec.cfg), handoff).run()
 
 
 if __name__ == "__main__":
