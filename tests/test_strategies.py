@@ -16,16 +16,8 @@ from zoo.train.strategy import set_phase, train_mode
 
 
 def _options(data: Path, tmp: Path, **kw) -> TrainConfig:
-    return TrainConfig(
-        model="mobilenet_v2",
-        data=str(data),
-        runs_root=str(tmp),
-        num_workers=0,
-        image_size=64,
-        batch_size=32,
-        progress=False,
-        **kw,
-    )
+    base = dict(num_workers=0, image_size=64, batch_size=32, progress=False)
+    return TrainConfig(model="mobilenet_v2", data=str(data), runs_root=str(tmp), **{**base, **kw})
 
 
 def test_linear_probe_keeps_backbone_and_bn_stats_frozen(
@@ -73,41 +65,33 @@ def test_gradual_creates_every_group_at_step_0(small_digits, tmp_path, mobilenet
 
 
 def test_feature_cache_matches_plain_linear_probe(
-    small_digits, tmp_path, mobilenet_weights
+    small_digits, tmp_path, mobilenet_weights, monkeypatch, capsys
 ) -> None:
+    """In this process (``zoo finetune``'s start-up is not what is tested; ``zoo cache`` is
+    the real command): the runs say on stderr where their features came from."""
     import shutil
 
     data = shutil.copytree(small_digits, tmp_path / "digits")  # one image's date changes below
-    common = [
-        "mobilenet_v2",
-        "--data",
-        str(data),
-        "--strategy",
-        "linear",
-        "--epochs",
-        "3",
-        "--image-size",
-        "64",
-        "--no-augment",
-        "--runs",
-        str(tmp_path),
-        "--num-workers",
-        "0",
-        "--no-progress",
-    ]
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
     env = {"ZOO_CACHE": str(tmp_path / "cache")}
-    a = run_zoo("finetune", *common, "--name", "plain", env=env)
-    b = run_zoo("finetune", *common, "--name", "cached", "--cache-features", env=env)
-    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+
+    def finetune(name: str, **kw) -> str:
+        options = dict(strategy="linear", epochs=3, augment=False, name=name)
+        capsys.readouterr()
+        assert fit(_options(data, tmp_path, **{**options, **kw})) == tmp_path / name
+        return capsys.readouterr().err
+
+    finetune("plain")
+    b = finetune("cached", cache_features=True)
     acc = [
         json.loads((tmp_path / n / "report.json").read_text())["best"]["val/acc"]
         for n in ("plain", "cached")
     ]
     assert abs(acc[0] - acc[1]) <= 0.05, acc
-    assert "computed into the feature cache" in b.stderr, b.stderr
+    assert "computed into the feature cache" in b, b
     # another run (a tune trial with another lr, seed or head) reads them from disk: same numbers
-    c = run_zoo("finetune", *common, "--name", "again", "--cache-features", env=env)
-    assert c.returncode == 0 and "read from the feature cache" in c.stderr, c.stderr
+    c = finetune("again", cache_features=True)
+    assert "read from the feature cache" in c, c
     rows = [(tmp_path / n / "metrics.jsonl").read_text() for n in ("cached", "again")]
     strip = [
         [
@@ -120,14 +104,12 @@ def test_feature_cache_matches_plain_linear_probe(
         ]
         for x in rows
     ]
-    assert strip[0] == strip[1]
+    assert len(strip[0]) == 3 and strip[0] == strip[1]
     # an edited image is a new key: computed again
     first = next(data.rglob("*.png"))
     os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns + 10**9))
-    d = run_zoo(
-        "finetune", *common, "--name", "edited", "--cache-features", "--epochs", "1", env=env
-    )
-    assert d.returncode == 0 and "computed into the feature cache" in d.stderr, d.stderr
+    d = finetune("edited", cache_features=True, epochs=1)
+    assert "computed into the feature cache" in d, d
     kept = list((tmp_path / "cache" / "features").glob("*.safetensors"))
     assert len(kept) == 3  # train and val, then the edited image's split again
     listed = json.loads(run_zoo("cache", "ls", "--json", env=env).stdout)
@@ -138,35 +120,15 @@ def test_feature_cache_matches_plain_linear_probe(
 
 @pytest.mark.slow
 def test_pretrained_linear_probe_beats_random_init(digits_dir, tmp_path, mobilenet_weights) -> None:
-    """Same architecture, same data, same epochs: ImageNet features must win clearly."""
-    common = [
-        "--data",
-        str(digits_dir),
-        "--epochs",
-        "2",
-        "--image-size",
-        "64",
-        "--runs",
-        str(tmp_path),
-        "--num-workers",
-        "1",
-        "--no-progress",
-        "--batch-size",
-        "64",
-    ]
-    pre = run_zoo(
-        "finetune",
-        "mobilenet_v2",
-        "--strategy",
-        "linear",
-        "--cache-features",
-        "--name",
-        "pre",
-        *common,
-    )
-    rnd = run_zoo("finetune", "mobilenet_v2", "--weights", "none", "--name", "rnd", *common)
-    assert pre.returncode == 0 and rnd.returncode == 0, pre.stderr + rnd.stderr
-    acc_pre = json.loads((tmp_path / "pre" / "report.json").read_text())["best"]["val/acc"]
-    acc_rnd = json.loads((tmp_path / "rnd" / "report.json").read_text())["best"]["val/acc"]
+    """Same architecture, same data, same epochs, steps and LR: ImageNet features must win
+    clearly. One epoch of 44 steps at a head LR of 3e-3 (in this process: the CLI's start-up
+    is not what is tested) leaves the probe near 0.89 on the 359 validation digits and the
+    randomly initialised network at chance (0.1), as two epochs at 1e-3 did (0.86 and 0.1)."""
+    common = dict(data=digits_dir, tmp=tmp_path, epochs=1, lr=3e-3, num_workers=1)
+    pre = fit(_options(**common, strategy="linear", cache_features=True, name="pre"))
+    rnd = fit(_options(**common, weights="none", name="rnd"))
+    assert pre is not None and rnd is not None
+    acc_pre = json.loads((pre / "report.json").read_text())["best"]["val/acc"]
+    acc_rnd = json.loads((rnd / "report.json").read_text())["best"]["val/acc"]
     assert acc_pre > acc_rnd + 0.2, (acc_pre, acc_rnd)
     assert acc_pre > 0.8
