@@ -41,6 +41,7 @@ from tests.serving import (
     in_process_asgi,
     in_process_server,
     metric,
+    self_signed_cert,
     server,
     x_of,
 )
@@ -540,3 +541,32 @@ def test_a_model_that_does_not_load_stops_the_start(mobilenet_onnx: Path, tmp_pa
     workers = f"zoo.deploy.serve.workers [mx]@127.0.0.1:{port}"  # each worker's command line
     left = subprocess.run(["pgrep", "-f", workers], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_over_tls_both_models_answer_through_the_one_port(
+    cnn_run: Path, mobilenet_onnx: Path, tmp_path: Path
+) -> None:
+    """``--ssl-certfile``: a worker cannot read a TLS connection's first line before the
+    handshake, so it serves every connection it accepts and relays the other model's
+    requests; both models answer over HTTPS and gRPC over TLS."""
+    cert, key, ctx = self_signed_cert(tmp_path)
+    grpc_port = free_port()
+    tls = ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--grpc-port", str(grpc_port)]
+    with server(f"m={mobilenet_onnx}", f"{CNN}={cnn_run}", *tls, verify=ctx) as (url, _):
+        assert url.startswith("https://")
+        for _ in range(3):  # a connection each: whichever worker accepts it relays the other
+            for name in ("m", CNN):
+                r = httpx.get(f"{url}/v2/models/{name}/ready", verify=ctx)
+                assert r.status_code == 200 and r.json() == {"name": name, "ready": True}
+        text = httpx.get(f"{url}/metrics", verify=ctx).text
+        assert metric(text, "zoo_relayed_requests_total") >= 1
+        assert metric(text, "zoo_handed_connections_total") == 0
+
+        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
+
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(f"localhost:{grpc_port}", creds) as channel:
+            stub = v2_grpc.GRPCInferenceServiceStub(channel)
+            for name in ("m", CNN):
+                assert stub.ModelReady(pb.ModelReadyRequest(name=name)).ready
