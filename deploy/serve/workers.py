@@ -294,6 +294,8 @@ PEEK_BYTES = 2048
 """The most of a connection's first bytes read (not consumed) for its request line."""
 PEEK_WAIT_S = 2.0
 """How long a new connection may take to send its request line before it is served here."""
+HAND_WAIT_S = 0.5
+"""How long a connection waits for room in its owner's queue before it is served here."""
 
 
 class _Handoff:
@@ -371,22 +373,34 @@ class _Handoff:
     async def _route(self, conn: socket.socket) -> None:
         name = None if self.tls else await self._model(conn)
         owner = self.peers.owners.get(name or "", self.peers.own)
-        if owner != self.peers.own:
-            path = str(self.peers.relay_dir / f"{owner}.fd")
-            try:
-                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))]
-                self.outbox.sendmsg([b"c"], rights, 0, path)  # send_fds drops the address (3.11)
-            except OSError:  # that worker is not there (restarting): served and relayed here
-                pass
-            else:
-                conn.close()  # its copy lives on in the owner
-                if self.peers.families is not None:
-                    self.peers.families.handed.labels(name).inc()
-                return
+        if owner != self.peers.own and await self._hand(conn, owner):
+            conn.close()  # its copy lives on in the owner
+            if self.peers.families is not None:
+                self.peers.families.handed.labels(name).inc()
+            return
         try:
             await self._serve_here(conn)
         except OSError:  # the client went away meanwhile
             conn.close()
+
+    async def _hand(self, conn: socket.socket, owner: int) -> bool:
+        """Send ``conn`` to worker ``owner``; False: it is not there (starting again), or
+        its queue stayed full for :data:`HAND_WAIT_S` (the connection is served here, its
+        requests relayed)."""
+        path = str(self.peers.relay_dir / f"{owner}.fd")
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HAND_WAIT_S
+        while True:
+            try:
+                self.outbox.sendmsg([b"c"], rights, 0, path)  # send_fds drops the address (3.11)
+                return True
+            except BlockingIOError:  # its queue is full (max_dgram_qlen, 10 by default)
+                if loop.time() > deadline:
+                    return False
+                await asyncio.sleep(0.001)
+            except OSError:
+                return False
 
     async def _model(self, conn: socket.socket) -> str | None:
         """The model the first request names (None: not a model's path, or no request line
