@@ -239,8 +239,14 @@ def test_flooding_one_model_leaves_the_other_answering_the_same_numbers(
 ) -> None:
     """MobileNet flooded by 16 closed-loop clients past its queue (a batch running, two waiting):
     it refuses with 429 as a one-model server does, while every request to the CNN is
-    answered 200 with the numbers it gave before the flood."""
+    answered 200 with the numbers it gave before the flood. Each connection (16 opened at
+    once) reaches its model's worker whole: not one request is relayed."""
     url, _ = srv
+
+    def relayed() -> float:
+        return metric(httpx.get(f"{url}/metrics", headers=AUTH).text, "zoo_relayed_requests_total")
+
+    relayed_before = relayed()
     before = [infer(url, CNN, digits_x[i : i + 1], 4) for i in range(len(digits_x))]
     flood_body = _with_key(binary_infer(x_of(7, 1)))
     codes: Counter[int] = Counter()
@@ -270,6 +276,7 @@ def test_flooding_one_model_leaves_the_other_answering_the_same_numbers(
     assert set(codes) <= {200, 429} and codes[429] and codes[200], codes
     for i, got in enumerate(during):
         np.testing.assert_array_equal(got, before[i % len(digits_x)])
+    assert relayed() == relayed_before
 
 
 def test_a_model_held_in_its_runtime_does_not_hold_the_other(
