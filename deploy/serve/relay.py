@@ -169,7 +169,12 @@ class Peers:
                 reader, writer = await asyncio.open_unix_connection(self.socket_of(worker))
             except OSError as exc:
                 raise ConnectionError(str(exc)) from exc
-            conn = self._connections[worker] = _Connection(reader, writer)
+            opened = self._connections.get(worker)  # by another call meanwhile: one is enough
+            if opened is not None and not opened.closed:
+                writer.close()
+                conn = opened
+            else:
+                conn = self._connections[worker] = _Connection(reader, writer)
         return await conn.call(self._encoder.encode(call))
 
     async def relay(self, name: str, call: HttpCall | GrpcCall) -> Reply:
