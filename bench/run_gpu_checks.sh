@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared script for a lent GPU machine (torch preinstalled there, no network):
-# the `gpu`-marked tests, then bench/gpu_bench.py, whose raw result (new format, with
-# provenance) lands in $OUT/bench/gpu_bench_<device>.json (OUT defaults to ./gpu-out).
+# bench/gpu_bench.py, whose raw result (with provenance) lands in
+# $OUT/bench/gpu_bench_<device>.json (OUT defaults to ./gpu-out), then the many-core figures
+# (`zoo predict --out` vs ORT, serve batching at c=32) as <bench>_<N>cpu.json, then the
+# `gpu`-marked tests. Each step has its own timeout, so one that hangs leaves the rest.
 #
 # The copied tree there has no .git: pass the commit it was copied from, e.g.
 #   ZOO_BENCH_COMMIT=<full sha> ZOO_BENCH_DIRTY=0 bash bench/run_gpu_checks.sh
@@ -9,7 +11,10 @@
 # prints the digest of a checkout, to compare).
 # Afterwards, here: copy the JSON into docs/bench/ (it replaces the stale one of the same
 # device), run `python scripts/make_benchmarks_doc.py` and commit both.
-# Needs the MobileNetV2 test weights in .devcarry/ (copied from torch hub's cache).
+# Needs the MobileNetV2 test weights in .devcarry/ (copied from torch hub's cache) and, where
+# the machine lacks zoo's serving dependencies, their wheels in .whl/ (README of the device
+# tool: `pip download --python-version 3.12 ... msgspec starlette uvicorn python-multipart
+# httptools`); carry both.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/bench"
@@ -19,6 +24,10 @@ if [ -z "${ZOO_BENCH_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
 fi
 mkdir -p "$TORCH_HOME/hub/checkpoints"
 cp .devcarry/mobilenet_v2-b0353104.pth "$TORCH_HOME/hub/checkpoints/"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/tmp/wheels.log 2>&1 \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || tail -5 /tmp/wheels.log
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
   echo "editable install failed, using a shim"; tail -5 "$OUT/install.log"
   export PYTHONPATH=$PWD
@@ -27,7 +36,12 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, torchvision, onnxruntime; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tv', torchvision.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
+cpus=$(nproc)
+timeout "${BENCH_TIMEOUT:-300}" python3 bench/gpu_bench.py --out-dir "$OUT/bench" 2>&1 | tail -60 | tee "$OUT/gpu_bench.log"
+timeout "${PREDICT_TIMEOUT:-110}" python3 bench/predict_throughput.py --per-class 300 --mem-sizes 1000,5000 \
+  --ceiling-seconds 3 --kills 3 --out "$OUT/bench/predict_throughput_${cpus}cpu.json" 2>&1 | tail -30 | tee "$OUT/predict.log"
+timeout "${SERVE_TIMEOUT:-110}" python3 bench/serve_load.py --concurrency 8,32 --window 3 --soak 10 \
+  --out "$OUT/bench/serve_load_${cpus}cpu.json" 2>&1 | tail -30 | tee "$OUT/serve_load.log"
 # GPU_TESTS_K=expr runs only the matching gpu tests (a rerun after one change)
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider -rs ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$OUT/gpu_tests.log"
-timeout "${BENCH_TIMEOUT:-330}" python3 bench/gpu_bench.py --out-dir "$OUT/bench" 2>&1 | tail -80 | tee "$OUT/gpu_bench.log"
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider -rs ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$OUT/gpu_tests.log"
 ls -l "$OUT/bench"
