@@ -26,6 +26,9 @@ from zoo.artifact import REQUIRED_FILES
 
 SPACE = "lr: {loguniform: [3.0e-4, 3.0e-3]}\nmixup: 0.0\n"  # over the default space
 SEARCH = ["--max-epochs", "3", "--scheduler", "asha", "--max-concurrent", "1"]
+# three trials (four took 56 s to 38 s for three on 2 cores): ASHA judges the second and third
+# against those before them at epochs 1 and 2, and still stops a weak one
+TRIALS = 3
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +43,12 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def search(digits: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One ASHA search (4 trials × up to 3 epochs, one at a time: ASHA's order is fixed) on a
-    local Ray, with a fresh image cache of its own."""
+    """One ASHA search (TRIALS trials × up to 3 epochs, one at a time: ASHA's order is fixed)
+    on a local Ray, with a fresh image cache of its own."""
     root = tmp_path_factory.mktemp("search")
     cache = root / "cache"
     r = run_zoo(
-        "tune", "simple_cnn", "--data", str(digits), "--trials", "4", *SEARCH,
+        "tune", "simple_cnn", "--data", str(digits), "--trials", str(TRIALS), *SEARCH,
         "--space", str(digits.parent / "space.yaml"), "--runs", str(root), "--name", "s",
         "--json", env={"ZOO_CACHE": str(cache)},
     )  # fmt: skip
@@ -77,9 +80,9 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
     record, folder = search["record"], search["folder"]
     assert record == json.loads((folder / "tune.json").read_text())
     trials = record["trials"]
-    assert [t["name"] for t in trials] == ["trial-000", "trial-001", "trial-002", "trial-003"]
+    assert [t["name"] for t in trials] == [f"trial-{i:03d}" for i in range(TRIALS)]
     settings = [json.dumps(t["params"], sort_keys=True) for t in trials]
-    assert len(set(settings)) == 4
+    assert len(set(settings)) == TRIALS
     for t in trials:
         assert set(t["params"]) == {"lr", "weight_decay", "label_smoothing", "auto_augment",
                                     "random_erasing", "mixup"}  # fmt: skip
@@ -93,7 +96,7 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
         assert [{k: v for k, v in r.items() if k not in TIMING} for r in t["epochs"]] == rows(run)
         assert t["attempts"] == [0] and t["threads"] >= 1
     curves = {json.dumps([r["val/loss"] for r in t["epochs"]]) for t in trials}
-    assert len(curves) == 4
+    assert len(curves) == TRIALS
 
     def shipped(t: dict[str, Any]) -> tuple[float, float]:  # its run's best epoch (first of
         row = max(t["epochs"], key=lambda r: r["val/acc"])  # equals); equals by the lower loss
@@ -112,7 +115,7 @@ def test_asha_stops_weak_trials_as_early_stopping_does(search: dict[str, Any]) -
     trials = search["record"]["trials"]
     stopped = [t for t in trials if t["status"] == "stopped"]
     assert stopped, "ASHA stopped no trial"
-    assert sum(len(t["epochs"]) for t in trials) < 4 * 3
+    assert len(trials) == TRIALS and sum(len(t["epochs"]) for t in trials) < TRIALS * 3
     assert all(len(t["epochs"]) == 3 for t in trials if t["status"] == "done")
     for t in stopped:
         n = len(t["epochs"])
