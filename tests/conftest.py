@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ZOO_OFFLINE"] = "1"
@@ -95,6 +96,58 @@ def run_zoo(
         env={**os.environ, **(env or {})},
         timeout=timeout,
     )
+
+
+def zoo_here(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The ``zoo`` console script's entry point (``zoo.cli.app.main``) run in this process, its
+    exit code, stdout and stderr returned as :func:`run_zoo` returns them: the same command,
+    options, messages and exit codes, without a new interpreter's start-up (seconds of
+    imports), where that start-up is not what is tested (refusals before any work, a fixture's
+    export). The environment, working folder and argv are restored after it."""
+    import contextlib
+    import io
+
+    from zoo.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, environ, here = sys.argv, dict(os.environ), Path.cwd()
+    code: int | str | None = 0
+    try:
+        sys.argv = [ZOO, *args]
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(here)
+    if isinstance(code, str):  # sys.exit("message"): the interpreter prints it, exit 1
+        err.write(code + "\n")
+    rc = 1 if isinstance(code, str) else (code or 0)
+    return subprocess.CompletedProcess([ZOO, *args], rc, out.getvalue(), err.getvalue())
+
+
+def finetune_here(data: Path, runs: Path, name: str, **options: Any) -> Path:
+    """What ``zoo finetune ARCH --data DATA --runs RUNS --name NAME --num-workers 0
+    --no-progress`` trains, in this process (``fit()`` itself): for fixtures that need a trained
+    run folder, where the command's start-up (a new interpreter importing torch) is not what
+    is tested."""
+    from zoo.train.config import TrainConfig
+    from zoo.train.trainer import fit
+
+    base: dict[str, Any] = {"num_workers": 0, "progress": False}
+    cfg = TrainConfig(data=str(data), runs_root=str(runs), name=name, **{**base, **options})
+    run = fit(cfg)
+    assert run == Path(runs) / name and (run / "model" / "model.safetensors").is_file()
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import run_zoo
+from tests.conftest import finetune_here, run_zoo, zoo_here
 from zoo.deploy.quantize import images as qi
 from zoo.deploy.quantize import options as qo
 from zoo.deploy.quantize import verdict as qv
@@ -23,14 +23,13 @@ from zoo.deploy.quantize.search import estimate_seconds
 
 @pytest.fixture(scope="module")
 def run(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Trained and exported in this process (the commands' start-up is not what is tested)."""
     root = tmp_path_factory.mktemp("qrun")
-    r = run_zoo(
-        *("finetune", "mobilenet_v2", "--data", str(small_digits), "--strategy", "linear"),
-        *("--cache-features", "--epochs", "1", "--image-size", "32", "--no-progress"),
-        *("--num-workers", "0", "--runs", str(root), "--name", "digits"),
-    )
-    assert r.returncode == 0, r.stderr
-    e = run_zoo("export", str(root / "digits"), "--data", str(small_digits))
+    finetune_here(
+        small_digits, root, "digits", model="mobilenet_v2", strategy="linear",
+        cache_features=True, epochs=1, image_size=32,
+    )  # fmt: skip
+    e = zoo_here("export", str(root / "digits"), "--data", str(small_digits))
     assert e.returncode == 0, e.stderr
     return root / "digits"
 

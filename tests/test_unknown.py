@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import run_zoo
+from tests.conftest import finetune_here, run_zoo, zoo_here
 from tests.serving import json_infer, server
 from zoo.calibration import UNKNOWN_LABEL, Calibration
 from zoo.images import open_image
@@ -28,13 +28,11 @@ NAME = "digits"
 
 @pytest.fixture(scope="module")
 def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``--reject energy`` fitted at the end of training, exported by ``zoo export`` (both in
+    this process: the commands' start-up is not what is tested; the fixtures below likewise)."""
     runs = tmp_path_factory.mktemp("unknown")
-    r = run_zoo(
-        "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "2", "--runs",
-        str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--reject", "energy",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    e = run_zoo("export", str(runs / "cnn"))
+    finetune_here(four_digits, runs, "cnn", model="simple_cnn", epochs=2, reject="energy")
+    e = zoo_here("export", str(runs / "cnn"))
     assert e.returncode == 0, e.stderr
     return runs / "cnn"
 
@@ -44,9 +42,9 @@ def msp_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same weights with an msp rule (``zoo calibrate``), exported again."""
     copy = tmp_path_factory.mktemp("msp") / "cnn"
     shutil.copytree(run, copy, symlinks=True)
-    c = run_zoo("calibrate", str(copy), "--reject", "msp")
+    c = zoo_here("calibrate", str(copy), "--reject", "msp")
     assert c.returncode == 0, c.stderr
-    e = run_zoo("export", str(copy))
+    e = zoo_here("export", str(copy))
     assert e.returncode == 0, e.stderr
     return copy
 
@@ -57,10 +55,10 @@ def knn_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     images), exported again: the graph gains ``knn_score``."""
     copy = tmp_path_factory.mktemp("knn") / "cnn"
     shutil.copytree(run, copy, symlinks=True)
-    c = run_zoo("calibrate", str(copy), "--reject", "knn")
+    c = zoo_here("calibrate", str(copy), "--reject", "knn")
     assert c.returncode == 0, c.stderr
     assert "rejects below knn" in c.stdout + c.stderr
-    e = run_zoo("export", str(copy))
+    e = zoo_here("export", str(copy))
     assert e.returncode == 0, e.stderr
     assert "parity knn_score: max abs" in e.stdout and "→ pass" in e.stdout
     return copy
@@ -266,9 +264,9 @@ def test_a_model_without_a_rule_answers_as_before(
 ) -> None:
     plain = tmp_path / "plain"
     shutil.copytree(run, plain, symlinks=True)
-    c = run_zoo("calibrate", str(plain), "--reject", "off")
-    assert c.returncode == 0, c.stderr
-    e = run_zoo("export", str(plain))
+    c = zoo_here("calibrate", str(plain), "--reject", "off")  # the copy's rule dropped, in this
+    assert c.returncode == 0, c.stderr  # process as the fixtures' (predict and serve are tested)
+    e = zoo_here("export", str(plain))
     assert e.returncode == 0, e.stderr
     onnx_file = plain / "model" / "model.onnx"
     r = run_zoo("predict", str(onnx_file), expected["photo"], "--json")
