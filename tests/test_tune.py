@@ -12,6 +12,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ZOO, run_zoo
+from tests.conftest import ZOO, run_zoo, zoo_here
 from tests.crash import TIMING
 from zoo.artifact import REQUIRED_FILES
 
@@ -317,9 +318,10 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
 def test_a_refused_space_exits_2_naming_the_valid_keys(
     space: str, message: str, digits: Path, tmp_path: Path
 ) -> None:
-    """Bad --space files are usage errors before anything runs: no search folder written."""
+    """Bad --space files are usage errors before anything runs: no search folder written, no
+    Ray started (the command in this process: its start-up is not what is tested)."""
     (tmp_path / "space.yaml").write_text(space)
-    r = run_zoo(
+    r = zoo_here(
         "tune", "simple_cnn", "--data", str(digits), "--space", str(tmp_path / "space.yaml"),
         "--runs", str(tmp_path / "runs"),
     )  # fmt: skip
@@ -328,13 +330,16 @@ def test_a_refused_space_exits_2_naming_the_valid_keys(
     if "tunable" in message:
         assert "Valid keys: lr, backbone_lr_mult, weight_decay" in said
     assert not (tmp_path / "runs").exists()
+    assert not _ray_started()
 
 
 def test_resume_refuses_new_options_and_a_folder_that_is_no_search(tmp_path: Path) -> None:
-    r = run_zoo("tune", "mlp", "--resume", str(tmp_path))
+    """In this process, as above."""
+    r = zoo_here("tune", "mlp", "--resume", str(tmp_path))
     assert r.returncode == 2 and "drop arch" in r.stderr, r.stderr
-    r = run_zoo("tune", "--resume", str(tmp_path))
+    r = zoo_here("tune", "--resume", str(tmp_path))
     assert r.returncode == 1 and "not a zoo tune search folder" in r.stderr, r.stderr
+    assert not _ray_started()
 
 
 def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
@@ -369,6 +374,11 @@ def test_asha_ranks_equal_accuracies_by_the_lower_validation_loss() -> None:
     assert rank(row(1.0, 0.01), "val/acc") > rank(row(1.0, 0.02), "val/acc")
     assert rank(row(1.0, 1e9), "val/acc") > rank(row(1.0 - 1e-6, 0.0), "val/acc")
     assert rank(row(0.5, 0.3), "val/loss") == -0.3 and rank(row(0.9, 0.3), "val/macro_f1") < 0.9
+
+
+def _ray_started() -> bool:
+    """Whether Ray was started in this process."""
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _has_epoch(book: Path, trial: str) -> bool:
