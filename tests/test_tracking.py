@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ZOO, run_zoo
+from tests.conftest import ZOO, finetune_here, run_zoo, zoo_here
 from tests.mlflow_server import MlflowServer, free_port
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
@@ -152,9 +152,8 @@ def test_export_quantize_bench_and_register_log_into_the_same_run(
 def test_register_needs_a_tracked_run_and_says_so_before_exporting(
     four_digits: Path, tmp_path: Path, server: MlflowServer
 ) -> None:
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--epochs", "1", "--name", "m",
-                "--no-progress", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    """An untracked run (trained in this process: its command is not what is tested)."""
+    finetune_here(four_digits, tmp_path / "runs", "m", model="mlp", epochs=1)
     e = tracked(server, "export", "runs/m", "--register", "x", cwd=tmp_path)
     assert e.returncode == 1
     assert "not a run trained with --track mlflow" in e.stderr
@@ -186,17 +185,19 @@ def test_resume_continues_the_same_mlflow_run_without_duplicate_steps(
 def test_an_unreachable_server_stops_the_run_before_any_work(
     four_digits: Path, tmp_path: Path
 ) -> None:
+    """The commands in this process (their start-up is not what is tested; the tracker's
+    check runs in its own process as ever)."""
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--track", "mlflow",
-                cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})  # fmt: skip
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), "--track", "mlflow",
+                 cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})  # fmt: skip
     assert r.returncode == 1
     assert f"The MLflow tracking server at {uri} does not answer" in r.stderr
     assert "train without tracking: drop --track mlflow" in r.stderr
     assert not (tmp_path / "runs").exists()  # nothing was started
     env = {"MLFLOW_TRACKING_URI": uri, "ZOO_TRACK": "mlflow"}  # the variable, the same check
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), cwd=tmp_path, env=env)
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), cwd=tmp_path, env=env)
     assert r.returncode == 1 and "does not answer" in r.stderr
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--track", "wandb", cwd=tmp_path)
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), "--track", "wandb", cwd=tmp_path)
     assert r.returncode == 2 and "mlflow" in r.stderr
 
 
