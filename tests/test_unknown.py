@@ -322,7 +322,7 @@ def test_a_knn_rule_without_its_bank_is_refused_plainly(knn_run: Path, tmp_path:
         ("export", str(copy), "-o", str(tmp_path / "x.onnx")),
         ("predict", str(copy), __file__),
     ):
-        r = run_zoo(*cmd)
+        r = zoo_here(*cmd)  # refused before any work: in this process
         assert r.returncode == 1, r.stderr
         assert "no knn_bank.safetensors" in r.stderr and "zoo calibrate" in r.stderr
     assert not (tmp_path / "x.onnx").exists()
