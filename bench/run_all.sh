@@ -47,6 +47,9 @@ SUITE=(
   "serve_multi|timing|110|--window 3 --rounds 4"
   # 95 s with these arguments
   "predict_throughput|timing|100|--per-class 100 --mem-sizes 1000,5000 --ceiling-seconds 3 --kills 3"
+  # no record yet: on 2 CPUs 3 splits x 2 rounds + a warm-up over 700 photographs (about
+  # 7 s each at 100 images/s) and 2 ceilings of 4 batch sizes x 3 s + a single-thread one
+  "predict_split|timing|100|--per-class 100 --rounds 2"
   # no record yet: 10,000 photo crops to write (about 100 s), `zoo index` of 1k + 5k + 10k of
   # them with mobilenet_v2 at 224 px (about 80 images/s on 2 cores: 200 s), three `zoo similar`
   # (30 s), and the numpy/FAISS table up to 100k rows (about 150 s)

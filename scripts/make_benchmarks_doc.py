@@ -30,6 +30,7 @@ import json
 import math
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1170,6 +1171,34 @@ def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def predict_split(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    st = r["setup"]
+    t = Table(name, "decoding threads", "ORT threads", "images/s (median)", "rounds", "× ceiling")
+    for row in r["splits"]:
+        label = f"{row['decode_threads']}" + (" (today's default)" if row["default"] else "")
+        t.add(
+            label,
+            row["ort_threads"],
+            fmt(row["images_per_s"], 1),
+            ", ".join(fmt(x, 1) for x in row["rounds"]),
+            fmt(row["vs_ceiling"], 3),
+        )
+    b = r["best"]
+    return [
+        f"`{st['model']}`, {fmt(st['images'])} photographs, {st['cpus']} CPUs, {st['rounds']} "
+        f"rounds (the splits' order alternating), one warm-up run not kept; ceiling: in-process "
+        f"ORT on preprocessed tensors with every core, {fmt(r['ort_ceiling_best_samples_per_s'], 1)} "
+        "images/s at its best batch.",
+        "",
+        *t.lines(out),
+        "",
+        f"Best: {b['decode_threads']} decoding and {b['ort_threads']} ORT threads, "
+        f"{fmt(r['best_vs_default'], 3)}× the default.",
+        "",
+    ]
+
+
 def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r, st = d["results"], d["results"]["setup"]
     t = Table(
@@ -1224,6 +1253,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "cache_accuracy": cache_accuracy,
     "cli_startup": cli_startup,
     "predict_throughput": predict_throughput,
+    "predict_split": predict_split,
     "openvino_bench": openvino_bench,
     "quantize_defaults": quantize_defaults,
     "tracking_overhead": tracking_overhead,
@@ -1246,6 +1276,13 @@ def busy(d: dict[str, Any]) -> bool:
     return bool(load and cpus and load[0] > cpus)
 
 
+def machine_label(d: dict[str, Any]) -> str:
+    """``16 CPUs, NVIDIA H200`` / ``2 CPUs``: the machine a result file was measured on."""
+    m = d["provenance"]["machine"]
+    gpus = m.get("gpus") or []
+    return ", ".join([f"{m.get('logical_cpus', '?')} CPUs", *gpus[:1]])
+
+
 def summary(
     results: dict[str, dict[str, Any]],
     marks: dict[str, Staleness],
@@ -1257,8 +1294,11 @@ def summary(
     then the benchmarks the template shows that have no result file yet (``missing``)."""
     ops = {"<=": "≤", ">=": "≥", "<": "<"}
     t = Table("", "goal", "target", "measured", "met?", "measured at", "raw")
+    per_bench = Counter(d["bench"] for d in results.values())
     for name, d in results.items():
         mark = marks[name]
+        # a bench measured on several machines (2 cores here, 16 on the GPU machine): say which
+        where = f" ({machine_label(d)})" if per_bench[d["bench"]] > 1 else ""
         if mark.commits_since:
             out.computed.setdefault(name, set()).add(str(mark.commits_since))
         for h in d["results"].get("headlines", []):
@@ -1277,7 +1317,15 @@ def summary(
             shown = fmt(value, 0) if isinstance(value, int) else short(value)
             goal = f"{ops[h['goal']['op']]} {h['goal']['target']:g}"
             at = f"`{(mark.commit or 'unknown')[:7]}`, {mark.date}{isa_note(h, d)}"
-            t.add(h["what"], goal, shown, verdict, at, f"[{name}](bench/{name}.json)", source=name)
+            t.add(
+                h["what"] + where,
+                goal,
+                shown,
+                verdict,
+                at,
+                f"[{name}](bench/{name}.json)",
+                source=name,
+            )
     if not missing:
         return t.lines(out)
     names = ", ".join(f"`{b}`" for b in missing)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -105,7 +106,7 @@ def srv(cnn_run: Path, mobilenet_onnx: Path, srv_log: Path) -> Iterator[tuple[st
 
 def worker_pids(log: str) -> list[int]:
     """The worker processes named in a server's start-up lines."""
-    return [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "; worker process " in line]
+    return [int(m) for m in re.findall(r"; worker process (\d+)", log)]
 
 
 def alive(pid: int) -> bool:
@@ -138,6 +139,14 @@ def test_two_models_are_listed_and_each_answers_as_its_own_file(
         assert f"model {name!r} from" in log
     assert log.count("1 inference threads (its share of 2 CPUs among 2 models)") == 2
     assert "2 worker processes (one per model)" in log and len(set(worker_pids(log))) == 2
+    # each worker kept to its share of the CPUs (one each here), as its start-up line says
+    pinned = {int(pid): {int(c) for c in cpus.split(", ")}
+              for pid, cpus in re.findall(r"; worker process (\d+) on CPU ([\d, ]+)", log)}  # fmt: skip
+    assert len(pinned) == 2 and all(len(c) == 1 for c in pinned.values())
+    assert set.union(*pinned.values()) <= os.sched_getaffinity(0)
+    assert len(set.union(*pinned.values())) == 2  # disjoint
+    for pid, cpus in pinned.items():
+        assert os.sched_getaffinity(pid) == cpus
 
     index = httpx.get(f"{url}/v2/repository/index", headers=AUTH)
     expected = [
@@ -577,3 +586,14 @@ def test_over_tls_both_models_answer_through_the_one_port(
             stub = v2_grpc.GRPCInferenceServiceStub(channel)
             for name in ("m", CNN):
                 assert stub.ModelReady(pb.ModelReadyRequest(name=name)).ready
+
+
+def test_worker_cpus_split_the_cpus_by_share_and_wrap_round() -> None:
+    from zoo.deploy.serve.workers import worker_cpus
+
+    cpus = [2, 3, 5, 7]
+    assert [worker_cpus(i, [1, 1], cpus) for i in range(2)] == [[2], [3]]
+    assert [worker_cpus(i, [2, 1, 1], cpus) for i in range(3)] == [[2, 3], [5], [7]]
+    # more threads than CPUs: the shares wrap round and overlap, none is left without a CPU
+    assert [worker_cpus(i, [3, 3], cpus) for i in range(2)] == [[2, 3, 5], [2, 3, 7]]
+    assert [worker_cpus(i, [1, 1, 1], [0, 1]) for i in range(3)] == [[0], [1], [0]]

@@ -68,11 +68,12 @@ class WorkerSpec(msgspec.Struct):
 
 
 class WorkerStatus(msgspec.Struct, omit_defaults=True):
-    """A worker's word after loading: its inference threads, or why its model did not load
+    """A worker's word after loading: its inference threads and CPUs, or why its model did not load
     (the message and the :mod:`zoo.errors` class, so the parent exits as ``zoo serve`` would
     with the model loaded in it)."""
 
     threads: int | None = None
+    cpus: list[int] = msgspec.field(default_factory=list)
     error: str = ""
     kind: str = ""
 
@@ -232,7 +233,8 @@ def serve_workers(cfg: ServeConfig) -> None:
                     _raise(status)
             for w, model, status in zip(workers, models, statuses, strict=True):
                 assert w.proc is not None
-                log_model(cfg, model, status.threads, f"; worker process {w.proc.pid}")
+                on = f" on CPU {', '.join(map(str, status.cpus))}" if status.cpus else ""
+                log_model(cfg, model, status.threads, f"; worker process {w.proc.pid}{on}")
             log.info(
                 "zoo serve: %s://%s:%s, %s worker processes (one per model) accepting on it%s",
                 "https" if cfg.tls else "http",
@@ -472,6 +474,28 @@ def _exit_with_parent() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def worker_cpus(index: int, shares: list[int], cpus: list[int]) -> list[int]:
+    """The CPUs of worker ``index`` among ``cpus``: as many as its share of the inference
+    threads, after those of the workers before it, wrapping round where the shares add up to
+    more than there are."""
+    start = sum(shares[:index])
+    return sorted({cpus[(start + k) % len(cpus)] for k in range(shares[index])})
+
+
+def pin(index: int, shares: list[int]) -> list[int]:
+    """Keep this worker (and the inference threads it will start) to its share of the CPUs,
+    so a flooded model cannot take another's cores: on 2 cores its p99 under a neighbour's
+    flood fell by a quarter, and the combined RPS rose (docs/benchmarks.md, serve_multi).
+    Returns the CPUs, or [] where the affinity cannot be set (the worker then runs anywhere)."""
+    try:
+        cpus = worker_cpus(index, shares, sorted(os.sched_getaffinity(0)))
+        os.sched_setaffinity(0, cpus)
+    except (AttributeError, OSError) as exc:  # no affinity on this OS, or not allowed
+        log.warning("zoo serve: could not keep this worker to its CPUs (%s); it runs on any", exc)
+        return []
+    return cpus
+
+
 def main() -> None:
     """A worker: load the model, say so, wait for ``go``, serve until SIGTERM."""
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=WorkerSpec)
@@ -482,6 +506,7 @@ def main() -> None:
     served = spec.cfg.served()
     model = served[spec.index]
     setup_logging(f" [{model.name}]")
+    cpus = pin(spec.index, [m.threads or 1 for m in served])
     with os.fdopen(spec.status_fd, "wb") as status:
         try:
             keys = load_keys(spec.cfg.api_key_file)
@@ -489,7 +514,7 @@ def main() -> None:
         except Exception as exc:  # told to the parent, which exits with it
             status.write(msgspec.json.encode(WorkerStatus(error=str(exc), kind=type(exc).__name__)))
             raise SystemExit(1) from None
-        status.write(msgspec.json.encode(WorkerStatus(threads=clf.threads)) + b"\n")
+        status.write(msgspec.json.encode(WorkerStatus(threads=clf.threads, cpus=cpus)) + b"\n")
     if sys.stdin.buffer.readline().strip() != b"go":
         return  # the parent gave up (another model did not load)
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
