@@ -132,9 +132,18 @@ def quantize_cmd(
             f"{report.floor.reason}. Nothing was written; try "
             + ("--engine nncf or " if report.engine != "nncf" else "")
             + "--target-agreement 0.98 (keeps the most sensitive nodes float), or fp16 "
-            "(zoo export --precision fp16); --allow-drop keeps it anyway."
+            "(zoo export --precision fp16); --allow-drop keeps it anyway. Next step when "
+            f"post-training int8 falls short: quantization-aware fine-tuning, zoo distill "
+            f"{_run_of(model)} --qat --data DIR (2 epochs of every layer at the fp32 model's "
+            "training cost, then zoo export and zoo quantize --engine ort)."
         )
         raise typer.Exit(1)
+
+
+def _run_of(model: Path) -> str:
+    """The run an export came from (``RUN/model/model.onnx``), else ``RUN``."""
+    run = model.parent.parent
+    return str(run) if model.parent.name == "model" and (run / "split.json").is_file() else "RUN"
 
 
 def register(app: typer.Typer) -> None:

@@ -37,6 +37,7 @@ from zoo.train.features import FeatureDataset, head_module, load_or_extract
 from zoo.train.image_cache import CacheSpec, ImageCache
 from zoo.train.imbalance import imbalance_hint, sample_weights
 from zoo.train.optim import build_loss, build_optimizer
+from zoo.train.qat import prepare_for_run
 from zoo.train.recipes import BatchRecipe, batch_recipe, mixes, policy
 from zoo.train.resolve import Resolved, cache_spec_for
 from zoo.train.rng import seed_everything
@@ -123,6 +124,12 @@ def build_run(resolved: Resolved) -> RunParts:
     model = model.to(comm.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if cfg.distill is not None and cfg.distill.qat:  # before DDP wraps it; a resume recalibrates
+        say(
+            prepare_for_run(
+                model, info.preprocessing(), [p for p, _ in data.samples["train"]], comm.device
+            )
+        )
     groups = (
         split_head(model, info.classifier) if cfg.strategy != "full" or info.classifier else None
     )

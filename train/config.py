@@ -61,6 +61,12 @@ class DistillConfig:
     alpha: float = 0.5
     logits: TeacherLogits = "auto"
     teacher_sha256: str | None = None  # the teacher's weights; a resume refuses other weights
+    qat: bool = False  # --qat: the student is the teacher itself, trained through int8 rounding
+
+    @property
+    def kind(self) -> str:
+        """What the run is, in words: ``quantization-aware`` or ``distill``."""
+        return "quantization-aware" if self.qat else "distill"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistillConfig:

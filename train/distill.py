@@ -139,6 +139,13 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
             f"(sha256 {d.teacher_sha256[:12]}…, now {digest[:12]}…): resuming would mix two "
             "teachers. Restore the teacher or start a new run."
         )
+    if d.qat and (cfg.model != d.teacher or cfg.weights is not None):
+        raise InputError(
+            "--qat trains the teacher's own weights through int8 rounding: drop --student "
+            f"{cfg.model}"
+            + (f" and --weights {cfg.weights}" if cfg.weights is not None else "")
+            + " (the student is the teacher)."
+        )
     random = random_views(cfg)
     if d.logits == "cached" and random:
         raise InputError(
@@ -155,7 +162,7 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
         else "asked"
     )
     say(
-        f"distill: teacher {d.teacher} ({info.params / 1e6:.2f} M params), T {d.temperature:g}, "
+        f"{d.kind}: teacher {d.teacher} ({info.params / 1e6:.2f} M params), T {d.temperature:g}, "
         f"alpha {d.alpha:g}; teacher logits {logits} ({why})"
     )
     return replace(d, logits=logits, teacher_sha256=digest), teacher
@@ -277,6 +284,7 @@ class Distiller:
             alpha=self.cfg.alpha,
             logits=self.cfg.logits,
             val_images=len(val),
+            qat=self.cfg.qat,
         )
 
 
@@ -310,9 +318,11 @@ class DistillSummary:
     alpha: float
     logits: str
     val_images: int
+    qat: bool = False  # the student's accuracy is through int8 rounding (--qat)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "qat": self.qat,
             "teacher": vars(self.teacher),
             "student": vars(self.student),
             "temperature": self.temperature,
@@ -331,6 +341,7 @@ class DistillSummary:
             alpha=d["alpha"],
             logits=d["teacher_logits"],
             val_images=d["val_images"],
+            qat=d.get("qat", False),
         )
 
     def lines(self) -> list[str]:
@@ -348,7 +359,14 @@ class DistillSummary:
             f"{'fp32 MB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",
             f"distilled at T {self.temperature:g}, alpha {self.alpha:g}, teacher logits "
             f"{self.logits}; latency: zoo export each, then zoo bench",
-        ]
+        ] + (
+            [
+                "qat: the student's val acc is through int8 rounding (fp32 weights in the run); "
+                "int8: zoo export RUN, then zoo quantize RUN/model/model.onnx --engine ort"
+            ]
+            if self.qat
+            else []
+        )
 
 
 __all__ = [

@@ -60,7 +60,7 @@ class Calibration:
         acts = "S8S8" if self.int8_activations else "U8S8"
         return (
             f"{self.method} ranges, {acts}{' symmetric' if self.symmetric else ''}, "
-            f"per-channel weights {'on' if self.per_channel else 'off'}"
+            f"{'per-channel' if self.per_channel else 'per-tensor'} weights"
             f"{', reduce_range (7-bit weights)' if self.reduce_range else ''}"
         )
 
