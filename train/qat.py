@@ -3,9 +3,9 @@ rounding that int8 will apply, distilled from its own fp32 self, so that post-tr
 quantization of the result keeps its answers.
 
 The fake quantization is the one ``zoo quantize --engine ort`` applies (onnxruntime's QDQ,
-U8S8): per output channel symmetric int8 weights scaled by their largest magnitude, and
-per-tensor uint8 activations at every conv and linear layer's input, with the min/max
-calibration range (zero included). The activation ranges are calibrated once on the fp32
+U8S8): per output channel symmetric int8 weights (±127 at their largest magnitude), and
+per-tensor uint8 activations at every conv and linear layer's input and at the logits,
+with the min/max calibration range (zero included). The activation ranges are calibrated once on the fp32
 model, on a seeded sample of the training images, and stay fixed: so the run's only state is
 its weights, and a resume recomputes the same ranges (exact resume comes free). BatchNorm stays
 in eval mode throughout (its statistics are what the exported graph folds into the convs; per
@@ -34,6 +34,7 @@ from torch import nn
 from zoo.preprocessing import Preprocessing
 
 QUANT_LAYERS = (nn.Conv2d, nn.Linear)
+OUTPUT = ""  # the model's own output (the logits), in the ranges beside the layers' names
 CALIBRATION_IMAGES = 256  # the seeded training sample the activation ranges come from
 
 
@@ -56,7 +57,8 @@ def layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def input_ranges(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str, Range]:
-    """Each quantized layer's input range over ``batches`` (the model in eval mode, fp32)."""
+    """Each quantized layer's input range, and the model's output range (at :data:`OUTPUT`),
+    over ``batches`` (the model in eval mode, fp32)."""
     seen: dict[str, tuple[float, float]] = {}
 
     def record(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
@@ -67,9 +69,14 @@ def input_ranges(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str,
 
         return hook
 
+    def record_output(_: nn.Module, __: object, y: torch.Tensor) -> None:
+        lo, hi = seen.get(OUTPUT, (0.0, 0.0))
+        seen[OUTPUT] = (min(lo, float(y.min())), max(hi, float(y.max())))
+
     was_training = model.training
     model.eval()
     handles = [m.register_forward_pre_hook(record(n)) for n, m in layers(model)]
+    handles.append(model.register_forward_hook(record_output))
     try:
         with torch.inference_mode():
             for x in batches:
@@ -82,16 +89,18 @@ def input_ranges(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str,
 
 
 def fake_weight(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 per output channel (scale: the channel's largest magnitude / 127.5)."""
+    """Symmetric int8 per output channel in [-127, 127] (scale: the channel's largest magnitude
+    / 127), as onnxruntime quantizes weights."""
     dims = tuple(range(1, w.dim()))
-    scale = (w.detach().abs().amax(dim=dims) / 127.5).clamp_min(1e-12).float()
+    scale = (w.detach().abs().amax(dim=dims) / 127.0).clamp_min(1e-12).float()
     zero = torch.zeros_like(scale, dtype=torch.int32)
-    return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -128, 127)
+    return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -127, 127)
 
 
 def prepare(model: nn.Module, ranges: dict[str, Range]) -> int:
     """Put fake quantization into ``model``'s conv and linear layers, in place: their weights
-    per channel and their inputs at ``ranges``. The parameters and state dict are unchanged.
+    per channel and their inputs at ``ranges``, and its output (the logits) at
+    ``ranges[OUTPUT]``. The parameters and state dict are unchanged.
     Returns how many layers were prepared."""
     done = 0
     for name, m in layers(model):
@@ -117,6 +126,11 @@ def prepare(model: nn.Module, ranges: dict[str, Range]) -> int:
 
             m.forward = types.MethodType(linear, m)
         done += 1
+    if OUTPUT in ranges:  # the logits: onnxruntime quantizes the last layer's output too
+        s_out, z_out = ranges[OUTPUT].qparams()
+        model.register_forward_hook(
+            lambda _m, _x, y: torch.fake_quantize_per_tensor_affine(y, s_out, z_out, 0, 255)
+        )
     return done
 
 
@@ -153,6 +167,7 @@ def freeze_batchnorm(model: nn.Module) -> None:
 
 __all__ = [
     "CALIBRATION_IMAGES",
+    "OUTPUT",
     "Range",
     "fake_weight",
     "freeze_batchnorm",

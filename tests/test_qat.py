@@ -1,0 +1,189 @@
+"""Quantization-aware fine-tuning (``zoo distill RUN --qat``): the fake quantization leaves the
+weights and state dict alone and passes gradients; the QAT run → ``zoo export`` →
+``zoo quantize --engine ort`` chain, where the trained model's fake-quant outputs are closer
+to onnxruntime's int8 than its fp32 outputs are (the rounding trained through is the one
+shipped) and BatchNorm's statistics never moved; a kill -9 mid-run resumed to the
+uninterrupted run; and the refusals. Real digits, a crnn (conv + BatchNorm) fine-tuned here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests import crash
+from tests.conftest import run_zoo
+from zoo.train.config import TrainConfig
+from zoo.train.qat import OUTPUT, Range, fake_weight, input_ranges, layers, prepare
+
+QUIET = {"num_workers": 0, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """100 real digits (10 per class) as 16 px PNGs."""
+    from zoo.samples import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("d") / "digits", size=16, per_class=10)
+
+
+@pytest.fixture(scope="module")
+def teacher(digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A crnn (two conv → BatchNorm blocks, two linear layers) fine-tuned on the digits."""
+    from zoo.train.trainer import fit
+
+    cfg = TrainConfig(
+        "crnn", str(digits), epochs=2, augment=False, name="t",
+        runs_root=str(tmp_path_factory.mktemp("teacher")),
+    )  # fmt: skip
+    run = fit(TrainConfig.from_dict({**cfg.to_dict(), **QUIET}))
+    assert run is not None
+    return run
+
+
+def val_batch(run: Path) -> tuple[torch.Tensor, list[Path]]:
+    from zoo.factory import create_model
+    from zoo.images import open_image
+    from zoo.transforms import eval_transform
+
+    split = json.loads((run / "split.json").read_text())
+    paths = [Path(split["root"]) / rel for rel, _ in split["splits"]["val"]]
+    tf = eval_transform(create_model(str(run)).zoo_info)  # type: ignore[arg-type]
+    return torch.stack([tf(open_image(p)) for p in paths]), paths
+
+
+def test_fake_quant_keeps_the_weights_and_passes_gradients(teacher: Path) -> None:
+    from zoo.factory import create_model
+
+    model = create_model(str(teacher)).eval()
+    x, _ = val_batch(teacher)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode():
+        y32 = model(x)
+    ranges = input_ranges(model, [x[:8], x[8:]])
+    # 2 convs, 2 linear layers, and the logits
+    assert set(ranges) == {n for n, _ in layers(model)} | {OUTPUT}
+    assert all(r.low <= 0 <= r.high for r in ranges.values())  # zero always representable
+    assert prepare(model, ranges) == 4
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(before[k], after[k]) for k in before)
+    with torch.inference_mode():
+        yq = model(x)
+    assert not torch.equal(yq, y32)  # the rounding is there ...
+    assert (yq.argmax(1) == y32.argmax(1)).float().mean() >= 0.9  # ... and small
+    model.train()
+    model(x).sum().backward()  # straight-through: every quantized weight gets a gradient
+    for name, m in layers(model):
+        assert m.weight.grad is not None and m.weight.grad.abs().sum() > 0, name
+    # int8 per output channel, symmetric: ±127 at the channel's largest magnitude
+    w = torch.randn(6, 3, 3, 3)
+    q = fake_weight(w)
+    for c in range(6):
+        step = w[c].abs().max() / 127
+        levels = torch.round(q[c] / step)
+        torch.testing.assert_close(levels * step, q[c])
+        assert levels.abs().max() == 127  # the largest magnitude is kept exactly
+    assert Range(-1.0, 3.0).qparams() == (4 / 255, 64)
+
+
+def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
+    teacher: Path, digits: Path, tmp_path: Path
+) -> None:
+    d = run_zoo(
+        "distill", str(teacher), "--qat", "--data", str(digits), "--epochs", "1",
+        "--runs", str(tmp_path), "--name", "q", "--num-workers", "0", "--no-progress",
+        "--no-report",
+    )  # fmt: skip
+    assert d.returncode == 0, d.stderr
+    run = tmp_path / "q"
+    assert "quantization-aware: teacher" in d.stderr
+    assert "qat: 4 conv/linear layers train through int8 rounding" in d.stderr
+    assert "zoo quantize RUN/model/model.onnx --engine ort" in d.stderr  # the next step
+    config = json.loads((run / "config.json").read_text())
+    assert config["distill"]["qat"] is True and config["model"] == str(teacher)
+    # --qat's defaults where not typed (epochs was)
+    assert (config["strategy"], config["lr"], config["backbone_lr_mult"]) == ("full", 1e-4, 1.0)
+    assert (config["epochs"], config["distill"]["temperature"]) == (1, 1.0)
+    assert json.loads((run / "report.json").read_text())["distill"]["qat"] is True
+    from safetensors.torch import load_file
+
+    old = load_file(teacher / "model" / "model.safetensors")
+    new = load_file(run / "model" / "model.safetensors")
+    for k in old:  # BatchNorm frozen: its statistics are the teacher's; the weights trained
+        if "running_" in k:
+            assert torch.equal(old[k], new[k]), k
+    assert not torch.equal(old["features.0.weight"], new["features.0.weight"])
+
+    assert run_zoo("export", str(run), "--data", str(digits)).returncode == 0
+    q = run_zoo(
+        "quantize", str(run / "model" / "model.onnx"), "--engine", "ort", "--allow-drop", "--json"
+    )
+    assert q.returncode == 0, q.stderr
+    int8 = Path(json.loads(q.stdout)["path"])
+    # the rounding trained through is the one shipped: the QAT model's fake-quant outputs are
+    # nearer onnxruntime's int8 than its fp32 outputs are
+    from zoo.deploy.runtimes.loader import make_session
+    from zoo.factory import create_model
+    from zoo.train.qat import prepare_for_run
+
+    x, _ = val_batch(run)
+    session = make_session(int8)
+    y8 = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    model = create_model(str(run)).eval()
+    with torch.inference_mode():
+        y32 = model(x).numpy()
+    split = json.loads((run / "split.json").read_text())
+    train = [Path(split["root"]) / rel for rel, _ in split["splits"]["train"]]
+    prepare_for_run(model, model.zoo_info.preprocessing(), train, torch.device("cpu"))  # type: ignore[operator]
+    with torch.inference_mode():
+        yq = model(x).numpy()
+    near, far = np.abs(yq - y8).mean(), np.abs(y32 - y8).mean()
+    assert near < 0.25 * far, (near, far)
+
+
+def test_refusals(teacher: Path, digits: Path) -> None:
+    r = run_zoo("distill", str(teacher), "--qat", "--student", "mlp", "--data", str(digits))
+    assert r.returncode == 2 and "drop --student" in r.stderr, r.stderr
+    r = run_zoo("distill", "--resume", str(teacher), "--qat")
+    assert r.returncode == 2 and "drop --qat" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
+    teacher: Path, digits: Path, tmp_path: Path
+) -> None:
+    """The activation ranges are recalibrated on resume from the teacher: the same ones, so
+    the resumed run is the uninterrupted one, bitwise."""
+    ctx = crash.fork_server()
+    walk = [
+        "distill", str(teacher), "--qat", "--data", str(digits), "--epochs", "2",
+        "--batch-size", "16", "--save-every-steps", "2", "--no-augment", "--name", "r",
+        "--num-workers", "0", "--no-progress", "--no-report",
+    ]  # fmt: skip
+    ref_root, root = tmp_path / "ref", tmp_path / "killed"
+    trace = tmp_path / "trace"
+    code = crash.run(
+        ctx, [*walk, "--runs", str(ref_root)], tmp_path / "ref.log", ZOO_FAULT_TRACE=str(trace)
+    )
+    assert code == 0, (tmp_path / "ref.log").read_text()
+    labels = crash.trace(trace)
+    epoch1 = labels.index("metrics.jsonl") + 1
+    kill = next(n for n in range(epoch1 + 1, len(labels)) if labels[n - 1] == "checkpoints/last.pt")
+    log = tmp_path / "killed.log"
+    assert crash.run(ctx, [*walk, "--runs", str(root)], log, ZOO_FAULT_KILL_AT=str(kill)) == -9
+    resume = ["distill", "--resume", str(root / "r"), "--no-progress", "--num-workers", "0"]
+    assert crash.run(ctx, resume, log) == 0, log.read_text()
+    assert "resumed" in log.read_text()
+    crash.assert_same_run(ref_root / "r", root / "r")
+
+
+def test_batchnorm_stays_in_eval_mode() -> None:
+    from zoo.train.qat import freeze_batchnorm
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    freeze_batchnorm(net)
+    assert net[0].training and not net[1].training
