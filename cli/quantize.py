@@ -134,16 +134,17 @@ def quantize_cmd(
             + "--target-agreement 0.98 (keeps the most sensitive nodes float), or fp16 "
             "(zoo export --precision fp16); --allow-drop keeps it anyway. Next step when "
             f"post-training int8 falls short: quantization-aware fine-tuning, zoo distill "
-            f"{_run_of(model)} --qat --data DIR (2 epochs of every layer at the fp32 model's "
-            "training cost, then zoo export and zoo quantize --engine ort)."
+            f"{_run_of(model)} --qat --data DIR (2 epochs of every layer through int8 "
+            "rounding; then zoo export and zoo quantize of the new run)."
         )
         raise typer.Exit(1)
 
 
 def _run_of(model: Path) -> str:
-    """The run an export came from (``RUN/model/model.onnx``), else ``RUN``."""
-    run = model.parent.parent
-    return str(run) if model.parent.name == "model" and (run / "split.json").is_file() else "RUN"
+    """The run an export came from, else ``RUN``."""
+    from zoo.run_images import find_run
+
+    return str(find_run(model) or "RUN")
 
 
 def register(app: typer.Typer) -> None:

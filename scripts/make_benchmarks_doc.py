@@ -1171,6 +1171,32 @@ def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def qat(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(
+        name, "model", "seed", "fp32 acc", "int8 acc (ort)", "drop (ort), points",
+        "int8 acc (nncf)", "drop (nncf), points",
+    )  # fmt: skip
+    s = r["start"]
+    t.add("the starting model (post-training int8)", "", fmt(s["fp32"], 4), fmt(s["int8_ort"], 4),
+          fmt(s["drop_ort_points"], 2), fmt(s["int8_nncf"], 4), fmt(s["drop_nncf_points"], 2))  # fmt: skip
+    for row in r["rows"]:
+        t.add("`--qat`" if row["arm"] == "qat" else "control (no rounding)", row["seed"],
+              fmt(row["fp32"], 4), fmt(row["int8_ort"], 4), fmt(row["drop_ort_points"], 2),
+              fmt(row["int8_nncf"], 4), fmt(row["drop_nncf_points"], 2))  # fmt: skip
+    ci = r["qat_minus_control_drop_ort_points"]
+    defaults = ", ".join(f"{k} {v}" for k, v in r["qat_defaults"].items())
+    return [
+        f"{r['model']}; {r['n_val']} validation images, {r['n_calibration']} calibration images; "
+        f"`--qat` defaults: {defaults}. The int8 (ort) drop of `--qat` minus the control's, "
+        f"paired by seed: {fmt(ci['mean'], 2)} points (95% t interval {fmt(ci['low'], 2)} to "
+        f"{fmt(ci['high'], 2)}).",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
 def predict_split(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     st = r["setup"]
@@ -1262,6 +1288,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "index_scale": index_scale,
     "enroll": enroll,
     "distill": distill,
+    "qat": qat,
     "serve_multi": serve_multi,
 }
 

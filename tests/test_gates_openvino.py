@@ -2,13 +2,15 @@
 images (deploy/export/openvino.py's ``_calibration``), on tiny graphs built with onnx.helper
 and IRs saved from them (well under a second each): the metadata an IR must carry, every
 refusal before compiling, the precision asked of the real CPU plugin and read back, and the
-logits of the compiled graph. The export itself (an ONNX export, the gate twice, seconds
-each) is tests/test_openvino.py's; its fast tests of the precision check are selected with
-this file by scripts/mutation.sh."""
+outputs of the compiled graph (the logits, float32 from an --fp16-io graph too, and the kNN
+score's column). The export itself (an ONNX export, the gate twice, seconds each) is
+tests/test_openvino.py's; its fast tests of the precision check are selected with this file
+by scripts/mutation.sh."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from PIL import Image
 
 from zoo.deploy.runtimes import openvino as rov
 from zoo.errors import BackendUnavailableError, InputError
+from zoo.knn import KnnBank, add_to_graph
 from zoo.onnx_meta import set_metadata
 from zoo.system import available_cpus
 
@@ -41,23 +44,32 @@ def _onnx(
     meta: dict | None = META,
     batch: int | str = "N",
     dtype: int = TensorProto.FLOAT,
+    out_dtype: int = TensorProto.FLOAT,
+    knn: KnnBank | None = None,
 ) -> Path:
-    """x (batch, 3, 2, 2) → Flatten → MatMul W → logits (batch, 5)."""
+    """x (batch, 3, 2, 2) → Flatten → MatMul W → logits (batch, 5); with ``knn`` the kNN score
+    of the flattened pixels as zoo export builds it (a second output, ``knn_score``)."""
     nodes = [helper.make_node("Flatten", ["x"], ["f"])]
     if dtype != TensorProto.FLOAT:
         nodes = [
             helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
             helper.make_node("Flatten", ["xf"], ["f"]),
         ]
+    half = out_dtype != TensorProto.FLOAT  # --fp16-io: float16 logits out
+    nodes.append(helper.make_node("MatMul", ["f", "w"], ["logits_f32" if half else "logits"]))
+    if half:
+        nodes.append(helper.make_node("Cast", ["logits_f32"], ["logits"], to=out_dtype))
     graph = helper.make_graph(
-        [*nodes, helper.make_node("MatMul", ["f", "w"], ["logits"])],
+        nodes,
         "g",
         [helper.make_tensor_value_info("x", dtype, [batch, 3, 2, 2])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 5])],
+        [helper.make_tensor_value_info("logits", out_dtype, [batch, 5])],
         [numpy_helper.from_array(W, "w")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    if knn is not None:
+        add_to_graph(model, "f", knn)
     if meta is not None:
         set_metadata(model, meta)
     onnx.save(model, str(path))
@@ -109,9 +121,11 @@ def test_an_ir_without_zoos_metadata_is_refused(tmp_path: Path) -> None:
     xml = _ir(tmp_path, None)
     with pytest.raises(InputError) as err:
         rov.OpenVinoClassifier(xml)
-    assert str(err.value) == (
-        f"{xml} carries no zoo metadata: write it with `zoo export --format openvino`."
-    )
+    says = f"{xml} carries no zoo metadata: write it with `zoo export --format openvino`."
+    assert str(err.value) == says
+    with pytest.raises(InputError) as err:  # the file's own path, as given
+        rov.read_ir_file_metadata(str(xml))
+    assert str(err.value) == says
 
 
 def test_only_the_cpu_runs_openvino(tmp_path: Path) -> None:
@@ -141,8 +155,12 @@ def test_an_onnx_file_that_is_not_fp32_is_refused(tmp_path: Path, meta: dict) ->
 
 def test_a_graph_that_takes_pixels_is_left_to_onnxruntime(tmp_path: Path) -> None:
     path = _onnx(tmp_path / "m.onnx", dtype=TensorProto.UINT8)
-    with pytest.raises(InputError, match=r"preprocesses images in its graph.*onnxruntime"):
+    with pytest.raises(InputError) as err:
         rov.OpenVinoClassifier(path)
+    assert str(err.value) == (
+        f"{path} preprocesses images in its graph (--embed-preprocessing), which zoo runs in "
+        "ONNX Runtime only: use --runtime onnxruntime."
+    )
 
 
 def test_a_model_openvino_cannot_read_is_named_with_its_last_line(tmp_path: Path) -> None:
@@ -202,6 +220,94 @@ def test_a_missing_openvino_says_how_to_install_it(monkeypatch: pytest.MonkeyPat
         rov.openvino()
     assert str(err.value).startswith("OpenVINO is not installed: pip install 'zoo[openvino]' (")
     assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_an_ir_compiles_the_precision_its_metadata_records(tmp_path: Path, precision: str) -> None:
+    xml = _ir(tmp_path, {**META, "format": "openvino", "precision": precision})
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if precision == "bf16" and "BF16" not in caps:
+        with pytest.raises(BackendUnavailableError, match=r"cannot run OpenVINO bf16"):
+            rov.OpenVinoClassifier(xml, threads=1)
+        return
+    t0 = time.perf_counter()
+    clf = rov.OpenVinoClassifier(xml, threads=1)
+    took = time.perf_counter() - t0
+    assert clf.precision == precision and 0 < clf.load_s <= took  # the load, not a clock reading
+    hint = clf.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+    assert hint == rov.HINTS[precision] == {"int8": "f32", "bf16": "bf16"}[precision]
+    x = RNG.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    tol = 1e-5 if precision == "int8" else 0.1  # no FakeQuantize here: int8 runs f32
+    np.testing.assert_allclose(clf.run(x), _want(x), rtol=tol, atol=tol)
+
+
+def test_an_fp16_io_graph_is_half_at_its_boundary_and_float32_here(tmp_path: Path) -> None:
+    path = _onnx(tmp_path / "m.onnx", dtype=TensorProto.FLOAT16, out_dtype=TensorProto.FLOAT16)
+    clf = rov.OpenVinoClassifier(path, threads=1)
+    assert clf.input_type == "tensor(float16)" and clf.half_io and not clf.embedded
+    x = RNG.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    got = clf.run(x)
+    assert got.dtype == np.float32 and got.shape == (3, 5)  # float16 logits, read as float32
+    want = _want(x.astype(np.float16)).astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_the_knn_score_is_the_outputs_last_column(tmp_path: Path) -> None:
+    bank = KnnBank.of(RNG.standard_normal((6, 12)), k=2)
+    clf = rov.OpenVinoClassifier(_onnx(tmp_path / "knn.onnx", knn=bank), threads=1)
+    assert clf.knn is True and clf.output_name == "logits" and clf.num_classes == 5
+    x = RNG.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    out = clf.outputs(x)
+    assert out.dtype == np.float32 and out.shape == (3, 6)
+    logits, knn = clf.split(out)
+    np.testing.assert_allclose(logits, _want(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(knn, bank.scores(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(clf.run(x), logits)  # the logits alone
+    plain = rov.OpenVinoClassifier(_onnx(tmp_path / "plain.onnx"), threads=1)
+    assert plain.knn is False and plain.outputs(x).shape == (3, 5)
+
+
+def test_a_class_axis_that_is_not_fixed_counts_the_class_names(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["logits"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "C"])],
+        [numpy_helper.from_array(np.array(2, np.float32), "two")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    set_metadata(model, META)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    clf = rov.OpenVinoClassifier(tmp_path / "m.onnx", threads=1)
+    assert clf.width is None and clf.num_classes == 5  # len(class_names)
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_allclose(clf.run(x), 2 * x, rtol=1e-6)
+
+
+def test_the_net_element_is_looked_for_in_the_first_4096_bytes(tmp_path: Path) -> None:
+    core = ov.Core()
+    inside = tmp_path / "inside.xml"  # "<net" ends at the 4096th byte: read as an IR
+    inside.write_bytes(b" " * 4092 + b"<net>")
+    with pytest.raises(InputError, match=r"inside\.bin is missing"):
+        rov.read_ir(core, inside)
+    past = tmp_path / "past.xml"  # one byte later: not looked at
+    past.write_bytes(b" " * 4093 + b"<net>")
+    with pytest.raises(InputError, match=r"past\.xml is not an OpenVINO IR"):
+        rov.read_ir(core, past)
+
+
+def test_openvinos_last_line_is_quoted_up_to_300_characters(tmp_path: Path) -> None:
+    bad = tmp_path / ("m" * 150 + ".onnx")  # OpenVINO's last line names the path: > 300 chars
+    bad.write_bytes(b"not a model")
+    core = ov.Core()
+    with pytest.raises(Exception) as raw:
+        core.read_model(str(bad))
+    last = str(raw.value).strip().splitlines()[-1]  # after "Exception from ...cpp:N:" lines
+    assert len(last) > 300
+    with pytest.raises(InputError) as err:
+        rov.read_ir(core, bad)
+    assert str(err.value) == f"OpenVINO cannot read {bad}: {last[:300]}"
 
 
 # ---- the int8 export's calibration images ---------------------------------------------------

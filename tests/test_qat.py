@@ -119,10 +119,11 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     assert not torch.equal(old["features.0.weight"], new["features.0.weight"])
 
     assert run_zoo("export", str(run), "--data", str(digits)).returncode == 0
-    q = run_zoo(
-        "quantize", str(run / "model" / "model.onnx"), "--engine", "ort", "--allow-drop", "--json"
-    )
+    q = run_zoo("quantize", str(run / "model" / "model.onnx"), "--allow-drop", "--json")
     assert q.returncode == 0, q.stderr
+    # auto picks the rounding the run trained through, and says so
+    assert json.loads(q.stdout)["engine"] == "ort"
+    assert "engine: ort, the int8 rounding this model was trained through" in q.stderr
     int8 = Path(json.loads(q.stdout)["path"])
     # the rounding trained through is the one shipped: the QAT model's fake-quant outputs are
     # nearer onnxruntime's int8 than its fp32 outputs are

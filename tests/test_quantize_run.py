@@ -85,6 +85,8 @@ def test_below_the_floor_exits_1_unless_allowed(
     assert res.exit_code == 1, res.output
     assert "floor: FAILED" in res.output and "nothing written" in res.output
     assert "Nothing was written" in res.output and "--allow-drop" in res.output
+    # the next road, named with this run: quantization-aware fine-tuning
+    assert f"zoo distill {run} --qat --data DIR" in " ".join(res.output.split())
     assert not out.exists() and not list(tmp_path.iterdir())
     res = CliRunner().invoke(app, [*args, "--allow-drop"])
     assert res.exit_code == 0, res.output

@@ -34,7 +34,7 @@ from zoo.deploy.quantize.calibration import (
     quantize_qdq,
 )
 from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_images
-from zoo.deploy.quantize.options import QuantizeOptions, default_calibration
+from zoo.deploy.quantize.options import QuantizeOptions, default_calibration, qat_trained
 from zoo.deploy.quantize.report import Latency, QuantizeReport
 from zoo.deploy.quantize.search import estimate_seconds, search
 from zoo.deploy.quantize.verdict import (
@@ -65,7 +65,8 @@ def quantize(
 
     Args:
         options: what to quantize, how, and where to write it (checked on construction).
-        on_plan: told, before a ``target_agreement`` search starts, its estimated duration.
+        on_plan: told the engine chosen for a QAT model, and before a ``target_agreement`` search
+            starts, its estimated duration.
 
     Returns:
         The :class:`QuantizeReport`; ``written`` is False when it is below the floor and
@@ -88,6 +89,11 @@ def quantize(
         raise InputError(
             "--target-agreement needs --data DIR: held-out real images, none of them in "
             "--calib, to measure the agreement on."
+        )
+    if on_plan is not None and o.engine == "auto" and engine == "ort" and qat_trained(model):
+        on_plan(
+            "engine: ort, the int8 rounding this model was trained through (zoo distill --qat); "
+            "--engine nncf to try NNCF's"
         )
     out = o.out
     meta = read_metadata(model)

@@ -11,6 +11,7 @@ NNCF kept the most (−0.8 points), so a drop below the floor points to ``--engi
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -47,15 +48,33 @@ def resolve_engine(
     method: CalibMethod | None,
     per_channel: bool | None,
     target_agreement: float | None,
+    qat: bool = False,
 ) -> QuantEngine:
     """``auto`` → ``nncf`` where NNCF is installed and nothing asked for onnxruntime's own
-    settings (it kept the most accuracy: docs/bench/quantize_defaults.json), else ``ort``."""
+    settings (it kept the most accuracy: docs/bench/quantize_defaults.json), else ``ort``; and
+    ``ort`` for a model trained through onnxruntime's rounding (``qat``: zoo distill --qat;
+    NNCF's own ranges lost what QAT gained there: docs/bench/qat.json)."""
     if engine != "auto":
         return engine
-    ort_only = method is not None or per_channel is not None or target_agreement is not None
+    ort_only = qat or method is not None or per_channel is not None or target_agreement is not None
     if mode != "static" or ort_only:
         return "ort"
     return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
+
+
+def qat_trained(model: Path) -> bool:
+    """Whether ``model`` belongs to a quantization-aware run (``zoo distill --qat``, said by
+    the run's ``config.json``)."""
+    from zoo.run_images import find_run
+
+    run = find_run(model)
+    if run is None:
+        return False
+    try:
+        distill = json.loads((run / "config.json").read_text()).get("distill") or {}
+    except (OSError, ValueError):
+        return False
+    return bool(distill.get("qat"))
 
 
 def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:
@@ -207,7 +226,12 @@ class QuantizeOptions:
     def resolved_engine(self) -> QuantEngine:
         """The engine that quantizes (``auto`` resolved: :func:`resolve_engine`)."""
         return resolve_engine(
-            self.engine, self.mode, self.method, self.per_channel, self.target_agreement
+            self.engine,
+            self.mode,
+            self.method,
+            self.per_channel,
+            self.target_agreement,
+            qat=qat_trained(self.model),
         )
 
     @property
