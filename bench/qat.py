@@ -21,7 +21,6 @@ figures: the load does not change them (latency ratios in the rows are noisy on 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import subprocess
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
 from common import make_data, t_interval, zoo_cmd
 from provenance import Recording, headline
-from quantize_defaults import make_run, split_images
+from quantize_defaults import make_run, run_images
 
 from zoo.cli.distill import QAT_DEFAULTS
 
@@ -47,24 +46,8 @@ class Judge:
     """The starting run's validation and calibration images, and int8 of any export of it."""
 
     def __init__(self, run: Path, n_calib: int) -> None:
-        from zoo.images import open_image
-        from zoo.onnx_meta import read_metadata, read_preprocessing
-        from zoo.preprocess import preprocess
-
-        model = run / "model" / "model.onnx"
-        meta = read_metadata(model)
-        pre = read_preprocessing(meta, model)
-        classes = list(meta["class_names"])
-        train = split_images(run, "train")
-        random.Random(0).shuffle(train)
-        val = split_images(run, "val")
-
-        def load(rows: list[tuple[Path, str]]) -> np.ndarray:
-            return np.stack([preprocess(open_image(path), pre) for path, _ in rows])
-
-        self.x_val = load(val)
-        self.labels = np.array([classes.index(label) for _, label in val])
-        self.x_cal = [x[None] for x in load(train[:n_calib])]
+        self.x_val, self.labels, x_cal = run_images(run, n_calib)
+        self.x_cal = [x[None] for x in x_cal]
 
     def arm(self, model: Path, work: Path) -> dict[str, Any]:
         """fp32, ort int8 and nncf int8 accuracy of the export ``model``."""

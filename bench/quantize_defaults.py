@@ -78,6 +78,28 @@ def split_images(run: Path, split: str) -> list[tuple[Path, str]]:
     return [(root / rel, str(label)) for rel, label in doc["splits"][split]]
 
 
+def run_images(run: Path, n_calib: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The exported run's validation images and their class indices, and a seeded
+    ``n_calib`` of its training images, each preprocessed as its ONNX file expects."""
+    from zoo.images import open_image
+    from zoo.onnx_meta import read_metadata, read_preprocessing
+    from zoo.preprocess import preprocess
+
+    model = run / "model" / "model.onnx"
+    meta = read_metadata(model)
+    pre = read_preprocessing(meta, model)
+    classes = list(meta["class_names"])
+    train = split_images(run, "train")
+    random.Random(0).shuffle(train)
+    val = split_images(run, "val")
+
+    def load(rows: list[tuple[Path, str]]) -> np.ndarray:
+        return np.stack([preprocess(open_image(path), pre) for path, _ in rows])
+
+    labels = np.array([classes.index(label) for _, label in val])
+    return load(val), labels, load(train[:n_calib])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", default=None, help="folder for the data and run (default: temp)")
@@ -103,27 +125,12 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from zoo.deploy.quantize.search import logits
     from zoo.deploy.quantize.verdict import coverage, op_counts, wilson
     from zoo.deploy.runtimes.loader import make_session
-    from zoo.images import open_image
-    from zoo.onnx_meta import read_metadata, read_preprocessing
-    from zoo.preprocess import preprocess
 
     t0 = time.perf_counter()
     run = make_run(work)
     seconds = {"finetune_export": round(time.perf_counter() - t0, 1)}
     model = run / "model" / "model.onnx"
-    meta = read_metadata(model)
-    pre = read_preprocessing(meta, model)
-    classes = list(meta["class_names"])
-    train = split_images(run, "train")
-    random.Random(0).shuffle(train)
-    val = split_images(run, "val")
-
-    def load(rows: list[tuple[Path, str]]) -> np.ndarray:
-        return np.stack([preprocess(open_image(path), pre) for path, _ in rows])
-
-    x_val = load(val)
-    labels = np.array([classes.index(label) for _, label in val])
-    x_cal = load(train[: args.calib])
+    x_val, labels, x_cal = run_images(run, args.calib)
     name = make_session(model).get_inputs()[0].name
     work_q = work / "q"
     work_q.mkdir(exist_ok=True)
