@@ -117,7 +117,9 @@ def distill_cmd(
     device: str = D["device"],
     num_workers: NumWorkersOpt = D["num_workers"],
     runs_root: Annotated[str, typer.Option("--runs", help="where run folders go")] = D["runs_root"],
-    name: Annotated[str | None, typer.Option(help="run name (default: STUDENT-DATA)")] = D["name"],
+    name: Annotated[
+        str | None, typer.Option(help="run name (default: STUDENT-DATA; --qat: TEACHER-qat)")
+    ] = D["name"],
     resume: Annotated[
         str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
     ] = D["resume"],
@@ -170,6 +172,8 @@ def distill_cmd(
     if qat and where is not None:  # the student is the teacher; --qat's own defaults
         params["model"] = where
         chosen = {k: v for k, v in QAT_DEFAULTS.items() if k not in typed}
+        if name is None:  # runs/digits → runs/digits-qat (not digits-DATA: the same model)
+            chosen["name"] = f"{where.rstrip('/').split('/')[-1].replace(':', '_')}-qat"
         temperature = float(chosen.pop("temperature", temperature))
         alpha = float(chosen.pop("alpha", alpha))
         params.update(chosen)

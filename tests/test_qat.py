@@ -162,7 +162,7 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     ctx = crash.fork_server()
     walk = [
         "distill", str(teacher), "--qat", "--data", str(digits), "--epochs", "2",
-        "--batch-size", "16", "--save-every-steps", "2", "--no-augment", "--name", "r",
+        "--batch-size", "16", "--save-every-steps", "2", "--no-augment",
         "--num-workers", "0", "--no-progress", "--no-report",
     ]  # fmt: skip
     ref_root, root = tmp_path / "ref", tmp_path / "killed"
@@ -176,10 +176,11 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     kill = next(n for n in range(epoch1 + 1, len(labels)) if labels[n - 1] == "checkpoints/last.pt")
     log = tmp_path / "killed.log"
     assert crash.run(ctx, [*walk, "--runs", str(root)], log, ZOO_FAULT_KILL_AT=str(kill)) == -9
-    resume = ["distill", "--resume", str(root / "r"), "--no-progress", "--num-workers", "0"]
+    run = root / f"{teacher.name}-qat"  # --qat's own default name: the model's, then -qat
+    resume = ["distill", "--resume", str(run), "--no-progress", "--num-workers", "0"]
     assert crash.run(ctx, resume, log) == 0, log.read_text()
     assert "resumed" in log.read_text()
-    crash.assert_same_run(ref_root / "r", root / "r")
+    crash.assert_same_run(ref_root / run.name, run)
 
 
 def test_batchnorm_stays_in_eval_mode() -> None:
