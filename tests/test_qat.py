@@ -189,3 +189,22 @@ def test_batchnorm_stays_in_eval_mode() -> None:
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
     freeze_batchnorm(net)
     assert net[0].training and not net[1].training
+
+
+def test_a_layer_with_a_forward_of_its_own_is_left_float() -> None:
+    """A conv subclass that pads in its own forward (as timm's Conv2dSame does) keeps that
+    forward: replacing it with the stock conv's would silently drop the padding."""
+    from zoo.train.qat import own_forward
+
+    class PadFirst(nn.Conv2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(nn.functional.pad(x, (1, 1, 1, 1)))
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), PadFirst(4, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    x = torch.rand(2, 3, 6, 6)
+    ranges = input_ranges(net, [x])
+    assert set(ranges) == {"0", "3", OUTPUT} and own_forward(net) == ["1"]
+    assert prepare(net, ranges) == 2
+    assert net(x).shape == (2, 2)  # the padding still happens: 4×4 in, 4×4 out, 64 features
+    assert type(net[1]).forward is PadFirst.forward and "forward" not in vars(net[1])

@@ -53,9 +53,27 @@ class Range:
         return scale, min(255, max(0, round(-self.low / scale)))
 
 
+STOCK_FORWARD = (nn.Conv2d.forward, nn.Linear.forward)
+
+
 def layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The layers int8 quantizes: every conv and linear layer, by name."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, QUANT_LAYERS)]
+    """The layers int8 quantizes and this module emulates, by name: every conv and linear layer
+    whose forward is torch's own (:func:`prepare` replaces it)."""
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, QUANT_LAYERS) and type(m).forward in STOCK_FORWARD
+    ]
+
+
+def own_forward(model: nn.Module) -> list[str]:
+    """Conv and linear layers with a forward of their own (timm's ``Conv2dSame`` pads first):
+    left float in training, since replacing their forward would drop what it adds."""
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, QUANT_LAYERS) and type(m).forward not in STOCK_FORWARD
+    ]
 
 
 def input_ranges(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str, Range]:
@@ -71,7 +89,9 @@ def input_ranges(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str,
 
         return hook
 
-    def record_output(_: nn.Module, __: object, y: torch.Tensor) -> None:
+    def record_output(_: nn.Module, __: object, y: object) -> None:
+        if not isinstance(y, torch.Tensor):  # not a classifier's logits: left alone
+            return
         lo, hi = seen.get(OUTPUT, (0.0, 0.0))
         seen[OUTPUT] = (min(lo, float(y.min())), max(hi, float(y.max())))
 
@@ -153,10 +173,17 @@ def prepare_for_run(
         for i in range(0, len(sample), 64)
     )
     n = prepare(model, input_ranges(model, batches))
+    own = own_forward(model)
     return (
         f"qat: {n} conv/linear layers train through int8 rounding (weights int8 per channel, "
         f"inputs uint8 at ranges from {len(sample)} training images, as zoo quantize --engine "
         "ort quantizes them); BatchNorm frozen"
+        + (
+            f"; {len(own)} with a forward of their own left float in training "
+            f"({', '.join(own[:3])}{', …' if len(own) > 3 else ''})"
+            if own
+            else ""
+        )
     )
 
 
@@ -174,6 +201,7 @@ __all__ = [
     "fake_weight",
     "freeze_batchnorm",
     "input_ranges",
+    "own_forward",
     "prepare",
     "prepare_for_run",
 ]
