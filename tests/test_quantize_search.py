@@ -233,7 +233,7 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "agreement 98.0%"
     ) in res.output
     assert (
-        "calibration: percentile ranges, per-tensor weights (the best of 7 settings "
+        "calibration: percentile ranges, per-channel weights off (the best of 7 settings "
         "tried on 80 calibration images)"
     ) in res.output
     assert "held-out agreement: 98.3% on 120 images (95% interval 94.1%–99.5%" in (res.output)
