@@ -172,8 +172,6 @@ def distill_cmd(
     if qat and where is not None:  # the student is the teacher; --qat's own defaults
         params["model"] = where
         chosen = {k: v for k, v in QAT_DEFAULTS.items() if k not in typed}
-        if name is None:  # runs/digits → runs/digits-qat (not digits-DATA: the same model)
-            chosen["name"] = f"{where.rstrip('/').split('/')[-1].replace(':', '_')}-qat"
         temperature = float(chosen.pop("temperature", temperature))
         alpha = float(chosen.pop("alpha", alpha))
         params.update(chosen)

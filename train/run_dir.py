@@ -195,6 +195,8 @@ def _wait_past_event_files(logdir: Path) -> None:
 
 def _auto_name(cfg: TrainConfig) -> str:
     arch = cfg.model.rstrip("/").split("/")[-1].split(".")[0].replace(":", "_")
+    if cfg.distill is not None and cfg.distill.qat:  # the same model: runs/digits → digits-qat
+        return f"{arch}-qat"
     return f"{arch}-{Path(cfg.data).resolve().name}"
 
 
