@@ -52,6 +52,11 @@ step serve && timeout "${SERVE_TIMEOUT:-110}" python3 bench/serve_load.py --conc
   --out "$OUT/bench/serve_load_${cpus}cpu.json" 2>&1 | tail -30 | tee -a "$OUT/steps.log"
 step split && timeout "${SPLIT_TIMEOUT:-150}" python3 bench/predict_split.py --per-class 300 --rounds 2 \
   --out "$OUT/bench/predict_split_${cpus}cpu.json" 2>&1 | tail -30 | tee -a "$OUT/steps.log"
+# not in the default steps (the 15 minutes are spent without it): two models in one server on
+# the many cores, where the load generator no longer shares the two cores with the workers
+# (issue #34's isolation figure); needs aiohttp's wheels in .whl/ as well
+step multi && timeout "${MULTI_TIMEOUT:-200}" python3 bench/serve_multi.py --window 3 --rounds 4 \
+  --out "$OUT/bench/serve_multi_${cpus}cpu.json" 2>&1 | tail -30 | tee -a "$OUT/steps.log"
 # GPU_TESTS_K=expr runs only the matching gpu tests (a rerun after one change)
 step tests && timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider -rs ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$OUT/gpu_tests.log"
 ls -l "$OUT/bench"

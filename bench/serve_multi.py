@@ -30,6 +30,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,10 +83,19 @@ def alternate(
     """Scenarios in turns (the other servers paused) until each one's total RPS agrees over
     its last two windows; per scenario and load the medians of RPS, p50 and p99."""
 
+    client_cores: dict[str, list[float]] = {k: [] for k in scenarios}
+
     def run(sc: Scenario, secs: float) -> dict[str, dict[str, object]]:
         for s in every:
             (s.resume if s in sc.awake else s.pause)()
-        return asyncio.run(_together(sc.loads, secs))
+        # the load generator shares the cores with the servers: what it took of them
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        w = asyncio.run(_together(sc.loads, secs))
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - t0)
+        for k, other in scenarios.items():
+            if other is sc:
+                client_cores[k].append(round(cores, 3))
+        return w
 
     for sc in scenarios.values():  # warm-up windows, discarded
         run(sc, seconds / 2)
@@ -108,6 +118,8 @@ def alternate(
             return round(float(np.median([float(w[load][key]) for w in ws])), 1)  # type: ignore[arg-type]
 
         out[k] = {
+            # the client's CPU (cores busy) in the scored windows, after the warm-up's
+            "client_cores": round(float(np.median(client_cores[k][1:])), 2),
             "rps_total": round(float(np.median(total[k])), 1),
             "rps_total_windows": total[k],
             "converged": _agree(total[k]),

@@ -1234,6 +1234,7 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "converged",
         "A: RPS, p99 ms",
         "B: RPS, p99 ms",
+        "client's CPU (cores)",
     )
     rows = [("one server, a worker process per model", r["combined"]["one_server"]),
             ("one server, `--one-process`", r["combined"]["one_process"]),
@@ -1249,7 +1250,8 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         cells = [
             f"{fmt(m[k]['rps'], 1)}, {fmt(m[k]['p99_ms'], 1)}" if k in m else "" for k in ("a", "b")
         ]
-        t.add(label, fmt(m["rps_total"], 1), "yes" if m["converged"] else "**no**", *cells)
+        client = fmt(m["client_cores"], 2) if "client_cores" in m else "not recorded"
+        t.add(label, fmt(m["rps_total"], 1), "yes" if m["converged"] else "**no**", *cells, client)
     q = r["ratios"]
     return [
         f"{st['one_server']}; {st['one_process']}; against {st['two_servers']}. Models: "
@@ -1260,7 +1262,8 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"grows {fmt(q['b_p99_flooded_vs_alone'], 2)}× with a worker per model, "
         f"{fmt(q['b_p99_flooded_vs_alone_one_process'], 2)}× in one process, and "
         f"{fmt(q['b_p99_flooded_vs_alone_own_processes'], 2)}× when each model has a server "
-        "of its own on the same cores (the reference).",
+        "of its own on the same cores (the reference). The load generator runs on the same "
+        f"{r['cpus']} CPUs as the servers: the last column is what it took of them.",
         "",
         *t.lines(out),
         "",
