@@ -13,7 +13,11 @@ event loop, as before the workers).
 2. Isolation: B's p99 at c=16 alone and with A flooded (c=64 past its batch, the default
    queue), in alternating windows, on each two-model server and on the two one-model servers
    (the reference: the operating system, not one server, shares the cores between a flooded
-   A and B). Goal: B's p99 with A flooded ≤ 1.5× alone.
+   A and B). Goal: B's p99 with A flooded ≤ 1.5× alone. One more scenario splits that ratio:
+   B alone while A's CPUs are kept busy by plain matrix work pinned to them (:class:`Hog`),
+   what the machine itself takes from B when its neighbour cores are saturated, which no
+   server can give back; the flood's cost beyond it is the server's part. The load generator
+   also runs on these cores: each scenario records what it took of them.
 
 Each scenario runs a discarded warm-up window, then the scenarios take turns in windows until
 each one's last two windows agree within 10% on RPS (at most --rounds); a figure is the median
@@ -28,11 +32,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import numpy as np
@@ -42,6 +50,7 @@ from provenance import Recording, headline
 from serve_peers import Server, _free_port, multipart, window
 
 from zoo.deploy.export.onnx_export import export_onnx
+from zoo.deploy.serve.workers import worker_cpus
 from zoo.samples import sample_image_paths, write_digits_folder
 from zoo.system import available_cpus
 
@@ -58,11 +67,19 @@ class Load:
     conc: int
 
 
+class Pausable(Protocol):
+    """A server, or the busy work beside one: paused while another scenario runs."""
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """What one window runs: these servers awake (every other paused), these loads at once."""
+    """What one window runs: these processes awake (every other paused), these loads at once."""
 
-    awake: tuple[Server, ...]
+    awake: tuple[Pausable, ...]
     loads: dict[str, Load]
 
 
@@ -78,7 +95,7 @@ def _agree(rps: list[float]) -> bool:
 
 
 def alternate(
-    scenarios: dict[str, Scenario], every: list[Server], seconds: float, rounds: int
+    scenarios: dict[str, Scenario], every: list[Pausable], seconds: float, rounds: int
 ) -> dict[str, dict[str, object]]:
     """Scenarios in turns (the other servers paused) until each one's total RPS agrees over
     its last two windows; per scenario and load the medians of RPS, p50 and p99."""
@@ -139,6 +156,48 @@ def alternate(
     return out
 
 
+class Hog:
+    """Busy work on the CPUs ``zoo serve`` gives model A's worker, and nothing else: one
+    process per CPU, pinned to it, multiplying float32 matrices (the vector units and caches
+    inference uses). B alone beside it is what the machine itself leaves B when A's cores are
+    saturated (shared caches, memory bandwidth, a hypervisor's or SMT sibling's share), which
+    no server can give back; paused (SIGSTOP) like a server when its scenario is not running."""
+
+    CODE = (
+        "import os, sys, numpy as np\n"
+        "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+        "a = np.random.default_rng(0).random((256, 256), dtype=np.float32)\n"
+        "while True:\n"
+        "    a = (a @ a) / 256\n"
+    )
+
+    def __init__(self, cpus: list[int]) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        self.cpus = cpus
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", self.CODE, str(cpu)], env=env, start_new_session=True
+            )
+            for cpu in cpus
+        ]
+
+    def _signal(self, sig: int) -> None:
+        for p in self.procs:
+            os.killpg(p.pid, sig)
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+
+
 def top1(url: str, body: bytes, headers: dict[str, str]) -> str:
     r = httpx.post(url, content=body, headers=headers, timeout=60)
     r.raise_for_status()
@@ -185,7 +244,7 @@ def main() -> None:
         one_a.pause()
         one_b = Server([*serve, str(b_onnx), "--name", B, "--threads", str(shares[1]),
                         "--port", str(ports[2])], "/v2/health/ready", ports[2])  # fmt: skip
-        every = [multi, shared, one_a, one_b]
+        every: list[Pausable] = [multi, shared, one_a, one_b]
         try:
             for s in every:
                 s.resume()
@@ -223,6 +282,12 @@ def main() -> None:
                 args.rounds,
             )
 
+            # started after the answers were checked, and paused until its scenario runs
+            hog = Hog(worker_cpus(0, shares, sorted(os.sched_getaffinity(0))))
+            hog.pause()
+            every.append(hog)
+            result["a_cpus"] = hog.cpus
+
             def flooded(b_srv: Server, a_srv: Server) -> dict[str, Load]:
                 return {B: load(b_srv, B, img_b, c), A: load(a_srv, A, img_a, args.flood)}
 
@@ -230,6 +295,8 @@ def main() -> None:
                 {
                     "b_alone": Scenario((multi,), {B: load(multi, B, img_b, c)}),
                     "b_with_a_flooded": Scenario((multi,), flooded(multi, multi)),
+                    # the machine's floor: A idle, its CPUs kept busy by plain matrix work
+                    "b_alone_a_cpus_busy": Scenario((multi, hog), {B: load(multi, B, img_b, c)}),
                     "b_alone_one_process": Scenario((shared,), {B: load(shared, B, img_b, c)}),
                     "b_one_process_a_flooded": Scenario((shared,), flooded(shared, shared)),
                     # the reference: B in a server of its own, A flooded in another on the
@@ -276,6 +343,12 @@ def main() -> None:
         "b_p99_flooded_vs_alone_own_processes": over(
             b_p99("b_own_process_a_flooded"), b_p99("b_alone_own_process")
         ),
+        # the split of the headline ratio: what busy CPUs beside B cost it on this machine,
+        # and what A's flood costs beyond that (the server's part)
+        "b_p99_a_cpus_busy_vs_alone": over(b_p99("b_alone_a_cpus_busy"), b_p99("b_alone")),
+        "b_p99_flooded_vs_a_cpus_busy": over(
+            b_p99("b_with_a_flooded"), b_p99("b_alone_a_cpus_busy")
+        ),
     }
     result["errors_5xx_last_windows"] = errors_5xx
     result["setup"] = {
@@ -304,6 +377,8 @@ def main() -> None:
             p99,
             "<=",
             1.5,
+            note=f"of which the machine: {result['ratios']['b_p99_a_cpus_busy_vs_alone']}× with "  # type: ignore[index]
+            "A idle and its CPUs busy with plain matrix work",
         ),
     ]
     path = rec.write(result, args.out)

@@ -1149,22 +1149,33 @@ def index_scale(name: str, d: dict[str, Any], out: Doc) -> list[str]:
 
 def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r, st = d["results"], d["results"]["setup"]
-    t = Table(name, "student", "val accuracy (mean over seeds)", "gain over alone (95% t interval)")
-    t.add(f"`{st['student']}` alone", fmt(r["mean"]["plain"], 4), "")
-    for arm, kd in st["kd_arms"].items():
-        ci = r["kd_gain_interval"][arm]
-        t.add(
-            f"`{st['student']}` distilled, T {fmt(kd['temperature'], 1)}, α {fmt(kd['alpha'], 2)}",
-            fmt(r["mean"][arm], 4),
-            f"{fmt(ci['mean'], 4)} ({fmt(ci['low'], 4)} to {fmt(ci['high'], 4)})",
-        )
-    te, ss = r["teacher"], r["student_size"]
+    t = Table(
+        name, "budget", "student", "val accuracy (mean over seeds)",
+        "gain over alone (95% t interval)",
+    )  # fmt: skip
+    for budget, fig in r["budgets"].items():
+        epochs = f"{budget[1:]} epochs" + (" (headline)" if budget == st["headline_budget"] else "")
+        t.add(epochs, f"`{st['student']}` alone", fmt(fig["mean"]["plain"], 4), "")
+        for arm, kd in st["kd_arms"].items():
+            ci = fig["kd_gain_interval"][arm]
+            t.add(
+                epochs,
+                f"`{st['student']}` distilled, T {fmt(kd['temperature'], 1)}, "
+                f"α {fmt(kd['alpha'], 2)}",
+                fmt(fig["mean"][arm], 4),
+                f"{fmt(ci['mean'], 4)} ({fmt(ci['low'], 4)} to {fmt(ci['high'], 4)})",
+            )
+    te, ss, lat = r["teacher"], r["student_size"], r["latency"]
+    med = lat["median_p50_ms"]
     return [
         f"Teacher `{st['teacher']}` ({st['teacher_epochs']} epochs, val accuracy "
         f"{fmt(te['val_acc'], 4)}, {fmt(te['params'])} parameters); student `{st['student']}` "
-        f"({fmt(ss['params'])} parameters), {st['student_epochs']} epochs, teacher logits "
+        f"({fmt(ss['params'])} parameters); training views "
+        f"{'random' if st['augment'] else 'fixed (--no-augment)'}, teacher logits "
         f"{st['teacher_logits']}; seeds {st['seeds']}; images {st['images']}. "
-        f"Verdict: {r['verdict']}. Latency: {r['latency']}.",
+        f"Verdict: {r['verdict']}. ORT CPU latency at batch 1 (median of {lat['rounds']} "
+        f"alternating windows): teacher {fmt(med['teacher'], 3)} ms, student "
+        f"{fmt(med['student'], 3)} ms ({fmt(lat['student_over_teacher'], 3)}×).",
         "",
         *t.lines(out),
         "",
@@ -1241,6 +1252,8 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             ("two servers, a model each", r["combined"]["two_servers"]),
             ("B alone (worker per model)", r["isolation"]["b_alone"]),
             ("B with A flooded (worker per model)", r["isolation"]["b_with_a_flooded"]),
+            ("B alone, A's CPUs busy with plain matrix work (worker per model)",
+             r["isolation"]["b_alone_a_cpus_busy"]),
             ("B alone (`--one-process`)", r["isolation"]["b_alone_one_process"]),
             ("B with A flooded (`--one-process`)", r["isolation"]["b_one_process_a_flooded"]),
             # the reference: a server per model, on the same cores
@@ -1262,7 +1275,11 @@ def serve_multi(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"grows {fmt(q['b_p99_flooded_vs_alone'], 2)}× with a worker per model, "
         f"{fmt(q['b_p99_flooded_vs_alone_one_process'], 2)}× in one process, and "
         f"{fmt(q['b_p99_flooded_vs_alone_own_processes'], 2)}× when each model has a server "
-        "of its own on the same cores (the reference). The load generator runs on the same "
+        "of its own on the same cores (the reference). Busy CPUs alone, with A idle and its "
+        f"CPUs {r['a_cpus']} kept busy by plain matrix work, make B's p99 "
+        f"{fmt(q['b_p99_a_cpus_busy_vs_alone'], 2)}× what it is alone: the machine's share, "
+        "which no server can give back; A's flood costs B "
+        f"{fmt(q['b_p99_flooded_vs_a_cpus_busy'], 2)}× beyond that. The load generator runs on the same "
         f"{r['cpus']} CPUs as the servers: the last column is what it took of them.",
         "",
         *t.lines(out),
