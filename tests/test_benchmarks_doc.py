@@ -406,6 +406,20 @@ def test_allow_busy_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert provenance.Recording("unit").busy is True
 
 
+def test_every_result_file_has_a_command_that_measures_it_again(results: dict) -> None:
+    """The doc tells a reader that ``bench/run_all.sh --only NAME`` re-measures a figure (or, for
+    the GPU machine's, ``bench/run_gpu_checks.sh``): each result file's bench must be there."""
+    suite = (ROOT / "bench" / "run_all.sh").read_text()
+    listed = set(re.findall(r'^\s*"(\w+)\|(?:timing|accuracy)\|', suite, re.M))
+    gpu = set(
+        re.findall(r"python3 bench/(\w+)\.py", (ROOT / "bench/run_gpu_checks.sh").read_text())
+    )
+    assert "trainer_overhead" in listed and "gpu_bench" in gpu  # the patterns read the scripts
+    missing = {d["bench"] for d in results.values()} - listed - gpu
+    assert not missing, f"no runner script measures {sorted(missing)}: add a row to run_all.sh"
+    assert all((ROOT / "bench" / f"{name}.py").exists() for name in listed | gpu)
+
+
 # ---------------------------------------------------------------------------- staleness
 @pytest.fixture(scope="module")
 def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
