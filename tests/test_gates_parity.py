@@ -213,6 +213,24 @@ def test_report_failures_name_each_broken_level() -> None:
     assert d["dynamic"][1]["size"] == 192 and d["predictions"]["n_images"] == 4
 
 
+def test_report_judges_and_names_the_knn_score_output() -> None:
+    from dataclasses import replace
+
+    from zoo.deploy.export.parity_report import KnnCheck
+
+    ok, bad = KnnCheck(12, 1e-6, 1e-5), KnnCheck(12, 2e-5, 1e-5)
+    assert ok.passed and not bad.passed and KnnCheck(3, 1e-5, 1e-5).passed  # the bound included
+    assert bad.line() == "parity knn_score: max abs 2.00e-05 on 12 real images (bound 1e-05) → FAIL"
+    assert ok.line().endswith("(bound 1e-05) → pass")
+    assert ok.to_dict() == {"images": 12, "max_abs": 1e-6, "bound": 1e-5, "passed": True}
+    assert bad.to_dict()["passed"] is False
+    r = replace(_report(), knn=bad)
+    assert not r.passed and r.failures() == [bad.line()]
+    assert r.to_dict()["knn"] == bad.to_dict() and r.to_dict()["passed"] is False
+    assert replace(_report(), knn=ok).passed and replace(_report(), knn=ok).failures() == []
+    assert _report().to_dict()["knn"] is None  # no kNN rule: nothing to judge
+
+
 # ---- images for the prediction check ------------------------------------------------------
 
 
