@@ -95,6 +95,10 @@ SUITE=(
   # probe on the digits at 96 px), then per seed a --qat run and its control, each exported
   # and quantized twice (ort, nncf)
   "qat|accuracy|1200|--seeds 0,1,2"
+  # no record yet: the plain export quantized once, then per seed and arm a --qat --unlabelled
+  # run of the ImageNet MobileNetV2 (2 epochs over 384 of 480 photo crops at 224 px, about
+  # 100 s quiet), its export and int8 (about 60 s): about 1,000 s for 2 arms x 3 seeds
+  "qat_photos|accuracy|1000|--seeds 0,1,2"
   "tune_cost|accuracy|1800|--seeds 0,1,2 --trials 8"
 )
 # what a script needs beyond the core install: name|modules|extra

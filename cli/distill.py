@@ -32,7 +32,13 @@ from zoo.cli.train_options import (
 )
 from zoo.train.config import OptimizerName, ScheduleName, TeacherLogits
 
-KD_OPTIONS = ("temperature", "alpha", "teacher_logits", "qat")  # DistillConfig's, not TrainConfig's
+KD_OPTIONS = (
+    "temperature",
+    "alpha",
+    "teacher_logits",
+    "qat",
+    "unlabelled",
+)  # DistillConfig's, not TrainConfig's
 # --qat's defaults, where not typed: measured on the fine-tuned MobileNetV2 of the digits
 # (bench/qat.py): a short, gentle fine-tune of every layer
 QAT_DEFAULTS: dict[str, Any] = {
@@ -60,7 +66,10 @@ def distill_cmd(
     ] = None,
     data: Annotated[
         str | None,
-        typer.Option("--data", help="image folder: DIR/<class>/… or DIR/train|val/<class>/…"),
+        typer.Option(
+            "--data",
+            help="image folder: DIR/<class>/… or DIR/train|val/<class>/… (--unlabelled: any)",
+        ),
     ] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", "-T", help="softens both models' probabilities")
@@ -76,6 +85,15 @@ def distill_cmd(
             help="quantization-aware: train the teacher's own weights through int8 rounding, "
             "distilled from its fp32 self, for zoo quantize --engine ort (student: the teacher; "
             f"defaults {QAT_DEFAULTS_HELP})",
+        ),
+    ] = False,
+    unlabelled: Annotated[
+        bool,
+        typer.Option(
+            "--unlabelled",
+            help="DIR holds images without labels, in any layout (DIR/train + DIR/val kept as "
+            "split): the teacher's top-1 answers are the labels, so val acc is agreement with "
+            "the teacher",
         ),
     ] = False,
     teacher_logits: Annotated[
@@ -180,7 +198,12 @@ def distill_cmd(
         from dataclasses import replace
 
         kd = DistillConfig(
-            where, temperature=temperature, alpha=alpha, logits=teacher_logits, qat=qat
+            where,
+            temperature=temperature,
+            alpha=alpha,
+            logits=teacher_logits,
+            qat=qat,
+            unlabelled=unlabelled,
         )
         cfg = replace(cfg, distill=kd)
     # what the user typed: --resume compares exactly these against the run's config

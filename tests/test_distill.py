@@ -205,3 +205,98 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     assert crash.run(ctx, resume, log) == 0, log.read_text()
     assert "resumed" in log.read_text()
     crash.assert_same_run(ref_root / "r", root / "r")
+
+
+def test_unlabelled_images_take_the_teachers_answers_then_the_run_exports(
+    teacher: Path, digits16: Path, tmp_path: Path
+) -> None:
+    """``--unlabelled``: a flat folder without class folders; every image's label is the
+    teacher's top-1 answer on its eval view, fixed in split.json, so the run's val acc is the
+    student's agreement with the teacher; the run then exports like any other."""
+    from zoo.factory import create_model
+    from zoo.images import open_image
+    from zoo.transforms import eval_transform
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for p in sorted(digits16.glob("*/*.png")):
+        (flat / f"{p.parent.name}_{p.name}").symlink_to(p)
+    common = ["--runs", str(tmp_path / "runs"), "--num-workers", "0", "--no-progress"]
+    # without --unlabelled: refused, and the message says what to add
+    r = run_zoo("distill", str(teacher), "--student", "mlp", "--data", str(flat), *common)
+    assert r.returncode == 1 and "has no class folders" in r.stderr, r.stderr
+    assert "--unlabelled" in r.stderr and not (tmp_path / "runs").exists()
+    d = run_zoo(
+        "distill", str(teacher), "--student", "mlp", "--data", str(flat), "--unlabelled",
+        "--epochs", "2", "--no-augment", "--name", "u", "--no-report", *common,
+    )  # fmt: skip
+    assert d.returncode == 0, d.stderr
+    run = tmp_path / "runs" / "u"
+    assert "120 unlabelled images labelled by the teacher's top-1 answers" in d.stderr
+    assert "labelled by the teacher: acc is agreement with it" in d.stderr
+    assert "--sampler balanced" not in d.stderr  # not an option of zoo distill
+    split = json.loads((run / "split.json").read_text())
+    classes = json.loads((teacher / "classes.json").read_text())
+    assert split["layout"] == "teacher" and split["classes"] == classes
+    assert sorted(len(v) for v in split["splits"].values()) == [24, 96]  # seeded 20 % val
+    # each label is the teacher's own answer
+    model = create_model(str(teacher))
+    tf = eval_transform(model.zoo_info)  # type: ignore[arg-type]
+    rows = [row for rows in split["splits"].values() for row in rows]
+    with torch.inference_mode():
+        top = model(torch.stack([tf(open_image(flat / rel)) for rel, _ in rows])).argmax(1)
+    assert [c for _, c in rows] == [classes[i] for i in top.tolist()]
+    summary = json.loads((run / "report.json").read_text())["distill"]
+    assert summary["labels"] == "teacher" and summary["teacher"]["val_acc"] == 1.0
+    assert json.loads((run / "config.json").read_text())["distill"]["unlabelled"] is True
+    # the student's val acc is its agreement with the teacher on the 24 validation images
+    student = create_model(str(run))
+    s_tf = eval_transform(student.zoo_info)  # type: ignore[arg-type]
+    val = split["splits"]["val"]
+    with torch.inference_mode():
+        s_top = student(torch.stack([s_tf(open_image(flat / rel)) for rel, _ in val])).argmax(1)
+    agree = sum(classes[i] == c for i, (_, c) in zip(s_top.tolist(), val, strict=True))
+    assert summary["student"]["val_acc"] == pytest.approx(agree / len(val), abs=1e-6)
+    ex = run_zoo("export", str(run), "--json")
+    assert ex.returncode == 0 and json.loads(ex.stdout)["parity"]["passed"], ex.stderr
+    # --resume keeps the run's own labels: --unlabelled cannot be given again
+    r = run_zoo("distill", "--resume", str(run), "--unlabelled")
+    assert r.returncode == 2 and "drop --unlabelled" in r.stderr, r.stderr
+    # an image that does not decode: named, exit 1, no run folder
+    (flat / "broken.png").write_bytes(b"not a png")
+    r = run_zoo(
+        "distill", str(teacher), "--student", "mlp", "--data", str(flat), "--unlabelled",
+        "--name", "b", *common,
+    )  # fmt: skip
+    assert r.returncode == 1 and "broken.png" in r.stderr and "remove or replace" in r.stderr
+    assert not (tmp_path / "runs" / "b").exists()
+
+
+def test_scan_unlabelled_keeps_a_train_val_layout_and_splits_the_rest(tmp_path: Path) -> None:
+    from zoo.errors import DataError
+    from zoo.train.data import scan_unlabelled
+
+    png = tmp_path / "x.png"
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(png)
+    for rel in ("any/a.png", "any/deep/b.png", "c.png", "d.png", "e.png"):
+        (tmp_path / "flat" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "flat" / rel).write_bytes(png.read_bytes())
+    root, rels = scan_unlabelled(tmp_path / "flat", val_fraction=0.4, seed=3)
+    assert root == (tmp_path / "flat").resolve()
+    assert len(rels["val"]) == 2 and len(rels["train"]) == 3
+    assert sorted(rels["train"] + rels["val"]) == sorted(
+        ["any/a.png", "any/deep/b.png", "c.png", "d.png", "e.png"]
+    )
+    assert scan_unlabelled(tmp_path / "flat", val_fraction=0.4, seed=3)[1] == rels  # seeded
+    for split in ("train", "val"):
+        (tmp_path / "tv" / split / "x").mkdir(parents=True)
+        (tmp_path / "tv" / split / "x" / "i.png").write_bytes(png.read_bytes())
+    assert scan_unlabelled(tmp_path / "tv")[1] == {
+        "train": ["train/x/i.png"],
+        "val": ["val/x/i.png"],
+    }
+    (tmp_path / "none").mkdir()
+    with pytest.raises(DataError, match="No images for the train split"):
+        scan_unlabelled(tmp_path / "none")

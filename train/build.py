@@ -154,7 +154,8 @@ def build_run(resolved: Resolved) -> RunParts:
 
     bs = cfg.batch_size
     labels = [int(y) for _, y in data.samples["train"]] if not cfg.multi_label else []
-    hint = imbalance_hint(data.check, cfg.class_weights, cfg.sampler)
+    # zoo distill has neither option: its student learns the teacher's answers as they fall
+    hint = None if cfg.distill else imbalance_hint(data.check, cfg.class_weights, cfg.sampler)
     if hint:
         say(hint)
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

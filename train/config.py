@@ -62,6 +62,7 @@ class DistillConfig:
     logits: TeacherLogits = "auto"
     teacher_sha256: str | None = None  # the teacher's weights; a resume refuses other weights
     qat: bool = False  # --qat: the student is the teacher itself, trained through int8 rounding
+    unlabelled: bool = False  # --unlabelled: the teacher's top-1 answers are the data's labels
 
     @property
     def kind(self) -> str:

@@ -7,6 +7,9 @@ Two layouts are accepted:
 - a flat ``DIR/<class>/…``, split stratified and seeded into train/val; the split is written
   to the run as ``split.json`` and reused on resume and eval.
 
+Images without labels (``zoo distill --unlabelled``: any layout) are split by
+:func:`scan_unlabelled` and labelled by the teacher (:func:`zoo.train.distill.label_by_teacher`).
+
 The user's images are never copied or modified.
 """
 
@@ -147,7 +150,8 @@ def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Split
     if not classes:
         raise DataError(
             f"{root} has no class folders. Expected DIR/<class>/<image> or "
-            "DIR/train/<class>/… + DIR/val/<class>/…"
+            "DIR/train/<class>/… + DIR/val/<class>/… (images without labels: zoo distill "
+            "TEACHER --unlabelled labels them with a teacher's answers)"
         )
     _check_classes("", classes, root)
     _need_two(list(classes), root)
@@ -162,6 +166,44 @@ def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Split
         files["val"] += [(r, cls) for r in sorted(rels[:n_val], key=natural_key)]
         files["train"] += [(r, cls) for r in sorted(rels[n_val:], key=natural_key)]
     return Splits(root, list(classes), files, layout="flat", val_fraction=val_fraction, seed=seed)
+
+
+def scan_unlabelled(
+    root: str | Path, *, val_fraction: float = 0.2, seed: int = 0
+) -> tuple[Path, dict[str, list[str]]]:
+    """The images of a folder without labels, split: ``DIR/train/…`` + ``DIR/val/…`` as they
+    are, else every image under ``DIR`` (any depth) seeded into train/val.
+
+    Returns:
+        ``(root resolved, split -> image paths relative to it)``; the labels come later, from
+        a teacher.
+    """
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise DataError(f"Data folder {root} does not exist (or is not a folder).")
+    train_dir, val_dir = _find_split_dir(root, "train"), _find_split_dir(root, "val")
+    if train_dir is not None and val_dir is not None:
+        rels = {
+            name: [str(p.relative_to(root)) for p in list_images(d)]
+            for name, d in (("train", train_dir), ("val", val_dir))
+        }
+    else:
+        if not 0.0 < val_fraction < 1.0:
+            raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+        every = [str(p.relative_to(root)) for p in list_images(root)]
+        random.Random(seed).shuffle(every)
+        n_val = max(1, round(len(every) * val_fraction))
+        rels = {
+            "train": sorted(every[n_val:], key=natural_key),
+            "val": sorted(every[:n_val], key=natural_key),
+        }
+    for name, found in rels.items():
+        if not found:
+            raise DataError(
+                f"No images for the {name} split under {root} (extensions: "
+                f"{', '.join(sorted(IMAGE_EXTENSIONS))}): add some, or check --data."
+            )
+    return root, rels
 
 
 def scan_multilabel(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Splits:

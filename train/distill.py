@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.errors import CheckpointError, InputError
+from zoo.errors import CheckpointError, DataError, InputError
 from zoo.factory import create_model, info_of, require_weights, resolve, weight_source
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
@@ -117,7 +117,7 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
     source = weight_source(info, None)
     require_weights(source)
     theirs = list(info.label_names or ())
-    if theirs != splits.classes:
+    if theirs != splits.classes and splits.layout != "teacher":  # teacher-labelled: its own
         missing = sorted(set(splits.classes) - set(theirs))
         extra = sorted(set(theirs) - set(splits.classes))
         why = (
@@ -129,10 +129,10 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
         raise InputError(
             f"The teacher {d.teacher} was not trained on the classes of {splits.root} ({why}). "
             "A student learns the teacher's classes: distill from a teacher fine-tuned on this "
-            "data (zoo finetune ARCH --data DIR, then zoo distill RUN ...)."
+            "data (zoo finetune ARCH --data DIR, then zoo distill RUN ...), or add --unlabelled "
+            "to label the images with the teacher's own answers."
         )
-    folder = teacher[1]
-    digest = sha256_file(folder / "model.safetensors" if folder else fetch_weights(source))
+    digest = teacher_digest(teacher)
     if d.teacher_sha256 is not None and d.teacher_sha256 != digest:
         raise CheckpointError(
             f"The teacher {d.teacher} has other weights than when this run started "
@@ -164,8 +164,97 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
     say(
         f"{d.kind}: teacher {d.teacher} ({info.params / 1e6:.2f} M params), T {d.temperature:g}, "
         f"alpha {d.alpha:g}; teacher logits {logits} ({why})"
+        + ("; labels: the teacher's top-1 answers (--unlabelled)" if d.unlabelled else "")
     )
     return replace(d, logits=logits, teacher_sha256=digest), teacher
+
+
+def teacher_digest(teacher: Teacher) -> str:
+    """The sha256 of the teacher's weights file: what its cached logits and a resume key on."""
+    entry, folder = teacher
+    if folder is not None:
+        return sha256_file(folder / "model.safetensors")
+    return sha256_file(fetch_weights(weight_source(entry.info, None)))
+
+
+def load_teacher(
+    d: DistillConfig, teacher: Teacher, device: torch.device
+) -> tuple[nn.Module, Preprocessing]:
+    """The teacher in eval mode, without gradients, on ``device``, and its eval preprocessing."""
+    model = create_model(str(teacher[1] or d.teacher)).to(device).eval()
+    model.requires_grad_(False)
+    return model, info_of(model).preprocessing()
+
+
+def cached_teacher_logits(
+    model: nn.Module, pre: Preprocessing, digest: str, paths: list[Path], device: torch.device
+) -> torch.Tensor:
+    """The teacher's logits of ``paths`` through its eval transform, read from (and added to)
+    its cache (:mod:`zoo.train.teacher_cache`), in order."""
+    t0 = time.perf_counter()
+    transform = eval_transform(pre)
+
+    def compute(batch: list[Path]) -> torch.Tensor:
+        x = torch.stack([transform(open_image(p)) for p in batch]).to(device)
+        with torch.inference_mode():
+            return model(x)
+
+    store = store_path(digest, pre)
+    logits, computed = teacher_logits(paths, store, compute)
+    say(
+        f"distill: teacher logits of {len(paths)} images ready in "
+        f"{time.perf_counter() - t0:.1f}s ({computed} computed now, the rest read from {store})"
+    )
+    return logits
+
+
+def label_by_teacher(cfg: TrainConfig) -> Splits:
+    """A new ``--unlabelled`` run's splits: the images of ``cfg.data``, in any layout
+    (:func:`zoo.train.data.scan_unlabelled`), each labelled with the teacher's top-1 answer
+    through its eval transform. So the run's ``val/acc`` is the student's agreement with the
+    teacher, and the labels are fixed in the run's ``split.json`` (a resume reads them back).
+    The logits stay in the teacher cache, where cached-logit training reads them again.
+
+    Raises:
+        DataError: no images for a split, or one that does not decode (it could not be labelled).
+        InputError: a teacher that names no classes.
+    """
+    from zoo.device import pick_device
+    from zoo.train.data import Splits, scan_unlabelled
+
+    d = cfg.distill
+    assert d is not None and d.unlabelled
+    root, rels = scan_unlabelled(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    teacher = resolve(d.teacher)
+    require_weights(weight_source(teacher[0].info, None))
+    names = list(teacher[0].info.label_names or ())
+    if not names:
+        raise InputError(
+            f"--unlabelled takes its labels from the teacher's answers, but {d.teacher} names "
+            "no classes: give a classifier as the teacher."
+        )
+    device = pick_device(cfg.device)
+    model, pre = load_teacher(d, teacher, device)
+    paths = [root / rel for split in rels.values() for rel in split]
+    try:
+        top1 = iter(
+            cached_teacher_logits(model, pre, teacher_digest(teacher), paths, device)
+            .argmax(1)
+            .tolist()
+        )
+    except InputError as e:  # an image that does not decode: named by open_image
+        raise DataError(
+            f"{e} --unlabelled labels every image before training: remove or replace it."
+        ) from e
+    files = {split: [(rel, names[next(top1)]) for rel in found] for split, found in rels.items()}
+    used = {c for found in files.values() for _, c in found}
+    say(
+        f"distill: {len(paths)} unlabelled images labelled by the teacher's top-1 answers "
+        f"({len(used)} of its {len(names)} classes); val acc is agreement with the teacher"
+    )
+    return Splits(
+        root, names, files, layout="teacher", val_fraction=cfg.val_fraction, seed=cfg.seed
+    )
 
 
 def view_adapter(student: Preprocessing, teacher: Preprocessing) -> Callable[[Any], Any]:
@@ -220,27 +309,12 @@ class Distiller:
     ) -> Distiller:
         """Load the teacher and, for ``cached`` logits, compute (or read) them for every
         training image ``train`` holds, in its order (the training set's indices)."""
-        model = create_model(str(teacher[1] or d.teacher)).to(device).eval()
-        model.requires_grad_(False)
-        pre = info_of(model).preprocessing()
+        model, pre = load_teacher(d, teacher, device)
         cached = None
         if d.logits == "cached":
             assert d.teacher_sha256 is not None
-            t0 = time.perf_counter()
-            transform = eval_transform(pre)
-
-            def compute(paths: list[Path]) -> torch.Tensor:
-                x = torch.stack([transform(open_image(p)) for p in paths]).to(device)
-                with torch.inference_mode():
-                    return model(x)
-
-            store = store_path(d.teacher_sha256, pre)
-            cached, computed = teacher_logits([p for p, _ in train], store, compute)
-            say(
-                f"distill: teacher logits of {len(train)} training images ready in "
-                f"{time.perf_counter() - t0:.1f}s ({computed} computed now, the rest read "
-                f"from {store})"
-            )
+            paths = [p for p, _ in train]
+            cached = cached_teacher_logits(model, pre, d.teacher_sha256, paths, device)
         return cls(d, model, pre, view_adapter(student, pre), cached)
 
     def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -285,6 +359,7 @@ class Distiller:
             logits=self.cfg.logits,
             val_images=len(val),
             qat=self.cfg.qat,
+            unlabelled=self.cfg.unlabelled,
         )
 
 
@@ -319,10 +394,12 @@ class DistillSummary:
     logits: str
     val_images: int
     qat: bool = False  # the student's accuracy is through int8 rounding (--qat)
+    unlabelled: bool = False  # the labels are the teacher's answers: val acc is agreement
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "qat": self.qat,
+            "labels": "teacher" if self.unlabelled else "data",
             "teacher": vars(self.teacher),
             "student": vars(self.student),
             "temperature": self.temperature,
@@ -342,6 +419,7 @@ class DistillSummary:
             logits=d["teacher_logits"],
             val_images=d["val_images"],
             qat=d.get("qat", False),
+            unlabelled=d.get("labels") == "teacher",
         )
 
     def lines(self) -> list[str]:
@@ -353,7 +431,8 @@ class DistillSummary:
             f"{'':9}{'teacher':>{width}}  {'student':>{width}}",
             f"{'model':9}{names[0]:>{width}}  {names[1]:>{width}}",
             f"{'val acc':9}{t.val_acc:>{width}.4f}  {s.val_acc:>{width}.4f}"
-            f"   ({self.val_images} validation images)",
+            f"   ({self.val_images} validation images"
+            + (", labelled by the teacher: acc is agreement with it)" if self.unlabelled else ")"),
             f"{'params':9}{t.params:>{width},}  {s.params:>{width},}"
             f"   (student {s.params / max(1, t.params):.2f}× the teacher)",
             f"{'fp32 MB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",

@@ -22,7 +22,7 @@ from zoo.registry import Entry
 from zoo.train import data as data_mod
 from zoo.train.config import ImageCacheMode, TrainConfig
 from zoo.train.console import say
-from zoo.train.distill import Teacher, resolve_teacher
+from zoo.train.distill import Teacher, label_by_teacher, resolve_teacher
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
 from zoo.train.recipes import check_recipes
 from zoo.train.resume import prepare_resume
@@ -124,13 +124,16 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
 
 def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:
     """The run's splits: a resumed run's own ``split.json``, else ``cfg.data`` scanned (a new
-    run writes its ``split.json`` with the run folder, once every check has passed).
+    run writes its ``split.json`` with the run folder, once every check has passed);
+    ``zoo distill --unlabelled``: labelled by the teacher (:func:`label_by_teacher`).
 
     Raises:
         DataError: as :func:`zoo.train.data.scan` raises for an unusable data folder.
     """
     if run is not None and (run / "split.json").exists():
         return data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
+    if cfg.distill is not None and cfg.distill.unlabelled:
+        return label_by_teacher(cfg)
     scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
     return scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
 
