@@ -135,8 +135,7 @@ def quantize_cmd(
             "(zoo export --precision fp16); --allow-drop keeps it anyway. Next step when "
             f"post-training int8 falls short: quantization-aware fine-tuning, zoo distill "
             f"{_run_of(model)} --qat --data DIR (2 epochs of every layer through int8 "
-            "rounding; add --unlabelled for images without labels; then zoo export and zoo "
-            "quantize of the new run)."
+            "rounding; then zoo export and zoo quantize of the new run)."
         )
         raise typer.Exit(1)
 

@@ -19,8 +19,7 @@ from zoo.cli.train_options import (
     WeightsOpt,
     train_config,
 )
-from zoo.train.config import Monitor
-from zoo.train.tune.book import Scheduler
+from zoo.train.config import Monitor, TuneScheduler
 
 # `--resume DIR` continues the search as tune.json records it: these may change on the way
 RESUME_OPTIONS = {"resume", "address", "as_json", "track"}
@@ -45,7 +44,7 @@ def tune_cmd(
     scheduler: Annotated[
         str,
         choice(
-            Scheduler,
+            TuneScheduler,
             "--scheduler",
             help="asha: stop weak trials at epoch ends; fifo: every trial to the end",
         ),

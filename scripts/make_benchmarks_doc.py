@@ -1208,6 +1208,36 @@ def qat(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def qat_photos(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    t = Table(
+        name, "arm", "seed", "int8 vs ImageNet fp32", "int8 vs its own fp32",
+        "its fp32 vs ImageNet fp32", "gain over post-training, points", "int8/fp32 latency",
+    )  # fmt: skip
+    p = r["post_training"]
+    t.add("post-training int8", "", fmt(p["agreement"], 4), "", "", "",
+          fmt(p["latency_ratio"], 3))  # fmt: skip
+    for row in r["rows"]:
+        t.add(f"`{row['arm']}`", row["seed"], fmt(row["agreement"], 4),
+              fmt(row["agreement_own_fp32"], 4), fmt(row["fp32_agreement"], 4),
+              fmt(row["gain_points"], 2), fmt(row["latency_ratio"], 3))  # fmt: skip
+    arms = "; ".join(
+        f"`{arm}` ({' '.join(a['settings']) or 'no options'}): gain {fmt(a['gain_points']['mean'], 2)} "
+        f"points (95% t interval {fmt(a['gain_points']['low'], 2)} to "
+        f"{fmt(a['gain_points']['high'], 2)})"
+        for arm, a in r["arms"].items()
+    )
+    held = sum(r["held_out_crops"].values())
+    train = sum(r["training_crops"].values())
+    return [
+        f"{r['model']}; {held} held-out crops of {', '.join(r['held_out_crops'])}; {train} "
+        f"training and calibration crops of {', '.join(r['training_crops'])}. By arm: {arms}.",
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
 def predict_split(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     st = r["setup"]
@@ -1309,6 +1339,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "enroll": enroll,
     "distill": distill,
     "qat": qat,
+    "qat_photos": qat_photos,
     "serve_multi": serve_multi,
 }
 

@@ -158,10 +158,12 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     teacher: Path, digits: Path, tmp_path: Path
 ) -> None:
     """The activation ranges are recalibrated on resume from the teacher: the same ones, so
-    the resumed run is the uninterrupted one, bitwise."""
+    the resumed run is the uninterrupted one, bitwise. ``--unlabelled`` (the digits' folders
+    ignored, the teacher's answers as labels): the resume reads those labels back from the
+    run's split.json."""
     ctx = crash.fork_server()
     walk = [
-        "distill", str(teacher), "--qat", "--data", str(digits), "--epochs", "2",
+        "distill", str(teacher), "--qat", "--unlabelled", "--data", str(digits), "--epochs", "2",
         "--batch-size", "16", "--save-every-steps", "2", "--no-augment",
         "--num-workers", "0", "--no-progress", "--no-report",
     ]  # fmt: skip
@@ -181,6 +183,8 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     assert crash.run(ctx, resume, log) == 0, log.read_text()
     assert "resumed" in log.read_text()
     crash.assert_same_run(ref_root / run.name, run)
+    assert json.loads((run / "split.json").read_text())["layout"] == "teacher"
+    assert json.loads((run / "report.json").read_text())["distill"]["labels"] == "teacher"
 
 
 def test_batchnorm_stays_in_eval_mode() -> None:

@@ -28,6 +28,8 @@ ImageCacheMode = Literal["auto", "on", "off"]
 """The decode-once image cache (``image_cache.py``); ``auto``: on when it fits half the free disk."""
 SamplerName = Literal["shuffle", "balanced"]
 """``balanced``: each epoch draws as many images, every class equally likely (with replacement)."""
+TuneScheduler = Literal["asha", "fifo"]
+"""``zoo tune``: ``asha`` stops weak trials at epoch ends; ``fifo`` runs every trial to the end."""
 TeacherLogits = Literal["auto", "cached", "online"]
 """Distillation: the teacher's logits computed once per image (``cached``: deterministic training
 views) or on every training view (``online``: random augmentation); ``auto`` decides."""

@@ -5,5 +5,6 @@
 - ``search.py``: the driver (:func:`run_search`);
 - ``ray_run.py`` / ``trial.py``: the trials on Ray Tune (the ``tune`` extra).
 
-Nothing is imported here: ``zoo --help`` reaches this package for ``book.Scheduler``.
+Nothing is imported here; ``zoo --help`` imports none of it (its choices live in
+``zoo.train.config``).
 """

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from zoo import durable
 from zoo.errors import CheckpointError
-from zoo.train.config import Monitor, TrainConfig, option_defaults
+from zoo.train.config import Monitor, TrainConfig, TuneScheduler, option_defaults
 from zoo.train.epoch_row import EpochRow
 from zoo.train.tune.space import Dimension, Space
 
 BOOK = "tune.json"
 VERSION = 1
-Scheduler = Literal["asha", "fifo"]
+Scheduler = TuneScheduler  # defined beside the other options' choices: `zoo --help` needs it
 TrialStatus = Literal["pending", "running", "done", "stopped", "failed"]
 # the options a re-run leaves out: where the run folder goes is the user's choice
 _NOT_RERUN = ("runs_root", "name", "resume", "run_dir", "progress", "num_workers")
@@ -229,8 +230,6 @@ class SearchBook:
         }
 
     def write(self) -> None:
-        from zoo import durable  # here: `zoo --help` imports this module for Scheduler
-
         durable.write_json(self.folder / BOOK, self.to_dict(), label=BOOK)
 
 
