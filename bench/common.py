@@ -60,17 +60,19 @@ def photo_crops(out: Path, sources: tuple[str, ...], per_source: int, seed: int)
     from skimage import data
 
     rng = np.random.default_rng(seed)
-    counts = {}
     for name in sources:
-        img = Image.fromarray(getattr(data, name)()).convert("RGB")
-        (out / name).mkdir(parents=True, exist_ok=True)
-        for i in range(per_source):
-            w, h = img.size
-            s = int(min(w, h) * rng.uniform(0.5, 1.0))
-            x, y = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
-            img.crop((x, y, x + s, y + s)).save(out / name / f"{i:03d}.jpg", quality=92)
-        counts[name] = per_source
-    return counts
+        crops(Image.fromarray(getattr(data, name)()).convert("RGB"), out / name, per_source, rng)
+    return dict.fromkeys(sources, per_source)
+
+
+def crops(img: Image.Image, out: Path, n: int, rng: np.random.Generator) -> None:
+    """``n`` random square crops (50–100% of the short side) of ``img``: ``out/<i>.jpg``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        w, h = img.size
+        s = int(min(w, h) * rng.uniform(0.5, 1.0))
+        x, y = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
+        img.crop((x, y, x + s, y + s)).save(out / f"{i:03d}.jpg", quality=92)
 
 
 def t_interval(values: list[float], level: float = 0.95) -> dict[str, Any]:

@@ -185,6 +185,8 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     crash.assert_same_run(ref_root / run.name, run)
     assert json.loads((run / "split.json").read_text())["layout"] == "teacher"
     assert json.loads((run / "report.json").read_text())["distill"]["labels"] == "teacher"
+    config = json.loads((run / "config.json").read_text())  # --unlabelled's own defaults
+    assert (config["lr"], config["distill"]["alpha"], config["augment"]) == (1e-5, 1.0, False)
 
 
 def test_batchnorm_stays_in_eval_mode() -> None:
