@@ -53,6 +53,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "feature_cache": (*_TRAIN, "bench/feature_cache.py"),
     "imbalance": (*_TRAIN, "bench/imbalance.py"),
     "distill": (*_TRAIN, "bench/distill.py"),
+    "distill_photos": (*_TRAIN, "bench/distill_photos.py", "bench/distill.py"),
     "enroll": (*_TRAIN, "bench/enroll.py"),
     "ood": (*_TRAIN, "deploy/predict", "deploy/index", "bench/ood.py"),
     "tracking_overhead": (*_TRAIN, "bench/tracking_overhead.py"),

@@ -1147,6 +1147,18 @@ def index_scale(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
+def views_line(r: dict[str, Any]) -> list[str]:
+    """distill_photos: the teacher on its own views and on the student's, and its calibration."""
+    if "teacher_on_views" not in r:
+        return []
+    v = r["teacher_on_views"]
+    return [
+        f"The teacher's val accuracy on its own views {fmt(v['own'], 4)}, on the student's "
+        f"(mapped to its input, as `zoo distill` maps them) {fmt(v['student'], 4)}; its "
+        f"calibration temperature {fmt(r['teacher_calibration_temperature'], 3)}."
+    ]
+
+
 def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r, st = d["results"], d["results"]["setup"]
     t = Table(
@@ -1176,6 +1188,7 @@ def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"Verdict: {r['verdict']}. ORT CPU latency at batch 1 (median of {lat['rounds']} "
         f"alternating windows): teacher {fmt(med['teacher'], 3)} ms, student "
         f"{fmt(med['student'], 3)} ms ({fmt(lat['student_over_teacher'], 3)}×).",
+        *views_line(r),
         "",
         *t.lines(out),
         "",
@@ -1338,6 +1351,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "index_scale": index_scale,
     "enroll": enroll,
     "distill": distill,
+    "distill_photos": distill,
     "qat": qat,
     "qat_photos": qat_photos,
     "serve_multi": serve_multi,
