@@ -1147,18 +1147,6 @@ def index_scale(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     ]
 
 
-def views_line(r: dict[str, Any]) -> list[str]:
-    """distill_photos: the teacher on its own views and on the student's, and its calibration."""
-    if "teacher_on_views" not in r:
-        return []
-    v = r["teacher_on_views"]
-    return [
-        f"The teacher's val accuracy on its own views {fmt(v['own'], 4)}, on the student's "
-        f"(mapped to its input, as `zoo distill` maps them) {fmt(v['student'], 4)}; its "
-        f"calibration temperature {fmt(r['teacher_calibration_temperature'], 3)}."
-    ]
-
-
 def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r, st = d["results"], d["results"]["setup"]
     t = Table(
@@ -1188,7 +1176,41 @@ def distill(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         f"Verdict: {r['verdict']}. ORT CPU latency at batch 1 (median of {lat['rounds']} "
         f"alternating windows): teacher {fmt(med['teacher'], 3)} ms, student "
         f"{fmt(med['student'], 3)} ms ({fmt(lat['student_over_teacher'], 3)}×).",
-        *views_line(r),
+        "",
+        *t.lines(out),
+        "",
+    ]
+
+
+def distill_photos(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r, st = d["results"], d["results"]["setup"]
+    t = Table(
+        name, "student", "arm", "val accuracy (mean over seeds)",
+        "gain over alone (95% t interval)", "teacher on the student's views",
+        "student/teacher latency",
+    )  # fmt: skip
+    for s in r["students"].values():
+        who = f"`{s['student']}` at {s['image_size']} px, {s['epochs']} epochs, weights: {s['weights']}"
+        fig, views = s["results"], s["teacher_on_views"]
+        t.add(who, "alone", fmt(fig["mean"]["plain"], 4), "", fmt(views["student"], 4),
+              fmt(s["latency"]["student_over_teacher"], 3))  # fmt: skip
+        for arm, kd in st["kd_arms"].items():
+            ci = fig["kd_gain_interval"][arm]
+            t.add(
+                who,
+                f"distilled, T {fmt(kd['temperature'], 1)}, α {fmt(kd['alpha'], 2)}",
+                fmt(fig["mean"][arm], 4),
+                f"{fmt(ci['mean'], 4)} ({fmt(ci['low'], 4)} to {fmt(ci['high'], 4)})",
+                "",
+                "",
+            )
+    te = r["teacher"]
+    verdicts = "; ".join(f"`{s['student']}`: {s['verdict']}" for s in r["students"].values())
+    return [
+        f"Task: {st['task']}; images {st['images']}; seeds {st['seeds']}. Teacher "
+        f"`{st['teacher']}` ({st['teacher_epochs']} epochs at {st['teacher_image_size']} px): "
+        f"val accuracy {fmt(te['val_acc'], 4)} on its own views, calibration temperature "
+        f"{fmt(te['calibration_temperature'], 3)}. Verdicts: {verdicts}.",
         "",
         *t.lines(out),
         "",
@@ -1351,7 +1373,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "index_scale": index_scale,
     "enroll": enroll,
     "distill": distill,
-    "distill_photos": distill,
+    "distill_photos": distill_photos,
     "qat": qat,
     "qat_photos": qat_photos,
     "serve_multi": serve_multi,
@@ -1406,7 +1428,7 @@ def summary(
                     f"{p['machine']['logical_cpus']} CPUs)"
                 )
             value = dig(d, h["key"])
-            shown = fmt(value, 0) if isinstance(value, int) else short(value)
+            shown = fmt(value, 0) if isinstance(value, int) or value is None else short(value)
             goal = f"{ops[h['goal']['op']]} {h['goal']['target']:g}"
             at = f"`{(mark.commit or 'unknown')[:7]}`, {mark.date}{isa_note(h, d)}"
             t.add(
