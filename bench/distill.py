@@ -67,6 +67,74 @@ def report_of(run: Path) -> dict:
     return json.loads((run / "report.json").read_text())
 
 
+def parse_arms(spec: str) -> dict[str, tuple[float, float]]:
+    """``--kd``'s ``T:ALPHA,...`` as arms by name (``T4_a0p5``: no dots, for headline keys)."""
+    pairs = [tuple(float(v) for v in kd.split(":")) for kd in spec.split(",")]
+    return {f"T{t:g}_a{a:g}".replace(".", "p"): (t, a) for t, a in pairs}
+
+
+def seed_row(
+    teacher: Path,
+    student: str,
+    data: Path,
+    runs: Path,
+    tag: str,
+    arms: dict[str, tuple[float, float]],
+    budget: list[str],
+    seed: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One seed of the comparison: ``student`` trained alone (``zoo finetune``, run
+    ``runs/plain-TAG``) and distilled from ``teacher`` at each arm's (T, α) (run
+    ``runs/ARM-TAG``), all with ``budget``'s options. Returns the row (each run's best val
+    accuracy, and ``best_epoch``: where each peaked) and the ``distill`` summary of a distilled
+    run's report."""
+    plain = zoo_finetune(student, data, runs / f"plain-{tag}", *budget, "--seed", str(seed))
+    best = plain.extra["report"]["best"]
+    row: dict[str, Any] = {"seed": seed, "plain": best["val/acc"]}
+    best_epoch = {"plain": best["epoch"]}
+    summary: dict[str, Any] = {}
+    for name, (t, a) in arms.items():
+        kd_run = runs / f"{name}-{tag}"
+        timed(
+            [
+                *zoo_cmd(),
+                "distill",
+                str(teacher),
+                *("--student", student, "--data", str(data)),
+                *("-T", str(t), "--alpha", str(a)),
+                *("--runs", str(runs), "--name", kd_run.name, "--seed", str(seed)),
+                *budget,
+            ]
+        )
+        kd = report_of(kd_run)
+        summary = kd["distill"]
+        row[name] = kd["best"]["val/acc"]
+        best_epoch[name] = kd["best"]["epoch"]
+    return {**row, "best_epoch": best_epoch}, summary
+
+
+def seed_rows(
+    teacher: Path,
+    student: str,
+    data: Path,
+    runs: Path,
+    prefix: str,
+    arms: dict[str, tuple[float, float]],
+    budget: list[str],
+    seeds: list[int],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`seed_row` for each seed (tag ``PREFIX-SEED``): the rows, and the ``distill``
+    summary of a distilled run's report."""
+    rows, summary = [], {}
+    for seed in seeds:
+        row, summary = seed_row(
+            teacher, student, data, runs, f"{prefix}-{seed}", arms, budget, seed
+        )
+        rows.append(row)
+        print(f"{prefix}, seed {seed}: {row}", flush=True)
+    return rows, summary
+
+
 def ort_latency(teacher: Path, student: Path, rounds: int, seconds: float) -> dict[str, Any]:
     """Batch-1 ONNX Runtime latency of the two runs' exports (``zoo export RUN``), in
     alternating windows: the medians of the windows' p50s and their ratio."""
@@ -110,6 +178,14 @@ def compare(rows: list[dict[str, Any]], names: list[str], teacher_acc: float) ->
     }
 
 
+def add_run_options(p: argparse.ArgumentParser, name: str) -> None:
+    """The options both distillation benches share: seeds, latency windows, the output."""
+    p.add_argument("--seeds", default="0,1,2", help="at least 3 for an interval")
+    p.add_argument("--latency-rounds", type=int, default=3, help="alternating windows")
+    p.add_argument("--latency-seconds", type=float, default=1.0, help="each window")
+    p.add_argument("--out", default=None, help=f"default: docs/bench/{name}.json")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--teacher", default="simple_cnn", help="trained on the digits first")
@@ -139,15 +215,12 @@ def main() -> None:
         default=False,
         help="random training views for both arms (the teacher then judges every view)",
     )
-    p.add_argument("--seeds", default="0,1,2", help="at least 3 for an interval")
-    p.add_argument("--latency-rounds", type=int, default=3, help="alternating windows")
-    p.add_argument("--latency-seconds", type=float, default=1.0, help="each window")
-    p.add_argument("--out", default=None, help="default: docs/bench/distill.json")
+    add_run_options(p, "distill")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     budgets = [int(e) for e in args.epochs.split(",")]
-    arms = [tuple(float(v) for v in kd.split(":")) for kd in args.kd.split(",")]
-    names = [f"T{t:g}_a{a:g}".replace(".", "p") for t, a in arms]  # no dots: headline keys
+    arms = parse_arms(args.kd)
+    names = list(arms)
     rec = Recording("distill")
     quiet = ["--no-progress", "--no-report", "--num-workers", "1"]
     views = [] if args.augment else ["--no-augment"]
@@ -164,37 +237,13 @@ def main() -> None:
         ).extra["run"]
         print(f"teacher: {report_of(teacher)['best']['val/acc']:.4f}", flush=True)
         by_budget: dict[str, list[dict[str, Any]]] = {}
-        summary = None
+        summary: dict[str, Any] = {}
         for epochs in budgets:
             budget = ["--epochs", str(epochs), *views, *quiet]
-            rows = by_budget.setdefault(f"e{epochs}", [])
-            for seed in seeds:
-                tag = f"e{epochs}-{seed}"
-                plain = zoo_finetune(
-                    args.student, data, runs / f"plain-{tag}", *budget, "--seed", str(seed)
-                ).extra["report"]
-                row: dict[str, Any] = {"seed": seed, "plain": plain["best"]["val/acc"]}
-                best_epoch = {"plain": plain["best"]["epoch"]}  # where each run peaked
-                for name, (t, a) in zip(names, arms, strict=True):
-                    kd_run = runs / f"{name}-{tag}"
-                    timed(
-                        [
-                            *zoo_cmd(),
-                            "distill",
-                            str(teacher),
-                            *("--student", args.student, "--data", str(data)),
-                            *("-T", str(t), "--alpha", str(a)),
-                            *("--runs", str(runs), "--name", kd_run.name, "--seed", str(seed)),
-                            *budget,
-                        ]
-                    )
-                    kd = report_of(kd_run)
-                    summary = summary or kd["distill"]
-                    row[name] = kd["best"]["val/acc"]
-                    best_epoch[name] = kd["best"]["epoch"]
-                rows.append({**row, "best_epoch": best_epoch})
-                print(f"{epochs} epochs, seed {seed}: {row}", flush=True)
-        assert summary is not None
+            by_budget[f"e{epochs}"], summary = seed_rows(
+                teacher, args.student, data, runs, f"e{epochs}", arms, budget, seeds
+            )
+        assert summary
         head_budget = f"e{budgets[-1]}"
         latency = ort_latency(
             teacher,
@@ -218,9 +267,7 @@ def main() -> None:
             "student_budgets_epochs": budgets,
             "headline_budget": head_budget,
             "augment": args.augment,
-            "kd_arms": {
-                n: {"temperature": t, "alpha": a} for n, (t, a) in zip(names, arms, strict=True)
-            },
+            "kd_arms": {n: {"temperature": t, "alpha": a} for n, (t, a) in arms.items()},
             "seeds": seeds,
             "images": counts,
             "teacher_logits": summary["teacher_logits"],

@@ -2,9 +2,10 @@
 its ImageNet weights into smaller, faster students, against the same student trained without
 the teacher (``zoo finetune``) at the same budget (epochs, batch, LR, seed, augmentation).
 ``bench/distill.py`` does the same on the digits; this file reuses its comparison and latency
-code. Two students (``--students``): ``simple_cnn`` from scratch at its 32 px, and the teacher's
+code. The students (``--students``): ``simple_cnn`` from scratch at its 32 px, and the teacher's
 own architecture from its ImageNet weights at half the teacher's input size (a quarter of the
-pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand).
+pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand) at
+a short budget and a long one (distillation is known to need patience: Beyer et al. 2022).
 
 The task: which photograph a patch comes from. Fifteen of scikit-image's local photographs and
 textures (``SOURCES``), in grey (colour alone tells most of them apart), 60 square patches of
@@ -42,8 +43,8 @@ from typing import Any
 
 import numpy as np
 from bench_path import ROOT  # noqa: F401  (puts the repo on sys.path)
-from common import PHOTOS, timed, zoo_cmd, zoo_finetune
-from distill import compare, ort_latency, report_of
+from common import PHOTOS, zoo_finetune
+from distill import add_run_options, compare, ort_latency, parse_arms, report_of, seed_rows
 from PIL import Image
 from provenance import Recording, headline
 
@@ -118,7 +119,7 @@ class Student:
 
     @property
     def key(self) -> str:  # no dots or colons: headline keys
-        return self.name + (f"_{self.size}px" if self.size else "")
+        return self.name + (f"_{self.size}px" if self.size else "") + f"_e{self.epochs}"
 
     def options(self) -> list[str]:
         return ["--epochs", str(self.epochs), *(["--image-size", str(self.size)] * bool(self.size))]
@@ -137,35 +138,8 @@ def compare_student(
     both exports' latency."""
     quiet = ["--no-progress", "--no-report", "--num-workers", "1"]
     budget = [*st.options(), *quiet]
-    rows: list[dict[str, Any]] = []
-    summary = None
-    for seed in seeds:
-        tag = f"{st.key}-{seed}"
-        plain = zoo_finetune(
-            st.name, data, runs / f"plain-{tag}", *budget, "--seed", str(seed)
-        ).extra["report"]
-        row: dict[str, Any] = {"seed": seed, "plain": plain["best"]["val/acc"]}
-        best_epoch = {"plain": plain["best"]["epoch"]}  # where each run peaked
-        for name, (t, a) in arms.items():
-            kd_run = runs / f"{name}-{tag}"
-            timed(
-                [
-                    *zoo_cmd(),
-                    "distill",
-                    str(teacher),
-                    *("--student", st.name, "--data", str(data)),
-                    *("-T", str(t), "--alpha", str(a)),
-                    *("--runs", str(runs), "--name", kd_run.name, "--seed", str(seed)),
-                    *budget,
-                ]
-            )
-            kd = report_of(kd_run)
-            summary = summary or kd["distill"]
-            row[name] = kd["best"]["val/acc"]
-            best_epoch[name] = kd["best"]["epoch"]
-        rows.append({**row, "best_epoch": best_epoch})
-        print(f"{st.key}, seed {seed}: {row}", flush=True)
-    assert summary is not None
+    rows, summary = seed_rows(teacher, st.name, data, runs, st.key, arms, budget, seeds)
+    assert summary
     head = next(iter(arms))
     head_run = runs / f"{head}-{st.key}-{seeds[0]}"
     views = teacher_on_views(teacher, head_run, data / "val")
@@ -234,9 +208,10 @@ def main() -> None:
     p.add_argument("--teacher-size", type=int, default=96, help="the teacher's --image-size")
     p.add_argument(
         "--students",
-        default="simple_cnn:20,mobilenet_v2@48:6",
+        default="simple_cnn:20,mobilenet_v2@48:6,mobilenet_v2@48:20",
         help="NAME[@SIZE]:EPOCHS each: a student from scratch (simple_cnn, 32 px) and the "
-        "teacher's own architecture from its ImageNet weights at half its input size",
+        "teacher's own architecture from its ImageNet weights at half its input size, at a short "
+        "and a long budget; the goals table shows each student's longest",
     )
     p.add_argument(
         "--kd",
@@ -246,16 +221,10 @@ def main() -> None:
     )
     p.add_argument("--per-source", type=int, default=60, help="patches of each photograph")
     p.add_argument("--train-per-source", type=int, default=20, help="of those, training ones")
-    p.add_argument("--seeds", default="0,1,2", help="at least 3 for an interval")
-    p.add_argument("--latency-rounds", type=int, default=3, help="alternating windows")
-    p.add_argument("--latency-seconds", type=float, default=1.0, help="each window")
-    p.add_argument("--out", default=None, help="default: docs/bench/distill_photos.json")
+    add_run_options(p, "distill_photos")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    arms = {
-        f"T{t:g}_a{a:g}".replace(".", "p"): (t, a)  # no dots: headline keys
-        for t, a in (tuple(float(v) for v in kd.split(":")) for kd in args.kd.split(","))
-    }
+    arms = parse_arms(args.kd)
     students = [Student.parse(s) for s in args.students.split(",")]
     rec = Recording("distill_photos")
     with tempfile.TemporaryDirectory() as tmp:
@@ -295,7 +264,11 @@ def main() -> None:
         },
         "students": by_student,
         "headlines": [
-            h for key, s in by_student.items() for h in headlines(key, s, head, args.teacher)
+            h
+            for st in students
+            if st.epochs
+            == max(o.epochs for o in students if (o.name, o.size) == (st.name, st.size))
+            for h in headlines(st.key, by_student[st.key], head, args.teacher)
         ],
     }
     rec.write(results, args.out)
