@@ -4,8 +4,15 @@ the teacher (``zoo finetune``) at the same budget (epochs, batch, LR, seed, augm
 ``bench/distill.py`` does the same on the digits; this file reuses its comparison and latency
 code. The students (``--students``): ``simple_cnn`` from scratch at its 32 px, and the teacher's
 own architecture from its ImageNet weights at half the teacher's input size (a quarter of the
-pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand) at
-a short budget and a long one (distillation is known to need patience: Beyer et al. 2022).
+pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand),
+both for 20 epochs (distillation needs patience: Beyer et al. 2022; at 6 epochs every
+MobileNetV2 run peaked at its last epoch).
+
+The teacher trains 20 epochs. It trained 5 in this file's first two runs (2026-12-05): at
+92.5 % it was passed by the plain MobileNetV2 student at 48 px in 20 epochs (95.5 %, seed 0),
+and a teacher below its student cannot show what distillation gives. Those runs' students at
+6 epochs: 84.1 % distilled against 86.0 % alone (−1.9 points, 95 % interval −3.7 to −0.2), with
+the teacher at 88.2 % on their 48 px views.
 
 The task: which photograph a patch comes from. Fifteen of scikit-image's local photographs and
 textures (``SOURCES``), in grey (colour alone tells most of them apart), 60 square patches of
@@ -204,14 +211,20 @@ def headlines(key: str, s: dict[str, Any], head: str, teacher: str) -> list[dict
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--teacher", default="mobilenet_v2", help="fine-tuned from its own weights")
-    p.add_argument("--teacher-epochs", type=int, default=5)
+    p.add_argument(
+        "--teacher-epochs",
+        type=int,
+        default=20,
+        help="5 made a teacher (92.5 %%) the plain MobileNetV2 at 48 px passes in 20 epochs "
+        "(95.5 %%, seed 0)",
+    )
     p.add_argument("--teacher-size", type=int, default=96, help="the teacher's --image-size")
     p.add_argument(
         "--students",
-        default="simple_cnn:20,mobilenet_v2@48:6,mobilenet_v2@48:20",
+        default="simple_cnn:20,mobilenet_v2@48:20",
         help="NAME[@SIZE]:EPOCHS each: a student from scratch (simple_cnn, 32 px) and the "
-        "teacher's own architecture from its ImageNet weights at half its input size, at a short "
-        "and a long budget; the goals table shows each student's longest",
+        "teacher's own architecture from its ImageNet weights at half its input size; with "
+        "several budgets of one student, the goals table shows the longest",
     )
     p.add_argument(
         "--kd",
