@@ -7,6 +7,7 @@ file on purpose and check that each break is caught."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -124,6 +125,22 @@ def test_traces_rounding_and_percentages() -> None:
     assert not gen.traces("0.984", False, nums, tokens)
     assert not gen.traces("77.6", True, nums, tokens)
     assert not gen.traces("1", False, nums, tokens)  # a bool is not the number 1
+
+
+def test_a_goal_without_a_value_reads_a_dash(results: dict, template: str, marks: dict) -> None:
+    """A run too short for its figure (one seed: no interval) still renders: the goals row
+    shows a dash and says the goal is not met, instead of the generator crashing."""
+    doc = copy.deepcopy(results["distill_photos"])
+    h = doc["results"]["headlines"][0]
+    *path, last = h["key"].split(".")
+    parent = doc["results"]
+    for k in path:
+        parent = parent[k]
+    parent[last] = h["value"] = None
+    h["met"] = None
+    text = gen.generate(template, dict(results, distill_photos=doc), marks).text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {h['what']}"))
+    assert "| — |" in row and "| yes |" not in row
 
 
 def test_unshown_or_incomplete_result_files_are_refused(
