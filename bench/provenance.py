@@ -57,7 +57,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "enroll": (*_TRAIN, "bench/enroll.py"),
     "ood": (*_TRAIN, "deploy/predict", "deploy/index", "bench/ood.py"),
     "tracking_overhead": (*_TRAIN, "bench/tracking_overhead.py"),
-    "tune_cost": (*_TRAIN, "bench/tune_cost.py"),  # train/ holds train/tune
+    "tune_cost": (*_TRAIN, "bench/tune_cost.py", "bench/distill_photos.py", "bench/distill.py"),
     "loader_cache": (*_TRAIN, "bench/loader_cache.py"),
     "cache_accuracy": (*_TRAIN, "bench/cache_accuracy.py"),
     "gpu_bench": (*_TRAIN, "deploy", "bench/gpu_bench.py", "bench/hand_train.py"),
