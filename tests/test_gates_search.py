@@ -7,6 +7,7 @@ tests, selected with this file by scripts/mutation.sh."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,12 @@ from zoo.errors import QuantizationError
 RNG = np.random.default_rng(0)
 CALIB = [RNG.normal(size=(1, 8)).astype(np.float32) for _ in range(40)]
 HELD = RNG.normal(size=(30, 8)).astype(np.float32)
+WEIGHTS = [RNG.normal(size=s).astype(np.float32) for s in ((8, 32), (32, 32), (32, 5))]
 TARGET = 1.0  # on this net: k = 0 and 1 fall short, 2 of the 5 nodes float reach it
 
 
 def _net(path: Path) -> Path:
-    w = [RNG.normal(size=s).astype(np.float32) for s in ((8, 32), (32, 32), (32, 5))]
+    w = WEIGHTS
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
         helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
@@ -47,13 +49,14 @@ def _net(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def searched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("search")
+@pytest.fixture  # per test (about a second): mutmut credits a module fixture to one test only
+def searched(tmp_path: Path) -> dict[str, Any]:
+    root = tmp_path
     model = _net(root / "m.onnx")
     work = root / "work"
     work.mkdir()
     out = root / "int8.onnx"
+    t0 = time.perf_counter()
     result = qs.search(
         model,
         out,
@@ -64,7 +67,8 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         target=TARGET,
         workdir=work,
     )
-    return {"model": model, "work": work, "out": out, "result": result, "root": root}
+    wall = time.perf_counter() - t0
+    return {"model": model, "work": work, "out": out, "result": result, "root": root, "wall": wall}
 
 
 def _logits(path: Path, x: np.ndarray) -> np.ndarray:
@@ -133,8 +137,81 @@ def test_the_fewest_float_nodes_that_reach_the_target_are_written(
         if n.op_type == "MatMul":
             assert (producer.get(n.input[1]) != "DequantizeLinear") == (n.name in r.float_nodes)
     assert not (work / f"k{r.k}.onnx").exists()  # moved to out, not copied
-    assert set(r.seconds) == {"calibrate", "choose_calibration", "sensitivity", "search_k"}
-    assert all(v >= 0 for v in r.seconds.values())
+    # the scratch left in the caller's workdir: each method's ranges, the last trial and node
+    # alone, and each measured k but the chosen one
+    assert sorted(p.name for p in work.iterdir()) == sorted(
+        [f"ranges-{m}.json" for m in ("minmax", "entropy", "percentile")]
+        + ["trial.onnx", "alone.onnx"]
+        + [f"k{k}.onnx" for k, _ in r.steps if k != r.k]
+    )
+    assert list(r.seconds) == ["calibrate", "choose_calibration", "sensitivity", "search_k"]
+    for v in r.seconds.values():  # each stage's own seconds, to a tenth, within the whole
+        assert type(v) is float and v == round(v, 1) and 0 <= v <= searched["wall"] + 0.05
+    assert sum(r.seconds.values()) <= searched["wall"] + 0.2
+
+
+def test_every_inference_runs_on_the_callers_threads_one_image_a_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``threads`` reaches every session the search opens, and a graph with a dynamic batch
+    runs one image a call, as ``zoo quantize``'s report measures it."""
+    from zoo.deploy.runtimes import loader
+
+    real_session, sessions, batches = loader.make_session, [], []
+
+    class Counted:  # the real session, its calls' batch sizes recorded
+        def __init__(self, session: Any) -> None:
+            self.session = session
+
+        def get_inputs(self) -> Any:
+            return self.session.get_inputs()
+
+        def run(self, names: Any, feed: dict[str, np.ndarray]) -> Any:
+            batches.append(next(iter(feed.values())).shape[0])
+            return self.session.run(names, feed)
+
+    def make_session(path: Any, **kw: Any) -> Counted:
+        sessions.append(kw.get("threads"))
+        return Counted(real_session(path, **kw))
+
+    monkeypatch.setattr(loader, "make_session", make_session)
+    model = _net(tmp_path / "m.onnx")
+    y = qs.logits(model, HELD[:3], 2)
+    assert sessions == [2] and batches == [1, 1, 1]
+    np.testing.assert_array_equal(y, real_session(model).run(None, {"x": HELD[:3]})[0])
+    work = tmp_path / "work"
+    work.mkdir()
+    sessions.clear()
+    r = qs.search(
+        model,
+        tmp_path / "int8.onnx",
+        calib_batches=CALIB,
+        input_name="x",
+        x_held_out=HELD,
+        fp32_model=model,
+        target=TARGET,
+        threads=1,
+        workdir=work,
+    )
+    # fp32 twice, 7 calibration trials, each node alone, each measured k
+    assert sessions == [1] * (2 + 7 + len(r.ops) + len(r.steps))
+    assert set(batches) == {1}
+
+
+def test_a_logit_vector_smaller_than_one_is_its_own_scale() -> None:
+    y32 = np.array([[0.1, 0.2]], np.float32)
+    y8 = np.array([[0.2, 0.2]], np.float32)
+    assert qs.logit_error(y32, y8) == pytest.approx(0.01 / 0.05)  # not clamped to a scale of 1
+
+
+def test_nothing_tried_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^no calibration setting was tried$"):
+        qs.best_calibration([])
+
+
+def test_reaching_the_target_exactly_counts_and_n_is_not_measured_past_an_answer() -> None:
+    steps = qs.bisect_k(lambda k: 0.98 if k >= 3 else 0.5, 8, 0.98)
+    assert steps == [(0, 0.5), (4, 0.98), (2, 0.5), (3, 0.98)]
 
 
 def test_a_target_no_float_count_reaches_writes_nothing_and_names_the_best(
