@@ -12,6 +12,7 @@ import re
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,8 +25,10 @@ from zoo.train.data import (
     LABELS_CSV,
     Splits,
     natural_key,
+    sample_seed,
     scan,
     scan_multilabel,
+    scan_unlabelled,
 )
 
 
@@ -516,6 +519,29 @@ def test_check_splits_findings(cache_home: Path, tmp_path: Path) -> None:
     assert d["corrupt"] == report.corrupt and d["class_counts"] == report.class_counts
 
 
+def test_the_check_fills_the_image_cache_with_its_own_decode(
+    cache_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an image cache, every readable file the check decodes is stored from that decode
+    (no second read of the file); the broken one is not."""
+    from zoo.train import image_cache as ic
+
+    s = _dataset(tmp_path / "d")
+    decoded: list[str] = []
+    real_decode = ic.decode
+
+    def decode(src: Any, spec: ic.CacheSpec) -> Any:
+        decoded.append(type(src).__name__)
+        return real_decode(src, spec)
+
+    monkeypatch.setattr(ic, "decode", decode)
+    cache = ic.ImageCache(ic.CacheSpec(16, "bilinear", 3), tmp_path / "cache")
+    paths = [s.root / rel for items in s.files.values() for rel, _ in items]
+    chk.check_splits(s, workers=2, use_cache=False, image_cache=cache)
+    assert cache.missing(paths) == [s.root / "train" / "b" / "broken.png"]
+    assert len(decoded) == 13 and not any("Path" in name for name in decoded)
+
+
 def test_check_splits_caches_by_default_and_passes_workers(
     cache_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -630,13 +656,12 @@ def test_format_report_cuts_long_sections(tmp_path: Path) -> None:
 
 
 def test_flat_split_orders_ten_and_more_files_naturally(tmp_path: Path) -> None:
-    root = _flat(tmp_path / "d", {"a": 12, "b": 12})
+    root = _flat(tmp_path / "d", {"a": 30, "b": 30})
     s = scan(root, val_fraction=0.5, seed=3)
     per_split = [[r for r, c in s.files[split] if c == "a"] for split in ("train", "val")]
     for names in per_split:
-        assert len(names) == 6 and names == sorted(names, key=natural_key), names
-    # a/10.png sits with at least two of a/2..a/9 (5 others drawn from 11): not text order
-    assert any(names != sorted(names) for names in per_split)
+        assert len(names) == 15 and names == sorted(names, key=natural_key), names
+        assert names != sorted(names)  # each split mixes a/2..a/9 with a/10..: not text order
 
 
 def test_flat_empty_class_message(tmp_path: Path) -> None:
@@ -666,3 +691,69 @@ def test_check_splits_without_cache_writes_none(cache_home: Path, tmp_path: Path
     s = _dataset(tmp_path / "d")
     assert chk.check_splits(s, use_cache=False).n_files == 14
     assert not chk._cache_file(s.root).exists()
+
+
+# ---- images without labels (zoo distill --unlabelled) ----------------------------------------
+
+
+def test_unlabelled_images_at_any_depth_are_split_seeded_and_rounded(tmp_path: Path) -> None:
+    names = ["a/img2.png", "a/img10.png", "a/b/c/deep.JPG", "top.png", "x/y.png"]
+    names += [f"many/{i}.png" for i in range(5)]  # ten images in all
+    for n in names:
+        _img(tmp_path / "d" / n)
+    (tmp_path / "d" / "notes.txt").write_text("not an image")
+    root, split = scan_unlabelled(tmp_path / "d" / ".." / "d", val_fraction=0.3, seed=0)
+    assert root == (tmp_path / "d").resolve()
+    assert list(split) == ["train", "val"] and len(split["val"]) == 3  # round(10 × 0.3)
+    assert sorted(split["train"] + split["val"]) == sorted(names)  # relative, each once
+    for files in split.values():
+        assert files == sorted(files, key=natural_key)
+    assert scan_unlabelled(tmp_path / "d", val_fraction=0.3, seed=0)[1] == split  # seeded
+    others = [scan_unlabelled(tmp_path / "d", val_fraction=0.3, seed=s)[1] for s in (1, 2, 3)]
+    assert any(o != split for o in others)
+    assert len(scan_unlabelled(tmp_path / "d")[1]["val"]) == 2  # the default fifth
+    _img(tmp_path / "two" / "1.png")
+    _img(tmp_path / "two" / "2.png")
+    assert [len(v) for v in scan_unlabelled(tmp_path / "two")[1].values()] == [1, 1]  # ≥ 1 val
+
+
+def test_unlabelled_train_and_val_folders_are_kept_as_they_are(tmp_path: Path) -> None:
+    for n in ["train/b/2.png", "train/10.png", "train/1.png", "valid/v.png"]:
+        _img(tmp_path / n)
+    root, split = scan_unlabelled(tmp_path, val_fraction=5.0)  # the fraction is not read
+    assert split == {
+        "train": ["train/1.png", "train/10.png", "train/b/2.png"],
+        "val": ["valid/v.png"],
+    }
+    (tmp_path / "valid" / "v.png").unlink()
+    with pytest.raises(DataError) as err:
+        scan_unlabelled(tmp_path)
+    exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+    assert str(err.value) == (
+        f"No images for the val split under {root} (extensions: {exts}): add some, or check --data."
+    )
+
+
+def test_unlabelled_refusals(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as err:
+        scan_unlabelled(tmp_path / "absent")
+    assert (
+        str(err.value) == f"Data folder {tmp_path / 'absent'} does not exist (or is not a folder)."
+    )
+    _img(tmp_path / "d" / "1.png")
+    for fraction in (0.0, 1.0, -0.5):
+        with pytest.raises(DataError) as err:
+            scan_unlabelled(tmp_path / "d", val_fraction=fraction)
+        assert str(err.value) == f"--val-fraction must be between 0 and 1, got {fraction}."
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"^No images for the train split under "):
+        scan_unlabelled(tmp_path / "empty")
+
+
+def test_each_sample_and_epoch_draws_its_own_seed() -> None:
+    """The seed of every augmented view: fixed across releases (exact resume reads it) and
+    distinct for each (seed, epoch, index) a run meets."""
+    assert sample_seed(0, 0, 0) == 0
+    assert sample_seed(2, 3, 5) == (2 * 1_000_003 + 3) * 10_000_019 + 5
+    grid = [(s, e, i) for s in range(3) for e in range(50) for i in range(2_000)]
+    assert len({sample_seed(*g) for g in grid}) == len(grid)
