@@ -697,21 +697,23 @@ def test_check_splits_without_cache_writes_none(cache_home: Path, tmp_path: Path
 
 
 def test_unlabelled_images_at_any_depth_are_split_seeded_and_rounded(tmp_path: Path) -> None:
-    names = ["a/img2.png", "a/img10.png", "a/b/c/deep.JPG", "top.png", "x/y.png"]
-    names += [f"many/{i}.png" for i in range(5)]  # ten images in all
+    names = ["a/b/c/deep.JPG", "top.png", "x/y.png", "train/t.png"]  # train/ without val/
+    names += [f"many/{i}.png" for i in range(26)]  # thirty images in all
     for n in names:
         _img(tmp_path / "d" / n)
     (tmp_path / "d" / "notes.txt").write_text("not an image")
-    root, split = scan_unlabelled(tmp_path / "d" / ".." / "d", val_fraction=0.3, seed=0)
+    root, split = scan_unlabelled(tmp_path / "d" / ".." / "d", val_fraction=0.5, seed=0)
     assert root == (tmp_path / "d").resolve()
-    assert list(split) == ["train", "val"] and len(split["val"]) == 3  # round(10 × 0.3)
+    assert list(split) == ["train", "val"] and len(split["val"]) == 15  # round(30 × 0.5)
     assert sorted(split["train"] + split["val"]) == sorted(names)  # relative, each once
     for files in split.values():
         assert files == sorted(files, key=natural_key)
-    assert scan_unlabelled(tmp_path / "d", val_fraction=0.3, seed=0)[1] == split  # seeded
-    others = [scan_unlabelled(tmp_path / "d", val_fraction=0.3, seed=s)[1] for s in (1, 2, 3)]
+        assert files != sorted(files)  # many/2..9 beside many/10..: not text order
+    assert scan_unlabelled(tmp_path / "d", val_fraction=0.5, seed=0)[1] == split  # seeded
+    others = [scan_unlabelled(tmp_path / "d", val_fraction=0.5, seed=s)[1] for s in (1, 2, 3)]
     assert any(o != split for o in others)
-    assert len(scan_unlabelled(tmp_path / "d")[1]["val"]) == 2  # the default fifth
+    assert len(scan_unlabelled(tmp_path / "d")[1]["val"]) == 6  # the default fifth
+    assert scan_unlabelled(tmp_path / "d") == scan_unlabelled(tmp_path / "d", seed=0)
     _img(tmp_path / "two" / "1.png")
     _img(tmp_path / "two" / "2.png")
     assert [len(v) for v in scan_unlabelled(tmp_path / "two")[1].values()] == [1, 1]  # ≥ 1 val

@@ -299,6 +299,11 @@ def test_the_estimate_reads_as_one_line() -> None:
         "sensitivity ~46 s) for 3 calibrations of 80 images, 99 nodes scored alone on 16 "
         "images, and ~9 trials on 120 held-out images (an estimate, before it starts)"
     )
+    assert (
+        qs.SearchBudget(1, 1, 1, {"calibrate": 600.0})
+        .describe()
+        .startswith("--target-agreement: about 10.0 min (calibrate ~600 s) ")
+    )
     small = qs.SearchBudget(5, 10, 4, {"calibrate": 60.0})
     assert "scored alone on 10 images" in small.describe()
     assert "~5 trials" in small.describe()
