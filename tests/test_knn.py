@@ -10,7 +10,16 @@ import pytest
 
 from zoo.calibration import KNN_K
 from zoo.errors import ArtifactError
-from zoo.knn import KNN_OUTPUT, NODE_PREFIX, KnnBank, add_to_graph, normalise, stratified
+from zoo.knn import (
+    BANK_FILE,
+    KNN_OUTPUT,
+    NODE_PREFIX,
+    KnnBank,
+    add_to_graph,
+    normalise,
+    rule_bank,
+    stratified,
+)
 
 
 def test_the_score_is_the_kth_largest_cosine_similarity() -> None:
@@ -35,6 +44,45 @@ def test_stratified_keeps_each_class_share_and_every_class() -> None:
     few = np.array(["a"] * 95 + ["b"] * 3 + ["c"] * 2)
     small = few[stratified(few, cap=20)]  # b's share rounds to 1 row, c's to none: kept at 1
     assert [(small == c).sum() for c in "abc"] == [19, 1, 1]
+
+
+def test_a_big_draw_takes_each_row_once() -> None:
+    labels = np.array(["a"] * 1000 + ["b"] * 1000)
+    idx = stratified(labels, cap=1500, seed=0)
+    assert len(idx) == len(set(idx)) == 1500  # without replacement: no row twice
+    assert np.array_equal(stratified(labels, cap=2000), np.arange(2000))  # at the cap: all
+
+
+def test_only_a_single_label_knn_rule_loads_its_bank(tmp_path: Path) -> None:
+    """``rule_bank`` asks for the model folder only when the rule's score is ``knn``."""
+    from types import SimpleNamespace
+
+    KnnBank.of(np.random.default_rng(0).normal(size=(6, 4)), k=2).save(tmp_path)
+    asked: list[int] = []
+
+    def folder() -> Path:
+        asked.append(1)
+        return tmp_path
+
+    def calibration(score: str | None) -> SimpleNamespace:
+        return SimpleNamespace(reject=None if score is None else SimpleNamespace(score=score))
+
+    assert rule_bank(None, False, folder) is None
+    assert rule_bank(calibration(None), False, folder) is None
+    assert rule_bank(calibration("msp"), False, folder) is None
+    assert rule_bank(calibration("knn"), True, folder) is None  # multi-label: no bank
+    assert asked == []
+    bank = rule_bank(calibration("knn"), False, folder)
+    assert asked == [1] and bank is not None and bank.k == 2 and bank.rows.shape == (6, 4)
+
+
+def test_the_bank_is_a_named_durable_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zoo import durable
+
+    trace = tmp_path / "trace.tsv"
+    monkeypatch.setenv(durable.TRACE_ENV, str(trace))
+    KnnBank.of(np.ones((3, 2)), k=1).save(tmp_path)
+    assert trace.read_text().splitlines()[-1].split("\t")[1] == BANK_FILE
 
 
 def test_bank_file_round_trip_and_plain_refusals(tmp_path: Path) -> None:
