@@ -294,6 +294,9 @@ def test_a_variant_is_a_file_of_the_folder(cwd: Path, monkeypatch: pytest.Monkey
     ref = ModelRef.parse("./run").variant("int8")
     assert ref == ModelRef("onnx", str(onnx)) and ref.text == str(onnx)
     assert asked == [(Path("./run") / "model", "int8")]
+    _model_folder(cwd / "mf")
+    assert ModelRef.parse("./mf").variant("int8") == ref  # a model folder: its own variants
+    assert asked[-1] == (Path("./mf"), "int8")
     for other in ("resnet18", "./int8-static.onnx"):
         with pytest.raises(ModelRefError) as err:
             ModelRef.parse(other).variant("int8")
