@@ -49,6 +49,13 @@ def _net(path: Path) -> Path:
     return path
 
 
+def _search(model: Path, out: Path, work: Path, target: float, **kw: Any) -> qs.SearchResult:
+    """:func:`qs.search` of ``model`` against itself on the module's images (``calib_batches``
+    and the rest overridable)."""
+    args: dict[str, Any] = {"calib_batches": CALIB, "input_name": "x", "x_held_out": HELD}
+    return qs.search(model, out, fp32_model=model, target=target, workdir=work, **{**args, **kw})
+
+
 @pytest.fixture  # per test (about a second): mutmut credits a module fixture to one test only
 def searched(tmp_path: Path) -> dict[str, Any]:
     root = tmp_path
@@ -57,16 +64,7 @@ def searched(tmp_path: Path) -> dict[str, Any]:
     work.mkdir()
     out = root / "int8.onnx"
     t0 = time.perf_counter()
-    result = qs.search(
-        model,
-        out,
-        calib_batches=CALIB,
-        input_name="x",
-        x_held_out=HELD,
-        fp32_model=model,
-        target=TARGET,
-        workdir=work,
-    )
+    result = _search(model, out, work, TARGET)
     wall = time.perf_counter() - t0
     return {"model": model, "work": work, "out": out, "result": result, "root": root, "wall": wall}
 
@@ -182,17 +180,7 @@ def test_every_inference_runs_on_the_callers_threads_one_image_a_call(
     work = tmp_path / "work"
     work.mkdir()
     sessions.clear()
-    r = qs.search(
-        model,
-        tmp_path / "int8.onnx",
-        calib_batches=CALIB,
-        input_name="x",
-        x_held_out=HELD,
-        fp32_model=model,
-        target=TARGET,
-        threads=1,
-        workdir=work,
-    )
+    r = _search(model, tmp_path / "int8.onnx", work, TARGET, threads=1)
     # fp32 twice, 7 calibration trials, each node alone, each measured k
     assert sessions == [1] * (2 + 7 + len(r.ops) + len(r.steps))
     assert set(batches) == {1}
@@ -229,16 +217,7 @@ def test_a_target_no_float_count_reaches_writes_nothing_and_names_the_best(
     work.mkdir()
     out = tmp_path / "int8.onnx"
     with pytest.raises(QuantizationError) as err:
-        qs.search(
-            model,
-            out,
-            calib_batches=CALIB,
-            input_name="x",
-            x_held_out=HELD,
-            fp32_model=model,
-            target=0.98,
-            workdir=work,
-        )
+        _search(model, out, work, 0.98)
     assert str(err.value) == (
         "No number of float nodes reaches top-1 agreement 98.0% with fp32 on the 30 held-out "
         "images (best 70.0%, with 2 of 5 nodes float). Nothing was written; lower "
@@ -251,16 +230,7 @@ def test_a_target_out_of_range_is_refused_before_any_work(tmp_path: Path) -> Non
     from zoo.errors import InputError
 
     with pytest.raises(InputError, match="--target-agreement"):
-        qs.search(
-            tmp_path / "absent.onnx",
-            tmp_path / "o.onnx",
-            calib_batches=CALIB,
-            input_name="x",
-            x_held_out=HELD,
-            fp32_model=tmp_path / "absent.onnx",
-            target=1.5,
-            workdir=tmp_path,
-        )
+        _search(tmp_path / "absent.onnx", tmp_path / "o.onnx", tmp_path, 1.5)
 
 
 # --- the estimate said before it starts, and the report's shapes ------------------------------
@@ -378,16 +348,7 @@ def test_under_32_calibration_images_the_first_16_score_the_nodes(tmp_path: Path
     work = tmp_path / "work"
     work.mkdir()
     calib = CALIB[:20]
-    r = qs.search(
-        model,
-        tmp_path / "int8.onnx",
-        calib_batches=calib,
-        input_name="x",
-        x_held_out=HELD,
-        fp32_model=model,
-        target=0.5,
-        workdir=work,
-    )
+    r = _search(model, tmp_path / "int8.onnx", work, 0.5, calib_batches=calib)
     assert r.steps == [(0, r.agreement)] and r.k == 0  # all int8 already reaches 50 %
     x_few = np.concatenate(calib)[:16]
     y32 = _logits(model, x_few)
