@@ -138,3 +138,19 @@ def test_decode_resizes_with_the_specs_interpolation_and_channels(
     assert grey.shape == (12, 20, 1) and grey.dtype == np.uint8
     want_grey = np.asarray(T.Resize(12, interpolation=mode)(im.convert("L")))
     assert np.array_equal(grey[:, :, 0], want_grey)
+
+
+def test_a_write_that_cannot_start_raises_its_own_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary file is removed on failure; when it was never created (the open itself
+    failed), that clean-up does not replace the real error with its own."""
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ic, "open", full, raising=False)  # shadows the builtin in the module
+    entry = tmp_path / "store" / "ab" / "x.npy"
+    with pytest.raises(OSError, match="No space left on device"):
+        ic._write(entry, np.zeros((2, 2, 3), np.uint8))
+    assert list(entry.parent.iterdir()) == []
