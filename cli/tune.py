@@ -33,6 +33,13 @@ def tune_cmd(
     ] = None,
     data: Annotated[str | None, typer.Option(help="image folder, as zoo finetune's")] = None,
     trials: Annotated[int, typer.Option(min=1, help="how many settings to try")] = 8,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            help="the first trial trains with zoo finetune's defaults, the rest are drawn "
+            "(--no-baseline: all drawn)"
+        ),
+    ] = True,
     space: Annotated[
         Path | None,
         typer.Option(
@@ -142,6 +149,7 @@ def tune_cmd(
             trial_cpus=trial_cpus,
             trial_gpus=trial_gpus,
             max_concurrent=max_concurrent,
+            baseline=baseline,
         )
         options = TuneOptions(
             spec=spec, runs_root=runs_root, name=name, address=address, track=track == "mlflow"

@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import ZOO, run_zoo, zoo_here
 from tests.crash import TIMING
 from zoo.artifact import REQUIRED_FILES
+from zoo.train.config import option_defaults
 
 SPACE = "lr: {loguniform: [3.0e-4, 3.0e-3]}\nmixup: 0.0\n"  # over the default space
 SEARCH = ["--max-epochs", "3", "--scheduler", "asha", "--max-concurrent", "1"]
@@ -84,10 +85,24 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
     assert [t["name"] for t in trials] == [f"trial-{i:03d}" for i in range(TRIALS)]
     settings = [json.dumps(t["params"], sort_keys=True) for t in trials]
     assert len(set(settings)) == TRIALS
-    for t in trials:
+    # trial-000 is the baseline: the space's fixed value only, the trainer's defaults for the
+    # rest (what a plain `zoo finetune` trains); the others are drawn
+    assert [t["baseline"] for t in trials] == [True] + [False] * (TRIALS - 1)
+    assert trials[0]["params"] == {"mixup": 0.0}
+    base = json.loads((Path(trials[0]["run"]) / "config.json").read_text())
+    assert {k: base[k] for k in ("weight_decay", "label_smoothing", "mixup")} == {
+        k: option_defaults()[k] for k in ("weight_decay", "label_smoothing", "mixup")
+    }
+    rerun_flags = set(shlex.split(trials[0]["rerun"]))  # its re-run: a plain zoo finetune
+    assert not rerun_flags & {"--lr", "--weight-decay", "--label-smoothing", "--auto-augment",
+                              "--random-erasing", "--mixup"}  # fmt: skip
+    assert "trial-000: done, " in search["log"] or "trial-000: stopped, " in search["log"]
+    assert "| zoo finetune's defaults, mixup=0\n" in search["log"]
+    for t in trials[1:]:
         assert set(t["params"]) == {"lr", "weight_decay", "label_smoothing", "auto_augment",
                                     "random_erasing", "mixup"}  # fmt: skip
         assert 3e-4 <= t["params"]["lr"] <= 3e-3 and t["params"]["mixup"] == 0.0
+    for t in trials:
         run = Path(t["run"])
         assert run.parent == folder and t["status"] in ("done", "stopped")
         assert {p.name for p in (run / "model").iterdir()} == REQUIRED_FILES
@@ -105,6 +120,8 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
 
     best = max(trials, key=shipped)
     assert record["best"]["trial"] == best["name"] and record["best"]["run"] == best["run"]
+    said = "the baseline: no drawn setting beat the defaults) → " in search["log"]
+    assert said == best["baseline"]
 
 
 @pytest.mark.ray
@@ -229,11 +246,13 @@ def test_a_search_joins_a_multi_node_cluster(cluster: str, digits: Path, tmp_pat
     r = run_zoo(
         "tune", "simple_cnn", "--data", str(digits), "--trials", "2", "--max-epochs", "1",
         "--scheduler", "fifo", "--address", cluster, "--runs", str(tmp_path), "--name", "c",
-        "--json", env={"RAY_AUTH_MODE": "disabled"},
+        "--no-baseline", "--json", env={"RAY_AUTH_MODE": "disabled"},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     trials = json.loads(r.stdout)["trials"]
     assert len({t["node"] for t in trials}) == 2
+    # --no-baseline: both trials drawn (each with its own lr), neither the defaults
+    assert not any(t["baseline"] for t in trials) and all("lr" in t["params"] for t in trials)
     for t in trials:
         assert t["status"] == "done" and (Path(t["run"]) / "model" / "model.safetensors").exists()
 
@@ -274,6 +293,7 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
         assert parent.info.status == "FINISHED"
         p = parent.data.params
         assert p["trials"] == "2" and p["scheduler"] == "fifo" and p["max_epochs"] == "2"
+        assert p["baseline"] == "true"
         assert json.loads(p["space.lr"]) == book["search"]["space"]["lr"]
         best = next(t for t in book["trials"] if t["name"] == book["best"]["trial"])
         assert {k: p[f"best.{k}"] for k in best["params"]} == {
@@ -290,9 +310,8 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
             trial = next(t for t in book["trials"] if t["name"] == ch.info.run_name)
             run = Path(trial["run"])
             assert json.loads((run / "tracking.json").read_text())["run_id"] == ch.info.run_id
-            assert ch.info.status == "FINISHED" and ch.data.params["lr"] == str(
-                trial["params"]["lr"]
-            )
+            config = json.loads((run / "config.json").read_text())  # the baseline: the default
+            assert ch.info.status == "FINISHED" and ch.data.params["lr"] == str(config["lr"])
             history = c.get_metric_history(ch.info.run_id, "val/acc")
             assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
                 (e["epoch"], pytest.approx(e["val/acc"])) for e in trial["epochs"]
@@ -359,6 +378,13 @@ def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
     small = {"optimizer": Dimension.parse("optimizer", {"choice": ["adamw", "sgd"]})}
     with pytest.raises(UsageError, match="only 2 distinct"):
         sample_trials(small, 3, seed=0)
+    # the baseline goes first and leaves the draws as they were; it counts among the trials
+    assert sample_trials(space, 6, seed=3, baseline=True) == [{}, *a[:5]]
+    assert sample_trials(small, 3, seed=0, baseline=True)[0] == {}
+    with pytest.raises(UsageError, match="only 3 distinct"):
+        sample_trials(small, 4, seed=0, baseline=True)
+    fixed = {**small, "mixup": Dimension.parse("mixup", 0.2)}
+    assert sample_trials(fixed, 1, seed=0, baseline=True) == [{"mixup": 0.2}]
 
 
 def test_asha_ranks_equal_accuracies_by_the_lower_validation_loss() -> None:

@@ -43,6 +43,7 @@ class SearchSpec:
     trial_gpus: float
     max_concurrent: int | None
     seed: int  # draws the trials (the trials themselves train with base.seed)
+    baseline: bool = False  # trial-000 trains with the defaults (records before it: none did)
 
     @property
     def mode(self) -> Literal["max", "min"]:
@@ -77,6 +78,7 @@ class TrialRecord:
     threads: int | None = None  # torch's CPU threads in the trial (bitwise re-runs need them)
     node: str | None = None  # the Ray node the trial last ran on
     error: str | None = None
+    baseline: bool = False  # the search's baseline: zoo finetune's own settings
 
     def config(self, spec: SearchSpec, folder: Path) -> TrainConfig:
         """The trial's training options: the shared ones, its settings, its run folder."""
@@ -128,6 +130,7 @@ class TrialRecord:
             "threads": self.threads,
             "node": self.node,
             "error": self.error,
+            "baseline": self.baseline,
             "rerun": self.rerun(spec),
         }
 
@@ -142,6 +145,7 @@ class TrialRecord:
             threads=d["threads"],
             node=d["node"],
             error=d["error"],
+            baseline=d.get("baseline", False),  # records before baselines lack the key
         )
 
 

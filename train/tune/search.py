@@ -70,11 +70,16 @@ class SearchResult:
             row = t.best(self.spec)
             score = f"{metric} {_fmt(row, metric)} (epoch {row.epoch})" if row else "-"
             params = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items())
+            if t.baseline:
+                params = ", ".join(filter(None, ["zoo finetune's defaults", params]))
             out.append(f"{t.name}: {t.status}, {len(t.epochs)} epoch(s), {score} | {params}")
         if self.best is not None:
             row = self.best.best(self.spec)
+            what = (
+                ", the baseline: no drawn setting beat the defaults" if self.best.baseline else ""
+            )
             out.append(
-                f"best: {self.best.name} ({metric} {_fmt(row, metric)}) → "
+                f"best: {self.best.name} ({metric} {_fmt(row, metric)}{what}) → "
                 f"{self.folder / self.best.name}"
             )
             out.append(f"re-run it: {self.best.rerun(self.spec)}")
@@ -93,12 +98,15 @@ def plan_search(
     trial_cpus: float,
     trial_gpus: float,
     max_concurrent: int | None,
+    baseline: bool = True,
 ) -> SearchSpec:
     """The search ``zoo tune`` asks for: the default space for the model (with its
     backbone's dimensions only when it is pretrained), ``space_file`` over it.
 
     Args:
         base: the options every trial shares (``epochs``: the most a trial trains).
+        baseline: the first of the ``trials`` trains with the trainer's defaults (the space's
+            fixed values only), so the record holds what a plain ``zoo finetune`` reaches.
 
     Raises:
         UsageError: a refused space (:func:`zoo.train.tune.space.read_space`).
@@ -124,6 +132,7 @@ def plan_search(
         trial_gpus=trial_gpus,
         max_concurrent=max_concurrent,
         seed=base.seed,
+        baseline=baseline,
     )
 
 
@@ -209,10 +218,12 @@ def _new_search(spec: SearchSpec, root: Path, name: str | None) -> SearchBook:
     """Draw and check the trials, then publish the search folder with its ``tune.json``."""
     from zoo.train.resolve import resolve_config
 
-    draws = sample_trials(spec.space, spec.trials, spec.seed)
+    draws = sample_trials(spec.space, spec.trials, spec.seed, baseline=spec.baseline)
     width = max(3, len(str(spec.trials - 1)))
     trials = {
-        f"trial-{i:0{width}d}": TrialRecord(f"trial-{i:0{width}d}", params)
+        f"trial-{i:0{width}d}": TrialRecord(
+            f"trial-{i:0{width}d}", params, baseline=spec.baseline and i == 0
+        )
         for i, params in enumerate(draws)
     }
     for rec in trials.values():  # refused combinations fail here, not in a trial an hour in

@@ -184,8 +184,17 @@ def read_space(path: Path, base: Space) -> Space:
     return space
 
 
-def sample_trials(space: Space, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` distinct trial settings drawn from ``space`` (the same for the same seed).
+def baseline_params(space: Space) -> dict[str, Any]:
+    """The settings of the search's baseline trial: only the space's fixed values, so every
+    varied option keeps the trainer's default (what a plain ``zoo finetune`` trains)."""
+    return {key: dim.values[0] for key, dim in space.items() if dim.kind == "fixed"}
+
+
+def sample_trials(
+    space: Space, n: int, seed: int, *, baseline: bool = False
+) -> list[dict[str, Any]]:
+    """``n`` distinct trial settings drawn from ``space`` (the same for the same seed); with
+    ``baseline``, the first is :func:`baseline_params` and ``n - 1`` are drawn.
 
     Raises:
         UsageError: the space holds fewer than ``n`` distinct settings.
@@ -193,8 +202,10 @@ def sample_trials(space: Space, n: int, seed: int) -> list[dict[str, Any]]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    trials: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    trials: list[dict[str, Any]] = [baseline_params(space)] if baseline else []
+    seen = {json.dumps(t, sort_keys=True) for t in trials}
+    if len(trials) == n:
+        return trials
     for _ in range(100 * n):
         params = {key: dim.sample(rng) for key, dim in space.items()}
         if params.get("strategy") not in (None, "gradual"):

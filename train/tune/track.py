@@ -99,6 +99,7 @@ def search_params(spec: SearchSpec) -> dict[str, str]:
         "model": spec.base.model,
         "data": spec.base.data,
         "seed": str(spec.seed),
+        "baseline": str(spec.baseline).lower(),  # trial-000 trains with the defaults
         "trial_cpus": f"{spec.trial_cpus:g}",
         "trial_gpus": f"{spec.trial_gpus:g}",
     }
