@@ -926,12 +926,14 @@ def tune_cost(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         "best val acc: ASHA",
         "best val acc: FIFO",
         "zoo's defaults",
+        "baseline trial: ASHA (its status), FIFO (= the defaults' run?)",
         "images decoded: ASHA, FIFO",
         "wall clock: ASHA, FIFO (s)",
     )
     for task, x in r["tasks"].items():
         for run in x["runs"]:
             a, f = run["asha"], run["fifo"]
+            same = "yes" if run["fifo_baseline_is_default"] else "**no**"
             t.add(
                 task,
                 run["seed"],
@@ -941,6 +943,8 @@ def tune_cost(name: str, d: dict[str, Any], out: Doc) -> list[str]:
                 fmt(a["best_val_acc"], 4),
                 fmt(f["best_val_acc"], 4),
                 fmt(run["default_val_acc"], 4),
+                f"{fmt(a['baseline_val_acc'], 4)} ({a['baseline_status']}), "
+                f"{fmt(f['baseline_val_acc'], 4)} ({same})",
                 f"{fmt(a['images_decoded'])}, {fmt(f['images_decoded'])}",
                 f"{fmt(a['wall_s'], 1)}, {fmt(f['wall_s'], 1)}",
             )
@@ -953,6 +957,7 @@ def tune_cost(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             f"**{fmt(x['asha_best_mean'], 4)}**",
             fmt(x["fifo_best_mean"], 4),
             f"**{fmt(x['default_mean'], 4)}**",
+            "",
             "",
             "",
         )

@@ -241,6 +241,32 @@ def test_an_ir_compiles_the_precision_its_metadata_records(tmp_path: Path, preci
     np.testing.assert_allclose(clf.run(x), _want(x), rtol=tol, atol=tol)
 
 
+def test_an_fp16_io_graph_is_half_at_its_boundary_and_float32_here(tmp_path: Path) -> None:
+    path = _onnx(tmp_path / "m.onnx", dtype=TensorProto.FLOAT16, out_dtype=TensorProto.FLOAT16)
+    clf = rov.OpenVinoClassifier(path, threads=1)
+    assert clf.input_type == "tensor(float16)" and clf.half_io and not clf.embedded
+    x = RNG.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    got = clf.run(x)
+    assert got.dtype == np.float32 and got.shape == (3, 5)  # float16 logits, read as float32
+    want = _want(x.astype(np.float16)).astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_the_knn_score_is_the_outputs_last_column(tmp_path: Path) -> None:
+    bank = KnnBank.of(RNG.standard_normal((6, 12)), k=2)
+    clf = rov.OpenVinoClassifier(_onnx(tmp_path / "knn.onnx", knn=bank), threads=1)
+    assert clf.knn is True and clf.output_name == "logits" and clf.num_classes == 5
+    x = RNG.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    out = clf.outputs(x)
+    assert out.dtype == np.float32 and out.shape == (3, 6)
+    logits, knn = clf.split(out)
+    np.testing.assert_allclose(logits, _want(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(knn, bank.scores(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(clf.run(x), logits)  # the logits alone
+    plain = rov.OpenVinoClassifier(_onnx(tmp_path / "plain.onnx"), threads=1)
+    assert plain.knn is False and plain.outputs(x).shape == (3, 5)
+
+
 def test_a_class_axis_that_is_not_fixed_counts_the_class_names(tmp_path: Path) -> None:
     graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "two"], ["logits"])],

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -236,6 +237,7 @@ def cluster() -> Iterator[str]:
         for p in reversed(nodes):
             _kill_group(p.pid)
             p.wait()
+        shutil.rmtree(temp, ignore_errors=True)  # outside the session's folder: ours to remove
 
 
 @pytest.mark.ray
