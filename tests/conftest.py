@@ -20,14 +20,39 @@ os.environ.setdefault("ZOO_FINETUNE_REPORT", "0")
 # removed when the session ends: pytest's tmp_path, the processes the tests start (Ray's
 # session files, torchrun's, multiprocessing's, a killed command's scratch) through TMPDIR,
 # and zoo's cache. One session used to leave ~2.5 GB in /tmp, which filled CI's disk.
-# ZOO_KEEP_TEST_TMP=1 keeps it (its path is printed at the end). xdist workers inherit it.
+# ZOO_KEEP_TEST_TMP=1 keeps it (its path is printed at the end). xdist workers and nested
+# pytest runs inherit it. A session that dies before its exit handlers run (SIGKILL, mutmut's
+# os._exit) leaves its folder: the next session removes it, its owner's pid being gone.
+_PID_FILE = "owner.pid"
+
+
+def _remove_dead_sessions(base: str) -> None:
+    import shutil
+
+    for folder in Path(base).glob("zoo-tests-*"):
+        try:
+            pid = int((folder / _PID_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # being created, or kept (ZOO_KEEP_TEST_TMP): not ours to judge
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
+
+
 if "ZOO_TEST_TMP" not in os.environ:
     import tempfile
 
-    # short: Ray's socket paths under it must stay within 107 characters
-    os.environ["ZOO_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="zoo-tests-")
-    tempfile.tempdir = os.environ["TMPDIR"]
-    _OWN_TMP = os.environ["TMPDIR"]  # this process made it: it removes it at the end
+    # Ray puts its sockets ~70 characters below TMPDIR and refuses paths over 107: a long
+    # inherited TMPDIR (a CI runner's) would break every Ray test, so such a one gives way
+    _base = tempfile.gettempdir()
+    _base = _base if len(_base) <= 20 or not os.path.isdir("/tmp") else "/tmp"
+    _remove_dead_sessions(_base)
+    _OWN_TMP = tempfile.mkdtemp(prefix="zoo-tests-", dir=_base)  # this process removes it
+    Path(_OWN_TMP, _PID_FILE).write_text(str(os.getpid()))
+    os.environ["ZOO_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = _OWN_TMP
 if "ZOO_CACHE" not in os.environ:  # decoded images and check results: one folder per session
     os.environ["ZOO_CACHE"] = os.environ["ZOO_TEST_CACHE_ROOT"] = os.path.join(
         os.environ["ZOO_TEST_TMP"], "cache"
@@ -41,8 +66,8 @@ if "PYTEST_XDIST_WORKER" in os.environ and os.environ["ZOO_CACHE"] == os.environ
         os.environ["ZOO_CACHE"], os.environ["PYTEST_XDIST_WORKER"]
     )
 
-import pytest
-import torch
+import pytest  # noqa: E402  (after the environment above: torch's children inherit it)
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # OpenVINO's tests run in a process of their own (tests/test_openvino_process.py): none of
@@ -66,6 +91,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if own is None:
         return
     if os.environ.get("ZOO_KEEP_TEST_TMP") == "1":
+        Path(own, _PID_FILE).unlink(missing_ok=True)  # kept: later sessions leave it alone
         print(f"\nthe session's temporary files are kept in {own}")
     else:
         import shutil

@@ -314,6 +314,7 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
             assert json.loads((run / "tracking.json").read_text())["run_id"] == ch.info.run_id
             config = json.loads((run / "config.json").read_text())  # the baseline: the default
             assert ch.info.status == "FINISHED" and ch.data.params["lr"] == str(config["lr"])
+            assert trial["baseline"] or config["lr"] == trial["params"]["lr"]  # its draw trained
             history = c.get_metric_history(ch.info.run_id, "val/acc")
             assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
                 (e["epoch"], pytest.approx(e["val/acc"])) for e in trial["epochs"]
