@@ -21,7 +21,11 @@ Reported per task and seed: the epochs each search trained (the sum over its tri
 tune.json), ASHA's share of FIFO's, the best trial's validation accuracy under each, the
 baseline trial's, the default run's, and the images the search decoded (cache entries
 written; each image once). Goals (issue #31): ASHA trains ≤ 0.5× FIFO's epochs, and its best
-trial is at least as good as the defaults, on the mean over the seeds. A trial's accuracy is
+trial is at least as good as the defaults, on the mean over the seeds. The second holds by
+construction once the baseline is a trial (ASHA may stop it early, the only way to miss), so the
+file also reports the best *drawn* trial against the defaults: what the search itself found,
+goal ≥ 0 as well; and FIFO's baseline against the default run epoch by epoch (every validation
+loss equal). A trial's accuracy is
 the same for the same seed (each run is bitwise repeatable on the CPU), but ASHA's epochs are
 not: two trials run at once, and which reaches a rung first decides what asynchronous ASHA
 promotes, so the machine's load can change them. The wall time is kept for reference.
@@ -67,6 +71,7 @@ def search(
     record = json.loads(proc.stdout)
     best = record["best"]
     baseline = next(t for t in record["trials"] if t["baseline"])
+    drawn = [max(r["val/acc"] for r in t["epochs"]) for t in record["trials"] if not t["baseline"]]
     return {
         "epochs": sum(len(t["epochs"]) for t in record["trials"]),
         "stopped": sum(t["status"] == "stopped" for t in record["trials"]),
@@ -75,6 +80,9 @@ def search(
         "best_params": next(t["params"] for t in record["trials"] if t["name"] == best["trial"]),
         "baseline_val_acc": round(max(r["val/acc"] for r in baseline["epochs"]), 4),
         "baseline_status": baseline["status"],
+        "baseline_val_loss": [r["val/loss"] for r in baseline["epochs"]],
+        # the search's own finding: the best of the drawn trials (the baseline is zoo's defaults)
+        "best_drawn_val_acc": round(max(drawn), 4),
         "images_decoded": len(list((cache / "images").rglob("*.npy"))),
         "wall_s": round(proc.seconds, 1),
     }
@@ -125,9 +133,9 @@ def main() -> None:
                 row["default_val_acc"] = round(default.extra["report"]["best"]["val/acc"], 4)
                 row["epoch_share"] = round(row["asha"]["epochs"] / row["fifo"]["epochs"], 3)
                 # FIFO's baseline trial is the default run again: equal, or something differs
-                row["fifo_baseline_is_default"] = (
-                    row["fifo"]["baseline_val_acc"] == row["default_val_acc"]
-                )
+                row["fifo_baseline_is_default"] = row["fifo"]["baseline_val_loss"] == [
+                    r["val/loss"] for r in default.extra["rows"] if "val/loss" in r
+                ]  # every epoch's validation loss, exactly
                 runs.append(row)
                 print(task, seed, row["epoch_share"], row["asha"]["best_val_acc"],
                       row["default_val_acc"], flush=True)  # fmt: skip
@@ -142,10 +150,14 @@ def main() -> None:
                 "epoch_share_mean": round(mean(r["epoch_share"] for r in runs), 3),
                 "asha_best_mean": round(mean(r["asha"]["best_val_acc"] for r in runs), 4),
                 "fifo_best_mean": round(mean(r["fifo"]["best_val_acc"] for r in runs), 4),
+                "asha_best_drawn_mean": round(
+                    mean(r["asha"]["best_drawn_val_acc"] for r in runs), 4
+                ),
                 "default_mean": round(mean(r["default_val_acc"] for r in runs), 4),
             }
     worst_share = max(r["epoch_share_mean"] for r in results.values())
     worst_margin = min(r["asha_best_mean"] - r["default_mean"] for r in results.values())
+    worst_drawn = min(r["asha_best_drawn_mean"] - r["default_mean"] for r in results.values())
     rec.write(
         {
             "seeds": seeds,
@@ -153,6 +165,7 @@ def main() -> None:
             "tasks": results,
             "worst_epoch_share": worst_share,
             "worst_margin_over_defaults": round(worst_margin, 4),
+            "worst_drawn_margin_over_defaults": round(worst_drawn, 4),
             "headlines": [
                 headline(
                     "zoo tune: epochs an ASHA search trains / the same trials to the end, "
@@ -163,10 +176,18 @@ def main() -> None:
                     EPOCH_SHARE_GOAL,
                 ),
                 headline(
-                    "zoo tune: best ASHA trial's val/acc minus zoo's defaults, worst task "
-                    "(mean over seeds)",
+                    "zoo tune: best ASHA trial's val/acc (the baseline among them) minus zoo's "
+                    "defaults, worst task (mean over seeds)",
                     "worst_margin_over_defaults",
                     round(worst_margin, 4),
+                    ">=",
+                    0.0,
+                ),
+                headline(
+                    "zoo tune: best drawn ASHA trial's val/acc (the baseline left out) minus "
+                    "zoo's defaults, worst task (mean over seeds)",
+                    "worst_drawn_margin_over_defaults",
+                    round(worst_drawn, 4),
                     ">=",
                     0.0,
                 ),

@@ -28,6 +28,7 @@ from zoo.cli.train_options import (
     TrackOpt,
     ValFractionOpt,
     WeightsOpt,
+    bounded,
     train_config,
 )
 from zoo.train.config import OptimizerName, ScheduleName, TeacherLogits
@@ -119,7 +120,7 @@ def distill_cmd(
     ] = "auto",
     weights: WeightsOpt = D["weights"],
     strategy: StrategyOpt = D["strategy"],
-    epochs: Annotated[int, typer.Option(min=1)] = D["epochs"],
+    epochs: Annotated[int, typer.Option(callback=bounded("epochs"))] = D["epochs"],
     batch_size: BatchSizeOpt = D["batch_size"],
     lr: LrOpt = D["lr"],
     backbone_lr_mult: BackboneLrMultOpt = D["backbone_lr_mult"],

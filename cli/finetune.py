@@ -35,6 +35,7 @@ from zoo.cli.train_options import (
     TrackOpt,
     ValFractionOpt,
     WeightsOpt,
+    bounded,
     train_config,
 )
 from zoo.train.config import (
@@ -57,7 +58,7 @@ def finetune_cmd(
     ] = None,
     weights: WeightsOpt = D["weights"],
     strategy: StrategyOpt = D["strategy"],
-    epochs: Annotated[int, typer.Option(min=1)] = D["epochs"],
+    epochs: Annotated[int, typer.Option(callback=bounded("epochs"))] = D["epochs"],
     freeze_epochs: FreezeEpochsOpt = D["freeze_epochs"],
     batch_size: BatchSizeOpt = D["batch_size"],
     lr: LrOpt = D["lr"],
@@ -121,12 +122,16 @@ def finetune_cmd(
     max_nonfinite: Annotated[
         int,
         typer.Option(
-            min=1, help="non-finite losses in a row (each step skipped) before a rollback"
+            callback=bounded("max_nonfinite"),
+            help="non-finite losses in a row (each step skipped) before a rollback",
         ),
     ] = D["max_nonfinite"],
     max_rollbacks: Annotated[
         int,
-        typer.Option(min=0, help="rollbacks to the last checkpoint with half the LR, then stop"),
+        typer.Option(
+            callback=bounded("max_rollbacks"),
+            help="rollbacks to the last checkpoint with half the LR, then stop",
+        ),
     ] = D["max_rollbacks"],
     image_size: ImageSizeOpt = D["image_size"],
     sync_bn: bool = D["sync_bn"],
@@ -142,7 +147,9 @@ def finetune_cmd(
     resume: Annotated[
         str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
     ] = D["resume"],
-    extend: Annotated[int, typer.Option(min=0, help="with --resume: add N epochs")] = D["extend"],
+    extend: Annotated[
+        int, typer.Option(callback=bounded("extend"), help="with --resume: add N epochs")
+    ] = D["extend"],
     nproc: Annotated[
         int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
     ] = 1,

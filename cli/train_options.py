@@ -8,8 +8,7 @@ command's options to the config.
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -18,6 +17,7 @@ from zoo.calibration import RejectMode
 from zoo.cli.common import choice
 from zoo.tracking import Track
 from zoo.train.config import (
+    BOUNDS,
     AmpDtype,
     ClassWeights,
     ImageCacheMode,
@@ -36,23 +36,27 @@ FIELD = {"arch": "model"}
 
 
 def check_lr(value: str | None) -> float | str | None:
-    """``--lr``: a positive number or ``auto`` (a usage error otherwise)."""
+    """``--lr``: a number in ``BOUNDS["lr"]`` or ``auto`` (a usage error otherwise)."""
     if value is None or value == "auto":
         return value
     try:
         lr = float(value)
     except ValueError:
         raise typer.BadParameter(f"{value!r} is neither a number nor 'auto'") from None
-    if not (math.isfinite(lr) and lr > 0):
-        raise typer.BadParameter(f"{value} must be a finite number above 0")
-    return lr
+    return bounded("lr")(lr)
 
 
-def check_unit(value: float | None, *, closed: bool) -> float | None:
-    """A rate in (0, 1) (``closed``: (0, 1]); a usage error otherwise."""
-    if value is not None and not (0 < value < 1 or (closed and value == 1)):
-        raise typer.BadParameter(f"{value} must be in (0, 1{']' if closed else ')'}")
-    return value
+def bounded(name: str) -> Callable[[Any], Any]:
+    """A typer callback that holds an option to :data:`zoo.train.config.BOUNDS` ``[name]``
+    (a usage error naming the range otherwise); ``None`` passes (chosen later)."""
+    bounds = BOUNDS[name]
+
+    def check(value: Any) -> Any:
+        if value is not None and not bounds.holds(value):
+            raise typer.BadParameter(f"{value} is out of range: it must be {bounds.rule()}")
+        return value
+
+    return check
 
 
 def check_policy(value: str | None) -> str | None:
@@ -77,7 +81,9 @@ def train_config(params: dict[str, Any]) -> TrainConfig:
     values["model"] = values.get("model") or ""
     values["data"] = values.get("data") or ""
     if values["data"]:
-        values["data"] = str(Path(values["data"]).expanduser().resolve())
+        from zoo.system import expand_home
+
+        values["data"] = str(expand_home(values["data"], what="--data").resolve())
     if values["model"]:
         from zoo.ref import ModelRef
 
@@ -102,9 +108,14 @@ StrategyOpt = Annotated[
     ),
 ]
 FreezeEpochsOpt = Annotated[
-    int, typer.Option(min=0, help="gradual: epochs with the backbone frozen")
+    int,
+    typer.Option(
+        callback=bounded("freeze_epochs"), help="gradual: epochs with the backbone frozen"
+    ),
 ]
-BatchSizeOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="per process")]
+BatchSizeOpt = Annotated[
+    int, typer.Option("--batch-size", "-b", callback=bounded("batch_size"), help="per process")
+]
 LrOpt = Annotated[
     str | None,
     typer.Option(
@@ -136,19 +147,25 @@ AutoAugmentOpt = Annotated[
     ),
 ]
 RandomErasingOpt = Annotated[
-    float, typer.Option(min=0.0, max=1.0, help="timm's Random Erasing: probability per image")
+    float,
+    typer.Option(
+        callback=bounded("random_erasing"), help="timm's Random Erasing: probability per image"
+    ),
 ]
-MixupOpt = Annotated[float, typer.Option(min=0.0, help="timm's Mixup α (e.g. 0.2); 0: off")]
+MixupOpt = Annotated[
+    float, typer.Option(callback=bounded("mixup"), help="timm's Mixup α (e.g. 0.2); 0: off")
+]
 CutmixOpt = Annotated[
-    float, typer.Option(min=0.0, help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch")
+    float,
+    typer.Option(
+        callback=bounded("cutmix"), help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch"
+    ),
 ]
-EmaDecayOpt = Annotated[
-    float, typer.Option(callback=lambda v: check_unit(v, closed=False), help="with --ema")
-]
+EmaDecayOpt = Annotated[float, typer.Option(callback=bounded("ema_decay"), help="with --ema")]
 LayerDecayOpt = Annotated[
     float | None,
     typer.Option(
-        callback=lambda v: check_unit(v, closed=True),
+        callback=bounded("layer_decay"),
         help="backbone layer-wise LR decay (e.g. 0.75): each layer down, LR × this",
     ),
 ]
@@ -198,7 +215,7 @@ RejectOpt = Annotated[
 AcceptanceOpt = Annotated[
     float,
     typer.Option(
-        callback=lambda v: check_unit(v, closed=True),
+        callback=bounded("acceptance"),
         help="with --reject: the share of validation images the threshold accepts",
     ),
 ]

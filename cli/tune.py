@@ -17,6 +17,7 @@ from zoo.cli.train_options import (
     TrackOpt,
     ValFractionOpt,
     WeightsOpt,
+    bounded,
     train_config,
 )
 from zoo.train.config import Monitor, TuneScheduler
@@ -43,9 +44,10 @@ def tune_cmd(
     space: Annotated[
         Path | None,
         typer.Option(
-            help="YAML/JSON: option → {loguniform|uniform|randint: [lo, hi]} | {choice: [...]} "
-            "| a value, over the default space (lr, backbone-lr-mult, weight-decay, strategy, "
-            "freeze-epochs, label-smoothing, auto-augment, random-erasing, mixup)"
+            help="YAML/JSON: option → {loguniform|uniform: [lo, hi]} | {randint: [lo, hi]} "
+            "(both ends included) | {choice: [...]} | a value | null (removed), over the "
+            "default space; keys as the trainer's fields: lr, backbone_lr_mult, weight_decay, "
+            "strategy, freeze_epochs, label_smoothing, auto_augment, random_erasing, mixup"
         ),
     ] = None,
     scheduler: Annotated[
@@ -56,9 +58,9 @@ def tune_cmd(
             help="asha: stop weak trials at epoch ends; fifo: every trial to the end",
         ),
     ] = "asha",
-    max_epochs: Annotated[int, typer.Option(min=1, help="epochs of a trial run to its end")] = D[
-        "epochs"
-    ],
+    max_epochs: Annotated[
+        int, typer.Option(callback=bounded("epochs"), help="epochs of a trial run to its end")
+    ] = D["epochs"],
     metric: Annotated[
         str,
         choice(
@@ -111,9 +113,9 @@ def tune_cmd(
             if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
         }
         if typed - RESUME_OPTIONS:
-            given = ", ".join(sorted(typed - RESUME_OPTIONS))
             raise typer.BadParameter(
-                f"--resume continues the search as its tune.json records it; drop {given}"
+                "--resume continues the search as its tune.json records it; drop "
+                + ", ".join(_spelled(ctx, typed - RESUME_OPTIONS))
             )
         # a tracked search goes on in its parent run unless --track none is typed (finetune's rule)
         on = True if track == "mlflow" else (False if "track" in typed else None)
@@ -134,6 +136,7 @@ def tune_cmd(
                 "val_fraction": val_fraction,
                 "image_cache": image_cache,
                 "seed": seed,
+                "runs_root": runs_root,
                 "device": "cuda" if trial_gpus > 0 else "cpu",
                 "num_workers": num_workers
                 if num_workers is not None
@@ -162,6 +165,17 @@ def tune_cmd(
         print_json(result.record())
     else:
         out.print(str(result.folder))
+
+
+def _spelled(ctx: typer.Context, names: set[str]) -> list[str]:
+    """The parameters ``names`` as typed on the command line (``ARCH``, ``--max-epochs``)."""
+    return [
+        (p.name or "").upper()
+        if p.param_type_name == "argument"
+        else "/".join([*p.opts, *getattr(p, "secondary_opts", [])])
+        for p in ctx.command.params
+        if p.name in names
+    ]
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tests import crash
 from tests.conftest import run_zoo
-from zoo.errors import InputError
+from zoo.errors import CheckpointError, InputError
 from zoo.train.config import DistillConfig, TrainConfig
 from zoo.train.distill import kd_loss
 
@@ -130,6 +130,10 @@ def test_refusals(teacher: Path, digits16: Path, tmp_path: Path) -> None:
         resolve_config(student_cfg(teacher, digits16, tmp_path, kd={"logits": "cached"}))
     with pytest.raises(InputError, match="alpha in"):
         resolve_config(student_cfg(teacher, digits16, tmp_path, kd={"alpha": 1.5}))
+    # a resumed run whose teacher changed: named as such, before the classes are compared
+    for data in (digits16, four):
+        with pytest.raises(CheckpointError, match="other weights than when this run started"):
+            resolve_config(student_cfg(teacher, data, tmp_path, kd={"teacher_sha256": "0" * 64}))
     # the command: exit 1, the reason, no run folder
     r = run_zoo(
         "distill", str(teacher), "--student", "mlp", "--data", str(four), "--runs",
@@ -151,6 +155,9 @@ def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_pat
     run = tmp_path / "s"
     assert d.stdout.strip() == str(run)
     assert "teacher logits online (random training views (--augment)" in d.stderr
+    # the mlp's 28 px views, judged online by the 32 px teacher: the user is told
+    said = " ".join(d.stderr.split())
+    assert "warning: the teacher judges the student's 28 px views scaled up to its 32 px" in said
     summary = json.loads((run / "report.json").read_text())["distill"]
     assert summary["teacher_logits"] == "online"
     assert (summary["temperature"], summary["alpha"]) == (3.0, 0.7)
@@ -300,3 +307,19 @@ def test_scan_unlabelled_keeps_a_train_val_layout_and_splits_the_rest(tmp_path: 
     (tmp_path / "none").mkdir()
     with pytest.raises(DataError, match="No images for the train split"):
         scan_unlabelled(tmp_path / "none")
+
+
+def test_online_logits_on_smaller_views_warn(capfd: pytest.CaptureFixture[str]) -> None:
+    from zoo.preprocessing import Preprocessing
+    from zoo.train.distill import say_if_views_shrink
+
+    def pre(size: int) -> Preprocessing:
+        return Preprocessing((3, size, size), 0.875, "bilinear", (0.5,) * 3, (0.25,) * 3)
+
+    say_if_views_shrink(pre(96), pre(96))
+    say_if_views_shrink(pre(128), pre(96))  # larger views: the teacher's own detail, or more
+    assert capfd.readouterr().err == ""
+    say_if_views_shrink(pre(48), pre(96))
+    err = " ".join(capfd.readouterr().err.split())
+    assert err.startswith("warning: the teacher judges the student's 48 px views scaled up")
+    assert "--image-size 96" in err and "--teacher-logits cached with --no-augment" in err

@@ -313,13 +313,17 @@ def test_is_repo_id() -> None:
     assert is_repo_id("me/my-model.v2") and not is_repo_id("me") and not is_repo_id("a/b/c")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="found 2026-12-05: pathlib's expanduser raises RuntimeError for an unknown user, "
-    "and zoo/ref.py lets it through (a traceback from `zoo predict ~nobody`); fixed with the "
-    "next batch of product changes, which re-measures every figure",
-)
-def test_a_home_folder_of_no_user_is_a_plain_refusal() -> None:
-    with pytest.raises(ModelRefError, match="does not exist"):
-        ModelRef.parse("~no-such-user-zoo")
+def test_a_home_folder_of_no_user_is_a_plain_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # found 2026-12-05: pathlib's expanduser raised a bare RuntimeError (a traceback from
+    # `zoo predict ~nobody`)
+    with pytest.raises(ModelRefError) as err:
+        ModelRef.parse("~no-such-user-zoo/run")
+    assert "does not exist (no user 'no-such-user-zoo' here to expand '~')" in str(err.value)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
+    with pytest.raises(ModelRefError, match=r"does not exist \(\$HOME is unset to expand '~'\)"):
+        ModelRef.parse("~/run")
+
+
+def _no_passwd_entry(uid: int) -> None:
+    raise KeyError(f"getpwuid(): uid not found: {uid}")

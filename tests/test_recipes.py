@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,19 +152,46 @@ def test_a_policy_keeps_the_crop_shape_and_draws_from_its_seed(channels: int) ->
         ({"auto_augment": "randaugment", "augment": False}, "--no-augment"),
         ({"cutmix": 1.0, "multi_label": True}, "--multi-label"),
         ({"mixup": 0.2, "batch_size": 7}, "use 8"),
-        ({"random_erasing": 1.5}, "--random-erasing 1.5 is out of range"),
-        ({"mixup": -1.0}, "--mixup -1.0 is out of range"),
-        ({"ema_decay": 1.0}, "--ema-decay 1.0"),
-        ({"cutmix": float("inf")}, "--cutmix inf is out of range"),
         ({"ema_decay": 0.99}, "add --ema"),
         ({"auto_augment": "rand-m9-q7"}, "not a timm policy"),
-        ({"layer_decay": 0.0}, "--layer-decay 0.0 must be in (0, 1]"),
     ],
 )
 def test_combinations_a_recipe_cannot_honour_are_refused(kw: dict[str, Any], says: str) -> None:
     with pytest.raises(InputError, match=None) as exc:
         check_recipes(_cfg(**kw), pretrained=True, strategy="full")
     assert says in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"random_erasing": 1.5}, "--random-erasing 1.5 is out of range: it must be in [0, 1]"),
+        ({"mixup": -1.0}, "--mixup -1.0 is out of range: it must be ≥ 0 (0: off; 0.2-0.8)."),
+        ({"ema_decay": 1.0}, "--ema-decay 1.0 is out of range: it must be in (0, 1) (0.9998)."),
+        ({"cutmix": float("inf")}, "--cutmix inf is out of range: it must be ≥ 0"),
+        ({"layer_decay": 0.0}, "--layer-decay 0.0 is out of range: it must be in (0, 1]"),
+        ({"lr": 0.0}, "--lr 0.0 is out of range: it must be above 0 (1e-3 with AdamW"),
+        ({"weight_decay": -0.1}, "--weight-decay -0.1 is out of range: it must be ≥ 0"),
+        ({"label_smoothing": 1.0}, "--label-smoothing 1.0 is out of range: it must be in [0, 1)"),
+        ({"val_fraction": 0.0}, "--val-fraction 0.0 is out of range: it must be in (0, 1)"),
+        ({"momentum": float("nan")}, "--momentum nan is out of range"),
+        ({"epochs": 0}, "--epochs 0 is out of range: it must be ≥ 1."),
+        ({"batch_size": True}, "--batch-size True is out of range"),
+    ],
+)
+def test_numbers_out_of_range_are_usage_errors_naming_the_range(
+    kw: dict[str, Any], says: str
+) -> None:
+    from zoo.errors import UsageError
+    from zoo.train.config import check_bounds
+    from zoo.train.resolve import resolve_config
+
+    with pytest.raises(UsageError) as exc:
+        check_bounds(_cfg(**kw))
+    assert says in str(exc.value) and exc.value.param_hint == says.split()[0]
+    with pytest.raises(UsageError, match=re.escape(says)):  # before any work: no such model
+        resolve_config(replace(_cfg(**kw), model="no-such-model"))
+    check_bounds(_cfg())  # the defaults hold
 
 
 def test_layer_decay_needs_a_pretrained_backbone_that_trains() -> None:

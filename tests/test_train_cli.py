@@ -120,11 +120,12 @@ def test_check_command(tmp_path: Path) -> None:
     assert run_zoo("check", str(tmp_path / "d"), "--strict").returncode == 1
 
 
-@pytest.mark.parametrize("case", ["missing", "one_class", "empty_class", "val_only"])
+@pytest.mark.parametrize("case", ["missing", "no_home", "one_class", "empty_class", "val_only"])
 def test_bad_data_exits_1_with_clear_message(case: str, tmp_path: Path) -> None:
     d = tmp_path / "d"
     expected = {
         "missing": "does not exist",
+        "no_home": "--data '~no-such-user-zoo/d' starts with '~', but no user 'no-such-user-zoo'",
         "one_class": "at least 2",
         "empty_class": "no images",
         "val_only": "not in train",
@@ -138,9 +139,10 @@ def test_bad_data_exits_1_with_clear_message(case: str, tmp_path: Path) -> None:
     elif case == "val_only":
         for s, c in [("train", "a"), ("train", "b"), ("val", "a"), ("val", "ghost")]:
             _img(d / s / c / "1.png")
-    r = run_zoo("finetune", "mlp", "--data", str(d), "--runs", str(tmp_path / "runs"))
+    given = "~no-such-user-zoo/d" if case == "no_home" else str(d)
+    r = run_zoo("finetune", "mlp", "--data", given, "--runs", str(tmp_path / "runs"))
     assert r.returncode == 1, r.stderr
-    assert expected in r.stderr and "Traceback" not in r.stderr
+    assert expected in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -123,6 +124,9 @@ def test_trials_are_ordinary_runs_that_differ(search: dict[str, Any]) -> None:
     assert record["best"]["trial"] == best["name"] and record["best"]["run"] == best["run"]
     said = "the baseline: no drawn setting beat the defaults) → " in search["log"]
     assert said == best["baseline"]
+    if not best["baseline"]:  # the best line gives the defaults' figure beside it
+        defaults = max(r["val/acc"] for r in trials[0]["epochs"])
+        assert f"; the defaults: {defaults:.4f}) → " in search["log"]
 
 
 @pytest.mark.ray
@@ -195,9 +199,12 @@ def test_a_killed_search_resumes_with_every_trial_once(digits: Path, tmp_path: P
     done = folder / "trial-000"
     before = {p: p.stat().st_mtime_ns for p in done.rglob("*") if p.is_file()}
     assert not (folder / "trial-001" / "report.json").exists()
-    r = run_zoo("tune", "--resume", str(folder))
+    r = run_zoo("tune", "--resume", str(folder / "tune.json"))  # the record: its folder
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(folder)
+    assert json.loads((folder / "tune.json").read_text())["search"]["base"]["runs_root"] == str(
+        tmp_path
+    )  # --runs, as given
     assert before == {p: p.stat().st_mtime_ns for p in done.rglob("*") if p.is_file()}
     trials = {t["name"]: t for t in json.loads((folder / "tune.json").read_text())["trials"]}
     assert trials["trial-000"]["attempts"] == [0]
@@ -332,7 +339,7 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
     ("space", "message"),
     [
         ("learning_rate: 0.1\n", "'learning_rate' is not a tunable option"),
-        ("lr: {loguniform: [0, 0.1]}\n", "low > 0"),
+        ("backbone_lr_mult: {loguniform: [0, 1]}\n", "low > 0"),  # 0 in bounds, not in log
         ("strategy: {choice: [gradual, sideways]}\n", "strategy cannot be 'sideways'"),
         ("strategy: gradual\n", "random weights"),  # simple_cnn has no pretrained weights
     ],
@@ -357,11 +364,38 @@ def test_a_refused_space_exits_2_naming_the_valid_keys(
 
 def test_resume_refuses_new_options_and_a_folder_that_is_no_search(tmp_path: Path) -> None:
     """In this process, as above."""
-    r = zoo_here("tune", "mlp", "--resume", str(tmp_path))
-    assert r.returncode == 2 and "drop arch" in r.stderr, r.stderr
+    r = zoo_here("tune", "mlp", "--resume", str(tmp_path), "--no-baseline", "--max-epochs", "2")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "drop ARCH, --baseline/--no-baseline, --max-epochs" in said, said
     r = zoo_here("tune", "--resume", str(tmp_path))
     assert r.returncode == 1 and "not a zoo tune search folder" in r.stderr, r.stderr
+    r = zoo_here("tune", "--resume", str(tmp_path / "gone"))
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 1 and f"{tmp_path / 'gone'} does not exist; give the search" in said
     assert not _ray_started()
+
+
+@pytest.mark.ray
+def test_a_cluster_that_cannot_run_the_search_is_refused_before_its_folder(
+    digits: Path, tmp_path: Path
+) -> None:
+    """An address nothing listens on is refused in seconds (ray.init would retry it for
+    minutes); a trial asking more CPUs than the (local) Ray has is refused before the search
+    folder is written, either way with nothing left behind."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed below: a port nothing listens on
+    argv = ["tune", "simple_cnn", "--data", str(digits), "--trials", "2", "--runs",
+            str(tmp_path / "runs")]  # fmt: skip
+    r = zoo_here(*argv, "--address", f"127.0.0.1:{port}")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 1, said
+    assert f"Cannot reach the Ray cluster at '127.0.0.1:{port}': no connection" in said
+    assert not _ray_started() and not (tmp_path / "runs").exists()
+    r = run_zoo(*argv, "--trial-cpus", "1000")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "--trial-cpus 1000: the Ray cluster has" in said, said
+    assert not (tmp_path / "runs").exists()
 
 
 def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
@@ -383,11 +417,45 @@ def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
         sample_trials(small, 3, seed=0)
     # the baseline goes first and leaves the draws as they were; it counts among the trials
     assert sample_trials(space, 6, seed=3, baseline=True) == [{}, *a[:5]]
-    assert sample_trials(small, 3, seed=0, baseline=True)[0] == {}
-    with pytest.raises(UsageError, match="only 3 distinct"):
-        sample_trials(small, 4, seed=0, baseline=True)
+    # a drawn setting that is the trainer's defaults (adamw) trains the baseline again
+    assert sample_trials(small, 2, seed=0, baseline=True) == [{}, {"optimizer": "sgd"}]
+    with pytest.raises(UsageError, match="only 2 distinct"):
+        sample_trials(small, 3, seed=0, baseline=True)
     fixed = {**small, "mixup": Dimension.parse("mixup", 0.2)}
     assert sample_trials(fixed, 1, seed=0, baseline=True) == [{"mixup": 0.2}]
+    # the baseline drops what its strategy never reads, as the draws do
+    linear = {
+        "strategy": Dimension.parse("strategy", "linear"),
+        "freeze_epochs": Dimension.parse("freeze_epochs", 1),
+        "backbone_lr_mult": Dimension.parse("backbone_lr_mult", 0.1),
+    }
+    assert sample_trials(linear, 1, seed=0, baseline=True) == [{"strategy": "linear"}]
+
+
+def test_space_files_yaml_numbers_and_refusals(tmp_path: Path) -> None:
+    """In-process: YAML 1.1 reads 1e-4 (no dot) as text, taken as the number it spells; a file
+    that cannot be read or parsed, or is no mapping, is a usage error naming --space."""
+    from zoo.errors import UsageError
+    from zoo.train.tune.space import read_space
+
+    f = tmp_path / "space.yaml"
+    f.write_text("lr: {loguniform: [1e-4, 1e-2]}\nweight_decay: 5e-5\n")
+    space = read_space(f, {})
+    assert space["lr"].values == (1e-4, 1e-2) and space["weight_decay"].values == (5e-5,)
+    for text, problem in [
+        ("lr: [unclosed\n", "not valid YAML"),
+        ("- lr\n", "give a mapping of option → dimension"),
+        ("mixup: {choice: []}\n", "mixup: choice takes a non-empty list; got []"),
+        ("optimizer: 1e-4\n", "optimizer cannot be '1e-4'"),
+        ("label_smoothing: {uniform: [0.0, 1.5]}\n", "label_smoothing 1.5 is out of range"),
+        ("weight_decay: -1\n", "weight_decay -1 is out of range: it must be ≥ 0"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(UsageError, match=re.escape(problem)) as err:
+            read_space(f, {})
+        assert err.value.param_hint == "--space"
+    with pytest.raises(UsageError, match="cannot read it"):
+        read_space(tmp_path / "missing.yaml", {})
 
 
 def test_asha_ranks_equal_accuracies_by_the_lower_validation_loss() -> None:
@@ -403,6 +471,40 @@ def test_asha_ranks_equal_accuracies_by_the_lower_validation_loss() -> None:
     assert rank(row(1.0, 0.01), "val/acc") > rank(row(1.0, 0.02), "val/acc")
     assert rank(row(1.0, 1e9), "val/acc") > rank(row(1.0 - 1e-6, 0.0), "val/acc")
     assert rank(row(0.5, 0.3), "val/loss") == -0.3 and rank(row(0.9, 0.3), "val/macro_f1") < 0.9
+
+
+def test_the_best_line_says_how_it_stands_against_the_defaults(tmp_path: Path) -> None:
+    """In-process: the summary's best line beside the baseline: the defaults' figure, the
+    baseline beating every drawn trial, or no drawn trial trained (--trials 1)."""
+    from zoo.train.config import TrainConfig
+    from zoo.train.epoch_row import EpochRow, TrainPass, ValScores
+    from zoo.train.tune.book import SearchSpec, TrialRecord
+    from zoo.train.tune.search import SearchResult
+
+    def trial(name: str, acc: float | None, baseline: bool = False) -> TrialRecord:
+        rows = [] if acc is None else [
+            EpochRow(1, 1, TrainPass(0.0, 0.0, 0.0, 1.0, 1.0), ValScores(0.5, acc, acc), 0.1, 0)
+        ]  # fmt: skip
+        return TrialRecord(name, {}, "done", tuple(rows), baseline=baseline)
+
+    spec = SearchSpec(TrainConfig("mlp", "d"), {}, 2, "fifo", "val/acc", 1.0, 0.0, None, 0, True)
+
+    def best_line(*trials: TrialRecord) -> str:
+        best = max(trials, key=lambda t: t.epochs[0].val.acc if t.epochs else -1)
+        return SearchResult(tmp_path, trials, best, spec).lines()[len(trials)]
+
+    base = trial("trial-000", 0.9, baseline=True)
+    assert "(val/acc 0.9500; the defaults: 0.9000) → " in best_line(base, trial("trial-001", 0.95))
+    assert "(val/acc 0.9000, the baseline: no drawn setting beat the defaults) → " in best_line(
+        base, trial("trial-001", 0.8)
+    )
+    assert "(val/acc 0.9000, the baseline: no drawn trial trained to compare with) → " in (
+        best_line(base)
+    )
+    assert "(val/acc 0.9000, the baseline: no drawn trial trained to compare with) → " in (
+        best_line(base, trial("trial-001", None))  # the only drawn trial failed
+    )
+    assert "(val/acc 0.9500) → " in best_line(trial("trial-000", 0.95))  # --no-baseline
 
 
 def _ray_started() -> bool:

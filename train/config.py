@@ -8,11 +8,12 @@ afterwards: a change is a new value (``dataclasses.replace``).
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
 from zoo.calibration import DEFAULT_ACCEPTANCE, RejectMode
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, UsageError
 from zoo.tracking import Track
 
 Strategy = Literal["linear", "full", "gradual"]
@@ -175,6 +176,95 @@ class TrainConfig:
                 "distill": distill,
             }
         )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The numbers an option may take: finite, from ``low`` to ``high`` (``None``: no end;
+    ``*_open``: that end itself refused); ``hint`` gives usual values for the message."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    hint: str = ""
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` is in bounds (NaN and infinities never are)."""
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or not (
+            value > self.high or (self.high_open and value == self.high)
+        )
+
+    def rule(self) -> str:
+        """The bounds in words: ``in (0, 1)``, ``≥ 1``, ``above 0``."""
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            where = (
+                f"in {'(' if self.low_open else '['}{lo:g}, {hi:g}{')' if self.high_open else ']'}"
+            )
+        elif lo is not None:
+            where = f"above {lo:g}" if self.low_open else f"≥ {lo:g}"
+        else:
+            where = f"below {hi:g}" if self.high_open else f"≤ {hi:g}"
+        return where + (f" ({self.hint})" if self.hint else "")
+
+
+BOUNDS: dict[str, Bounds] = {
+    "epochs": Bounds(1),
+    "freeze_epochs": Bounds(0),
+    "batch_size": Bounds(1),
+    "lr": Bounds(0, low_open=True, hint="1e-3 with AdamW, 0.1 with SGD"),
+    "backbone_lr_mult": Bounds(0, hint="0.01-1"),
+    "weight_decay": Bounds(0, hint="0.05 with AdamW, 1e-4 with SGD"),
+    "momentum": Bounds(0, 1, high_open=True, hint="0.9"),
+    "warmup_epochs": Bounds(0),
+    "label_smoothing": Bounds(0, 1, high_open=True, hint="0.1"),
+    "clip_grad_norm": Bounds(0, low_open=True, hint="1.0"),
+    "val_fraction": Bounds(0, 1, low_open=True, high_open=True, hint="0.2"),
+    "num_workers": Bounds(0),
+    "random_erasing": Bounds(0, 1, hint="a probability per image; 0.25"),
+    "mixup": Bounds(0, hint="0: off; 0.2-0.8"),
+    "cutmix": Bounds(0, hint="0: off; 1.0"),
+    "ema_decay": Bounds(0, 1, low_open=True, high_open=True, hint="0.9998"),
+    "layer_decay": Bounds(0, 1, low_open=True, hint="0.65-0.85"),
+    "patience": Bounds(1),
+    "save_every_steps": Bounds(1),
+    "top_k_checkpoints": Bounds(0),
+    "acceptance": Bounds(0, 1, low_open=True, hint="the share of validation images accepted"),
+    "max_nonfinite": Bounds(1),
+    "max_rollbacks": Bounds(0),
+    "image_size": Bounds(1),
+    "extend": Bounds(0),
+}
+"""The numeric options' ranges: :func:`check_bounds` holds a config to them, ``zoo tune``
+holds a search space to them, the CLI's help quotes them."""
+
+
+def option_flag(name: str) -> str:
+    """The CLI's spelling of a TrainConfig field (``batch_size`` → ``--batch-size``)."""
+    return "--" + name.replace("_", "-")
+
+
+def check_bounds(cfg: TrainConfig) -> None:
+    """Every numeric option of ``cfg`` within :data:`BOUNDS` (``None`` and ``lr='auto'``:
+    chosen later).
+
+    Raises:
+        UsageError: the first option out of range, named with its value and its range.
+    """
+    for name, bounds in BOUNDS.items():
+        value = getattr(cfg, name)
+        if value is None or isinstance(value, str):
+            continue
+        if isinstance(value, bool) or not bounds.holds(value):
+            flag = option_flag(name)
+            raise UsageError(
+                f"{flag} {value} is out of range: it must be {bounds.rule()}.", param_hint=flag
+            )
 
 
 def option_defaults() -> dict[str, Any]:

@@ -30,6 +30,7 @@ from torch.utils.data import Dataset, Sampler
 
 from zoo.errors import DataError
 from zoo.images import IMAGE_EXTENSIONS, list_images, natural_key, open_image
+from zoo.system import expand_home
 from zoo.train.rng import seeded
 
 MULTI_SEP = ";"
@@ -116,7 +117,7 @@ def _check_classes(split_name: str, classes: dict[str, list[Path]], root: Path) 
 
 def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Splits:
     """Build the splits of an image folder (see module docstring)."""
-    root = Path(root).expanduser().resolve()
+    root = expand_home(root, what="Data folder").resolve()
     if not root.is_dir():
         raise DataError(f"Data folder {root} does not exist (or is not a folder).")
     train_dir = _find_split_dir(root, "train")
@@ -178,7 +179,7 @@ def scan_unlabelled(
         ``(root resolved, split -> image paths relative to it)``; the labels come later, from
         a teacher.
     """
-    root = Path(root).expanduser().resolve()
+    root = expand_home(root, what="Data folder").resolve()
     if not root.is_dir():
         raise DataError(f"Data folder {root} does not exist (or is not a folder).")
     train_dir, val_dir = _find_split_dir(root, "train"), _find_split_dir(root, "val")
@@ -211,7 +212,7 @@ def scan_multilabel(root: str | Path, *, val_fraction: float = 0.2, seed: int = 
     labels separated by ``;`` or spaces. Split seeded, stratified by each image's first label."""
     import csv
 
-    root = Path(root).expanduser().resolve()
+    root = expand_home(root, what="Data folder").resolve()
     table = root / LABELS_CSV
     if not table.is_file():
         raise DataError(

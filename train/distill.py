@@ -116,6 +116,14 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
     info = teacher[0].info
     source = weight_source(info, None)
     require_weights(source)
+    # a resumed run's teacher first: changed weights may have changed its classes too
+    digest = teacher_digest(teacher)
+    if d.teacher_sha256 is not None and d.teacher_sha256 != digest:
+        raise CheckpointError(
+            f"The teacher {d.teacher} has other weights than when this run started "
+            f"(sha256 {d.teacher_sha256[:12]}…, now {digest[:12]}…): resuming would mix two "
+            "teachers. Restore the teacher or start a new run."
+        )
     theirs = list(info.label_names or ())
     if theirs != splits.classes and splits.layout != "teacher":  # teacher-labelled: its own
         missing = sorted(set(splits.classes) - set(theirs))
@@ -131,13 +139,6 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
             "A student learns the teacher's classes: distill from a teacher fine-tuned on this "
             "data (zoo finetune ARCH --data DIR, then zoo distill RUN ...), or add --unlabelled "
             "to label the images with the teacher's own answers."
-        )
-    digest = teacher_digest(teacher)
-    if d.teacher_sha256 is not None and d.teacher_sha256 != digest:
-        raise CheckpointError(
-            f"The teacher {d.teacher} has other weights than when this run started "
-            f"(sha256 {d.teacher_sha256[:12]}…, now {digest[:12]}…): resuming would mix two "
-            "teachers. Restore the teacher or start a new run."
         )
     if d.qat and (cfg.model != d.teacher or cfg.weights is not None):
         raise InputError(
@@ -287,6 +288,20 @@ def view_adapter(student: Preprocessing, teacher: Preprocessing) -> Callable[[An
     return adapt
 
 
+def say_if_views_shrink(student: Preprocessing, teacher: Preprocessing) -> None:
+    """Warn that online teacher logits judge the student's smaller views, upsampled: a
+    teacher answers worse on those than on its own (the bench's ``teacher_on_views``)."""
+    if student.crop_size >= teacher.crop_size:
+        return
+    s, t = student.crop_size, teacher.crop_size
+    say(
+        f"warning: the teacher judges the student's {s} px views scaled up to its {t} px, and "
+        "answers less well on them than on its own views. To teach from its full-size "
+        f"answers, train the student at --image-size {t}, or use --teacher-logits cached "
+        "with --no-augment (the teacher then judges each image once, at its own size)."
+    )
+
+
 @dataclass
 class Distiller:
     """The teacher beside a run's parts: its logits for each training batch, the batch's
@@ -315,6 +330,8 @@ class Distiller:
             assert d.teacher_sha256 is not None
             paths = [p for p, _ in train]
             cached = cached_teacher_logits(model, pre, d.teacher_sha256, paths, device)
+        else:
+            say_if_views_shrink(student, pre)
         return cls(d, model, pre, view_adapter(student, pre), cached)
 
     def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -452,8 +469,11 @@ __all__ = [
     "DistillSummary",
     "Distiller",
     "ModelSide",
+    "Teacher",
     "kd_loss",
+    "label_by_teacher",
     "random_views",
     "resolve_teacher",
+    "say_if_views_shrink",
     "view_adapter",
 ]

@@ -20,7 +20,7 @@ from zoo.factory import require_weights, resolve, weight_source
 from zoo.metadata import ModelInfo
 from zoo.registry import Entry
 from zoo.train import data as data_mod
-from zoo.train.config import ImageCacheMode, TrainConfig
+from zoo.train.config import ImageCacheMode, TrainConfig, check_bounds
 from zoo.train.console import say
 from zoo.train.distill import Teacher, label_by_teacher, resolve_teacher
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
@@ -71,6 +71,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             :func:`zoo.train.distill.resolve_teacher` raises (the teacher's classes are not
             the data's, its weights changed since the resumed run started...).
     """
+    check_bounds(options)  # before any work, --resume's checks included
     if options.lr == "auto":  # fit() turns it into lr-find's suggestion before this step
         raise InputError("lr='auto' is resolved by zoo.train.fit (zoo finetune --lr auto)")
     run = checkpoint = None

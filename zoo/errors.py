@@ -123,6 +123,25 @@ class InputError(ZooError, ValueError):
     of the wrong kind, or an argument or option value that is out of range or inconsistent."""
 
 
+class NoHomeFolderError(InputError):
+    """A path starts with ``~`` (or ``~user``) and that user has no home folder here.
+
+    Args:
+        path: the path as given, quoted in the message.
+        what: what the path was for ("Data folder", "ZOO_CACHE"), named first.
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        user = path[1:].split("/", 1)[0]
+        self.reason = f"no user {user!r} here" if user else "$HOME is unset"
+        """Why ``~`` could not be expanded, for messages that quote the path themselves."""
+        super().__init__(
+            f"{what} {path!r} starts with '~', but {self.reason} to expand it. "
+            "Give the full path instead."
+        )
+
+
 class UsageError(InputError):
     """An option or argument is out of range or contradicts another (``--calib`` without
     ``--precision int8``). The CLI exits 2 with the message and the command's usage, as for

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from zoo.errors import ModelRefError, UnknownModelError
+from zoo.errors import ModelRefError, NoHomeFolderError, UnknownModelError
 
 RefKind = Literal["registry", "timm", "hf", "hf-hub", "run", "model-folder", "onnx", "openvino"]
 PATH_KINDS: frozenset[RefKind] = frozenset({"run", "model-folder", "onnx", "openvino"})
@@ -123,7 +123,9 @@ class ModelRef:
         """
         if not self.is_path:
             raise ModelRefError(self.shown, f"is a {self.kind} reference, not a file or folder")
-        return Path(self.name).expanduser()
+        from zoo.system import expand_home
+
+        return expand_home(self.name, what="Model")
 
     @property
     def model_folder(self) -> Path:
@@ -212,7 +214,12 @@ def _parse_prefixed(s: str) -> ModelRef:
 
 
 def _parse_path(s: str, *, text: str) -> ModelRef:
-    p = Path(s).expanduser()
+    from zoo.system import expand_home
+
+    try:
+        p = expand_home(s, what="Model")
+    except NoHomeFolderError as e:
+        raise ModelRefError(text, f"does not exist ({e.reason} to expand '~')") from None
     if p.suffix in _RUNTIME_SUFFIXES:
         kind, what = _RUNTIME_SUFFIXES[p.suffix]
         if not p.is_file():

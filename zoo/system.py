@@ -47,11 +47,30 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def expand_home(path: str | os.PathLike[str], *, what: str) -> Path:
+    """``Path(path).expanduser()``, whose failure is a plain error, not pathlib's bare
+    ``RuntimeError`` ("Could not determine home directory.").
+
+    Args:
+        path: the path as given (``~/data``, ``~alice/runs``, or no ``~`` at all).
+        what: what the path is for, named first in the error ("Data folder").
+
+    Raises:
+        NoHomeFolderError: ``~user`` names no user here, or ``~`` has no home folder.
+    """
+    from zoo.errors import NoHomeFolderError
+
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise NoHomeFolderError(os.fspath(path), what) from None
+
+
 def cache_home() -> Path:
     """zoo's cache folder (data-check results, decoded images): ``$ZOO_CACHE``, else
     ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""
     if os.environ.get("ZOO_CACHE"):
-        return Path(os.environ["ZOO_CACHE"]).expanduser()
+        return expand_home(os.environ["ZOO_CACHE"], what="ZOO_CACHE")
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
 
 

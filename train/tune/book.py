@@ -164,10 +164,16 @@ class SearchBook:
         Raises:
             CheckpointError: not a search folder, or a record this zoo cannot read.
         """
+        if folder.name == BOOK and folder.is_file():  # the record itself, given for its folder
+            folder = folder.parent
+        if not folder.exists():
+            raise CheckpointError(
+                f"{folder} does not exist; give the search folder `zoo tune` printed"
+            )
         path = folder / BOOK
         try:
             d = json.loads(path.read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise CheckpointError(
                 f"{folder} is not a zoo tune search folder (no {BOOK}); give the folder "
                 "`zoo tune` printed"

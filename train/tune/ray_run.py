@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,11 @@ PASSED_ENV = (
 )  # fmt: skip
 
 
-def run_trials(
-    book: SearchBook,
-    todo: list[TrialRecord],
-    address: str | None,
-    tracked: TrialTracking | None = None,
-) -> None:
-    """Run ``todo`` (each an ordinary zoo run in the search folder) to their ends; with
-    ``tracked``, each trial's run is an MLflow run nested under the search's.
+@contextlib.contextmanager
+def session(address: str | None, spec: SearchSpec) -> Iterator[None]:
+    """Ray for a search's length: joined (``address``) or started here, and checked to have
+    what one trial asks for, before the caller writes anything; shut down at the end if
+    started here. Inside an initialised Ray (a caller's own), that Ray is used and kept.
 
     Raises:
         InputError: the cluster at ``address`` cannot be reached.
@@ -49,8 +47,8 @@ def run_trials(
     if started:
         _init_ray(address)
     try:
-        _check_resources(book.spec)
-        _fit(book, todo, tracked)
+        _check_resources(spec)
+        yield
     finally:
         if started:
             ray.shutdown()
@@ -59,6 +57,8 @@ def run_trials(
 def _init_ray(address: str | None) -> None:
     from zoo.system import available_cpus
 
+    if address:
+        _probe(address)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     try:
         ray.init(
@@ -75,6 +75,24 @@ def _init_ray(address: str | None) -> None:
             f"Cannot reach the Ray cluster at {address!r}: {exc}. Start one with "
             "`ray start --head`, or drop --address for a local Ray."
         ) from exc
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` (or ``ray://HOST:PORT``) that takes no TCP connection. By hand:
+    ``ray.init`` retries such an address for minutes, logging, and has no timeout to pass."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local" and the like: Ray's own lookup
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InputError(
+            f"Cannot reach the Ray cluster at {address!r}: no connection to {host}:{port} "
+            f"within {timeout_s:g} s ({exc.strerror or exc}). Start one with `ray start "
+            "--head` (it prints the address), or drop --address for a local Ray."
+        ) from None
 
 
 def _local_gpus() -> int:
@@ -96,7 +114,12 @@ def _check_resources(spec: SearchSpec) -> None:
             )
 
 
-def _fit(book: SearchBook, todo: list[TrialRecord], tracked: TrialTracking | None) -> None:
+def run_trials(
+    book: SearchBook, todo: list[TrialRecord], tracked: TrialTracking | None = None
+) -> None:
+    """Run ``todo`` (each an ordinary zoo run in the search folder) to their ends, in the Ray
+    of :func:`session`; with ``tracked``, each trial's run is an MLflow run nested under the
+    search's."""
     spec = book.spec
     verdicts = Verdicts.options(name=VERDICTS).remote()  # type: ignore[attr-defined]
     scheduler = (
@@ -207,4 +230,4 @@ def _error_line(trial: Any) -> str:
     return lines[-1] if lines else "failed"
 
 
-__all__ = ["run_trials"]
+__all__ = ["run_trials", "session"]

@@ -4,6 +4,7 @@ once for every trial, and run the trials on Ray Tune (a local Ray, or a cluster'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from dataclasses import dataclass, replace
@@ -75,9 +76,7 @@ class SearchResult:
             out.append(f"{t.name}: {t.status}, {len(t.epochs)} epoch(s), {score} | {params}")
         if self.best is not None:
             row = self.best.best(self.spec)
-            what = (
-                ", the baseline: no drawn setting beat the defaults" if self.best.baseline else ""
-            )
+            what = self._against_baseline(self.best)
             out.append(
                 f"best: {self.best.name} ({metric} {_fmt(row, metric)}{what}) → "
                 f"{self.folder / self.best.name}"
@@ -86,6 +85,21 @@ class SearchResult:
         if self.tracking:
             out.append(self.tracking)
         return out
+
+    def _against_baseline(self, best: TrialRecord) -> str:
+        """How the best trial stands against the baseline, for the best line."""
+        base = next((t for t in self.trials if t.baseline), None)
+        base_row = base.best(self.spec) if base is not None else None
+        if base is None or base_row is None:
+            return ""  # no baseline trained (--no-baseline, or it failed)
+        if best.baseline:
+            drawn = any(not t.baseline and t.best(self.spec) for t in self.trials)
+            return (
+                ", the baseline: no drawn setting beat the defaults"
+                if drawn
+                else ", the baseline: no drawn trial trained to compare with"
+            )
+        return f"; the defaults: {_fmt(base_row, self.spec.metric)}"
 
 
 def plan_search(
@@ -150,41 +164,49 @@ def run_search(options: TuneOptions) -> SearchResult:
             any trial; a new search writes no folder).
     """
     try:
-        from zoo.train.tune import ray_run  # noqa: F401  (Ray Tune, checked before any work)
+        from zoo.train.tune import ray_run  # Ray Tune, checked before any work
     except ImportError as exc:
         raise BackendUnavailableError("zoo tune needs Ray Tune: pip install 'zoo[tune]'") from exc
     from zoo.train.tune import track
 
+    book: SearchBook | None = None
     if options.resume:
         book = SearchBook.read(Path(options.resume).resolve())
         say(f"resuming the search in {book.folder}")
         tracked = track.recorded(book.folder) if options.track is None else options.track
+        spec = book.spec
     else:
         if options.spec is None:
             raise UsageError("give a search to run, or --resume DIR")
         tracked = bool(options.track)
         if tracked:  # an unreachable server: refused before the search folder is written
             track.check_server()
-        book = _new_search(options.spec, Path(options.runs_root), options.name)
-    parent = track.open_parent(book) if tracked else None
-    status, line = "KILLED", None
-    try:
-        result = _run(book, options.address, track.trial_tracking(parent) if parent else None)
-        status = "FINISHED"
-    except Interrupted:
-        raise  # KILLED: --resume continues the parent run
-    except Exception:
-        status = "FAILED"
-        raise
-    finally:
-        if parent is not None:
-            line = track.close_parent(parent, book, book.best(), status)
-            if status != "FINISHED":
-                say(line)
+        spec = options.spec
+    # Ray joined (or started) and asked for one trial's resources before a new search's
+    # folder is written; a resumed search with nothing left to train starts none
+    work = book is None or not all(book.complete(t) for t in book.trials)
+    with ray_run.session(options.address, spec) if work else contextlib.nullcontext():
+        if book is None:
+            book = _new_search(spec, Path(options.runs_root), options.name)
+        parent = track.open_parent(book) if tracked else None
+        status, line = "KILLED", None
+        try:
+            result = _run(book, track.trial_tracking(parent) if parent else None)
+            status = "FINISHED"
+        except Interrupted:
+            raise  # KILLED: --resume continues the parent run
+        except Exception:
+            status = "FAILED"
+            raise
+        finally:
+            if parent is not None:
+                line = track.close_parent(parent, book, book.best(), status)
+                if status != "FINISHED":
+                    say(line)
     return replace(result, tracking=line)
 
 
-def _run(book: SearchBook, address: str | None, tracked: TrialTracking | None) -> SearchResult:
+def _run(book: SearchBook, tracked: TrialTracking | None) -> SearchResult:
     from zoo.train.tune import ray_run
 
     for rec in list(book.trials.values()):  # a run that finished is final, whatever the record
@@ -193,7 +215,7 @@ def _run(book: SearchBook, address: str | None, tracked: TrialTracking | None) -
     todo = [t for t in book.trials.values() if not book.complete(t.name)]
     if todo:
         _warm_image_cache(book.spec.base)
-        ray_run.run_trials(book, todo, address, tracked)
+        ray_run.run_trials(book, todo, tracked)
     failed = [t for t in book.trials.values() if t.status == "failed"]
     unfinished = [
         t for t in book.trials.values() if not book.complete(t.name) and t.status != "failed"

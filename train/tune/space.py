@@ -18,6 +18,7 @@ samplers from one seeded generator, so a search's trials are known (and written 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import typing
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from zoo.errors import InputError, UsageError
-from zoo.train.config import TrainConfig
+from zoo.errors import UsageError
+from zoo.train.config import BOUNDS, Bounds, TrainConfig
 
 Kind = Literal["fixed", "choice", "uniform", "loguniform", "randint"]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
@@ -69,7 +70,7 @@ class Dimension:
                 param_hint="--space",
             )
         if not isinstance(spec, dict):
-            dim = cls(key, "fixed", (spec,))
+            dim = cls(key, "fixed", (_coerce(key, spec),))
         elif len(spec) != 1 or next(iter(spec)) not in KINDS[1:]:
             raise UsageError(
                 f"--space: {key}: {spec!r} is not a dimension; give a plain value or one of "
@@ -79,8 +80,11 @@ class Dimension:
         else:
             kind, values = next(iter(spec.items()))
             if not isinstance(values, list) or not values:
-                raise UsageError(f"--space: {key}: {kind} takes a list", param_hint="--space")
-            dim = cls(key, kind, tuple(values))
+                raise UsageError(
+                    f"--space: {key}: {kind} takes a non-empty list; got {values!r}",
+                    param_hint="--space",
+                )
+            dim = cls(key, kind, tuple(_coerce(key, v) for v in values))
         dim._check()
         return dim
 
@@ -90,6 +94,13 @@ class Dimension:
             raise UsageError(
                 f"--space: {self.key} cannot be {bad!r} (the trainer's {self.key}: "
                 f"{_field_types()[self.key]})",
+                param_hint="--space",
+            )
+        bounds = BOUNDS.get(self.key)
+        out = next((v for v in self.values if _number(v) and not _within(bounds, v)), _OK)
+        if bounds is not None and out is not _OK:
+            raise UsageError(
+                f"--space: {self.key} {out!r} is out of range: it must be {bounds.rule()}",
                 param_hint="--space",
             )
         if self.kind in ("uniform", "loguniform", "randint"):
@@ -155,13 +166,17 @@ def read_space(path: Path, base: Space) -> Space:
     """``base`` with the file's dimensions over it (a key set to ``null`` is removed).
 
     Raises:
-        InputError: the file is missing or neither YAML nor JSON mapping.
-        UsageError: a key or dimension is refused (:meth:`Dimension.parse`).
+        UsageError: the file is missing or not a YAML or JSON mapping, or a key or dimension
+            is refused (:meth:`Dimension.parse`); all name ``--space`` (exit code 2).
     """
+
+    def refuse(problem: str) -> UsageError:
+        return UsageError(f"--space {path}: {problem}", param_hint="--space")
+
     try:
         text = path.read_text()
     except OSError as exc:
-        raise InputError(f"--space {path}: cannot read it ({exc.strerror})") from None
+        raise refuse(f"cannot read it ({exc.strerror})") from None
     try:
         if path.suffix.lower() == ".json":
             given = json.loads(text)
@@ -170,11 +185,11 @@ def read_space(path: Path, base: Space) -> Space:
 
             given = yaml.safe_load(text)
     except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parse errors
-        raise InputError(f"--space {path}: not valid {path.suffix[1:] or 'YAML'}: {exc}") from None
+        raise refuse(f"not valid {path.suffix[1:] or 'YAML'}: {exc}") from None
     except Exception as exc:  # yaml.YAMLError is no ValueError
-        raise InputError(f"--space {path}: not valid YAML: {exc}") from None
+        raise refuse(f"not valid YAML: {exc}") from None
     if not isinstance(given, dict):
-        raise InputError(f"--space {path}: give a mapping of option → dimension")
+        raise refuse("give a mapping of option → dimension")
     space = dict(base)
     for key, spec in given.items():
         if spec is None and key in TUNABLE:
@@ -187,7 +202,7 @@ def read_space(path: Path, base: Space) -> Space:
 def baseline_params(space: Space) -> dict[str, Any]:
     """The settings of the search's baseline trial: only the space's fixed values, so every
     varied option keeps the trainer's default (what a plain ``zoo finetune`` trains)."""
-    return {key: dim.values[0] for key, dim in space.items() if dim.kind == "fixed"}
+    return _prune({key: dim.values[0] for key, dim in space.items() if dim.kind == "fixed"})
 
 
 def sample_trials(
@@ -203,16 +218,12 @@ def sample_trials(
 
     rng = np.random.default_rng(seed)
     trials: list[dict[str, Any]] = [baseline_params(space)] if baseline else []
-    seen = {json.dumps(t, sort_keys=True) for t in trials}
+    seen = {_identity(t) for t in trials}
     if len(trials) == n:
         return trials
     for _ in range(100 * n):
-        params = {key: dim.sample(rng) for key, dim in space.items()}
-        if params.get("strategy") not in (None, "gradual"):
-            params.pop("freeze_epochs", None)  # only gradual thaws: the rest never read it
-        if params.get("strategy") == "linear":
-            params.pop("backbone_lr_mult", None)  # a frozen backbone has no LR
-        key = json.dumps(params, sort_keys=True)
+        params = _prune({key: dim.sample(rng) for key, dim in space.items()})
+        key = _identity(params)
         if key not in seen:
             seen.add(key)
             trials.append(params)
@@ -223,6 +234,40 @@ def sample_trials(
         f"--trials {len(trials)} or widen --space",
         param_hint="--trials",
     )
+
+
+def _prune(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` without the options its strategy never reads."""
+    params = dict(params)
+    if params.get("strategy") not in (None, "gradual"):
+        params.pop("freeze_epochs", None)  # only gradual thaws: the rest never read it
+    if params.get("strategy") == "linear":
+        params.pop("backbone_lr_mult", None)  # a frozen backbone has no LR
+    return params
+
+
+def _identity(params: dict[str, Any]) -> str:
+    """What a trial trains, as a key: its settings less those equal to the trainer's
+    defaults, so a drawn setting that *is* the defaults counts as the baseline again."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    kept = {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
+    return json.dumps(kept, sort_keys=True)
+
+
+def _within(bounds: Bounds | None, value: float) -> bool:
+    return bounds is None or bounds.holds(value)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """A number YAML left as text (YAML 1.1 reads ``1e-4``, without a dot, as a string)
+    for a field that takes no text; anything else unchanged (then checked by ``_check``)."""
+    if isinstance(value, str) and not _fits(key, value):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if _fits(key, number) else value
+    return value
 
 
 _OK = object()
