@@ -71,7 +71,11 @@ def search(
     record = json.loads(proc.stdout)
     best = record["best"]
     baseline = next(t for t in record["trials"] if t["baseline"])
-    drawn = [max(r["val/acc"] for r in t["epochs"]) for t in record["trials"] if not t["baseline"]]
+    drawn = [  # a drawn trial that failed before its first epoch has no figure
+        max(r["val/acc"] for r in t["epochs"])
+        for t in record["trials"]
+        if not t["baseline"] and t["epochs"]
+    ]
     return {
         "epochs": sum(len(t["epochs"]) for t in record["trials"]),
         "stopped": sum(t["status"] == "stopped" for t in record["trials"]),
@@ -82,7 +86,7 @@ def search(
         "baseline_status": baseline["status"],
         "baseline_val_loss": [r["val/loss"] for r in baseline["epochs"]],
         # the search's own finding: the best of the drawn trials (the baseline is zoo's defaults)
-        "best_drawn_val_acc": round(max(drawn), 4),
+        "best_drawn_val_acc": round(max(drawn), 4) if drawn else None,
         "images_decoded": len(list((cache / "images").rglob("*.npy"))),
         "wall_s": round(proc.seconds, 1),
     }
@@ -150,7 +154,7 @@ def main() -> None:
                 "epoch_share_mean": round(mean(r["epoch_share"] for r in runs), 3),
                 "asha_best_mean": round(mean(r["asha"]["best_val_acc"] for r in runs), 4),
                 "fifo_best_mean": round(mean(r["fifo"]["best_val_acc"] for r in runs), 4),
-                "asha_best_drawn_mean": round(
+                "asha_best_drawn_mean": round(  # every seed's search trains a drawn trial
                     mean(r["asha"]["best_drawn_val_acc"] for r in runs), 4
                 ),
                 "default_mean": round(mean(r["default_val_acc"] for r in runs), 4),

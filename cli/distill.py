@@ -20,15 +20,19 @@ from zoo.cli.train_options import (
     D,
     ImageCacheOpt,
     ImageSizeOpt,
+    LabelSmoothingOpt,
     LrOpt,
     MixupOpt,
     NumWorkersOpt,
     RandomErasingOpt,
+    SaveEveryStepsOpt,
     StrategyOpt,
     TrackOpt,
     ValFractionOpt,
+    WarmupEpochsOpt,
+    WeightDecayOpt,
     WeightsOpt,
-    bounded,
+    in_range,
     train_config,
 )
 from zoo.train.config import OptimizerName, ScheduleName, TeacherLogits
@@ -120,15 +124,15 @@ def distill_cmd(
     ] = "auto",
     weights: WeightsOpt = D["weights"],
     strategy: StrategyOpt = D["strategy"],
-    epochs: Annotated[int, typer.Option(callback=bounded("epochs"))] = D["epochs"],
+    epochs: Annotated[int, typer.Option(**in_range("epochs"))] = D["epochs"],
     batch_size: BatchSizeOpt = D["batch_size"],
     lr: LrOpt = D["lr"],
     backbone_lr_mult: BackboneLrMultOpt = D["backbone_lr_mult"],
     optimizer: Annotated[OptimizerName, choice(OptimizerName, "--optimizer")] = D["optimizer"],
     schedule: Annotated[ScheduleName, choice(ScheduleName, "--schedule")] = D["schedule"],
-    warmup_epochs: float = D["warmup_epochs"],
-    weight_decay: float = D["weight_decay"],
-    label_smoothing: float = D["label_smoothing"],
+    warmup_epochs: WarmupEpochsOpt = D["warmup_epochs"],
+    weight_decay: WeightDecayOpt = D["weight_decay"],
+    label_smoothing: LabelSmoothingOpt = D["label_smoothing"],
     augment: Annotated[bool, typer.Option(help="online augmentation in training")] = D["augment"],
     auto_augment: AutoAugmentOpt = D["auto_augment"],
     random_erasing: RandomErasingOpt = D["random_erasing"],
@@ -138,12 +142,10 @@ def distill_cmd(
     image_size: ImageSizeOpt = D["image_size"],
     image_cache: ImageCacheOpt = D["image_cache"],
     val_fraction: ValFractionOpt = D["val_fraction"],
-    patience: Annotated[int | None, typer.Option(help="early stopping after N epochs")] = D[
-        "patience"
-    ],
-    save_every_steps: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = D[
-        "save_every_steps"
-    ],
+    patience: Annotated[
+        int | None, typer.Option(**in_range("patience", "early stopping after N epochs"))
+    ] = D["patience"],
+    save_every_steps: SaveEveryStepsOpt = D["save_every_steps"],
     seed: int = D["seed"],
     device: str = D["device"],
     num_workers: NumWorkersOpt = D["num_workers"],

@@ -23,6 +23,7 @@ from zoo.cli.train_options import (
     FreezeEpochsOpt,
     ImageCacheOpt,
     ImageSizeOpt,
+    LabelSmoothingOpt,
     LayerDecayOpt,
     LrOpt,
     MixupOpt,
@@ -30,12 +31,15 @@ from zoo.cli.train_options import (
     NumWorkersOpt,
     RandomErasingOpt,
     RejectOpt,
+    SaveEveryStepsOpt,
     StrategyOpt,
     StrictDataOpt,
     TrackOpt,
     ValFractionOpt,
+    WarmupEpochsOpt,
+    WeightDecayOpt,
     WeightsOpt,
-    bounded,
+    in_range,
     train_config,
 )
 from zoo.train.config import (
@@ -58,26 +62,30 @@ def finetune_cmd(
     ] = None,
     weights: WeightsOpt = D["weights"],
     strategy: StrategyOpt = D["strategy"],
-    epochs: Annotated[int, typer.Option(callback=bounded("epochs"))] = D["epochs"],
+    epochs: Annotated[int, typer.Option(**in_range("epochs"))] = D["epochs"],
     freeze_epochs: FreezeEpochsOpt = D["freeze_epochs"],
     batch_size: BatchSizeOpt = D["batch_size"],
     lr: LrOpt = D["lr"],
     backbone_lr_mult: BackboneLrMultOpt = D["backbone_lr_mult"],
-    weight_decay: float = D["weight_decay"],
+    weight_decay: WeightDecayOpt = D["weight_decay"],
     optimizer: Annotated[OptimizerName, choice(OptimizerName, "--optimizer")] = D["optimizer"],
     schedule: Annotated[
         ScheduleName, choice(ScheduleName, "--schedule", help="LR schedule, stepped per batch")
     ] = D["schedule"],
-    momentum: Annotated[float, typer.Option(help="SGD momentum (Nesterov)")] = D["momentum"],
-    warmup_epochs: float = D["warmup_epochs"],
-    label_smoothing: float = D["label_smoothing"],
+    momentum: Annotated[float, typer.Option(**in_range("momentum", "SGD momentum (Nesterov)"))] = D[
+        "momentum"
+    ],
+    warmup_epochs: WarmupEpochsOpt = D["warmup_epochs"],
+    label_smoothing: LabelSmoothingOpt = D["label_smoothing"],
     class_weights: ClassWeightsOpt = D["class_weights"],
     sampler: Annotated[
         SamplerName,
         choice(SamplerName, "--sampler", help="balanced: draw every class equally often"),
     ] = D["sampler"],
     multi_label: MultiLabelOpt = D["multi_label"],
-    clip_grad_norm: Annotated[float | None, typer.Option(help="e.g. 1.0")] = D["clip_grad_norm"],
+    clip_grad_norm: Annotated[
+        float | None, typer.Option(**in_range("clip_grad_norm", "e.g. 1.0"))
+    ] = D["clip_grad_norm"],
     amp: AmpOpt = D["amp"],
     channels_last: bool = D["channels_last"],
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model")] = D[
@@ -110,27 +118,30 @@ def finetune_cmd(
         ),
     ] = D["monitor"],
     patience: Annotated[
-        int | None, typer.Option(help="early stopping after N epochs without improvement")
+        int | None,
+        typer.Option(**in_range("patience", "early stopping after N epochs without improvement")),
     ] = D["patience"],
-    save_every_steps: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = D[
-        "save_every_steps"
+    save_every_steps: SaveEveryStepsOpt = D["save_every_steps"],
+    top_k_checkpoints: Annotated[int, typer.Option(**in_range("top_k_checkpoints"))] = D[
+        "top_k_checkpoints"
     ],
-    top_k_checkpoints: int = D["top_k_checkpoints"],
     reject: RejectOpt = D["reject"],
     acceptance: AcceptanceOpt = D["acceptance"],
     strict_data: StrictDataOpt = D["strict_data"],
     max_nonfinite: Annotated[
         int,
         typer.Option(
-            callback=bounded("max_nonfinite"),
-            help="non-finite losses in a row (each step skipped) before a rollback",
+            **in_range(
+                "max_nonfinite", "non-finite losses in a row (each step skipped) before a rollback"
+            ),
         ),
     ] = D["max_nonfinite"],
     max_rollbacks: Annotated[
         int,
         typer.Option(
-            callback=bounded("max_rollbacks"),
-            help="rollbacks to the last checkpoint with half the LR, then stop",
+            **in_range(
+                "max_rollbacks", "rollbacks to the last checkpoint with half the LR, then stop"
+            ),
         ),
     ] = D["max_rollbacks"],
     image_size: ImageSizeOpt = D["image_size"],
@@ -147,9 +158,9 @@ def finetune_cmd(
     resume: Annotated[
         str | None, typer.Option(help="continue RUN_DIR exactly where it stopped")
     ] = D["resume"],
-    extend: Annotated[
-        int, typer.Option(callback=bounded("extend"), help="with --resume: add N epochs")
-    ] = D["extend"],
+    extend: Annotated[int, typer.Option(**in_range("extend", "with --resume: add N epochs"))] = D[
+        "extend"
+    ],
     nproc: Annotated[
         int, typer.Option(min=1, help="processes via torch.distributed.run (DDP)")
     ] = 1,

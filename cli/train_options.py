@@ -59,6 +59,13 @@ def bounded(name: str) -> Callable[[Any], Any]:
     return check
 
 
+def in_range(name: str, help: str = "") -> dict[str, Any]:
+    """``typer.Option`` arguments for an option with a range: the check (:func:`bounded`) and
+    the help, the range appended (``[a whole number ≥ 1]``)."""
+    rule = f"[{BOUNDS[name].rule(hint=False)}]"
+    return {"callback": bounded(name), "help": f"{help} {rule}" if help else rule}
+
+
 def check_policy(value: str | None) -> str | None:
     """``--auto-augment``: a shorthand or a policy timm knows (a usage error otherwise)."""
     if value is not None:
@@ -109,12 +116,10 @@ StrategyOpt = Annotated[
 ]
 FreezeEpochsOpt = Annotated[
     int,
-    typer.Option(
-        callback=bounded("freeze_epochs"), help="gradual: epochs with the backbone frozen"
-    ),
+    typer.Option(**in_range("freeze_epochs", "gradual: epochs with the backbone frozen")),
 ]
 BatchSizeOpt = Annotated[
-    int, typer.Option("--batch-size", "-b", callback=bounded("batch_size"), help="per process")
+    int, typer.Option("--batch-size", "-b", **in_range("batch_size", "per process"))
 ]
 LrOpt = Annotated[
     str | None,
@@ -125,7 +130,9 @@ LrOpt = Annotated[
         "suggestion, found first and kept in the run's lr_find.json",
     ),
 ]
-BackboneLrMultOpt = Annotated[float, typer.Option(help="backbone LR = lr × this")]
+BackboneLrMultOpt = Annotated[
+    float, typer.Option(**in_range("backbone_lr_mult", "backbone LR = lr × this"))
+]
 ClassWeightsOpt = Annotated[
     ClassWeights,
     choice(ClassWeights, "--class-weights", help="auto: weigh the loss by inverse class frequency"),
@@ -135,8 +142,12 @@ MultiLabelOpt = Annotated[
     typer.Option(help="DIR/labels.csv (path,labels) → BCEWithLogits, per-class thresholds"),
 ]
 AmpOpt = Annotated[AmpDtype | None, choice(AmpDtype, "--amp", help="mixed precision on CUDA")]
-ValFractionOpt = Annotated[float, typer.Option(help="flat folders: share held out for validation")]
-NumWorkersOpt = Annotated[int | None, typer.Option(help="DataLoader workers (default: auto)")]
+ValFractionOpt = Annotated[
+    float, typer.Option(**in_range("val_fraction", "flat folders: share held out for validation"))
+]
+NumWorkersOpt = Annotated[
+    int | None, typer.Option(**in_range("num_workers", "DataLoader workers (default: auto)"))
+]
 AutoAugmentOpt = Annotated[
     str | None,
     typer.Option(
@@ -148,25 +159,20 @@ AutoAugmentOpt = Annotated[
 ]
 RandomErasingOpt = Annotated[
     float,
-    typer.Option(
-        callback=bounded("random_erasing"), help="timm's Random Erasing: probability per image"
-    ),
+    typer.Option(**in_range("random_erasing", "timm's Random Erasing: probability per image")),
 ]
-MixupOpt = Annotated[
-    float, typer.Option(callback=bounded("mixup"), help="timm's Mixup α (e.g. 0.2); 0: off")
-]
+MixupOpt = Annotated[float, typer.Option(**in_range("mixup", "timm's Mixup α (e.g. 0.2); 0: off"))]
 CutmixOpt = Annotated[
     float,
-    typer.Option(
-        callback=bounded("cutmix"), help="timm's CutMix α (e.g. 1.0); with --mixup: one per batch"
-    ),
+    typer.Option(**in_range("cutmix", "timm's CutMix α (e.g. 1.0); with --mixup: one per batch")),
 ]
-EmaDecayOpt = Annotated[float, typer.Option(callback=bounded("ema_decay"), help="with --ema")]
+EmaDecayOpt = Annotated[float, typer.Option(**in_range("ema_decay", "with --ema"))]
 LayerDecayOpt = Annotated[
     float | None,
     typer.Option(
-        callback=bounded("layer_decay"),
-        help="backbone layer-wise LR decay (e.g. 0.75): each layer down, LR × this",
+        **in_range(
+            "layer_decay", "backbone layer-wise LR decay (e.g. 0.75): each layer down, LR × this"
+        ),
     ),
 ]
 CacheFeaturesOpt = Annotated[
@@ -184,7 +190,15 @@ ImageCacheOpt = Annotated[
 StrictDataOpt = Annotated[
     bool, typer.Option(help="unreadable images are fatal instead of quarantined")
 ]
-ImageSizeOpt = Annotated[int | None, typer.Option(help="override the model's input size")]
+WeightDecayOpt = Annotated[float, typer.Option(**in_range("weight_decay"))]
+WarmupEpochsOpt = Annotated[float, typer.Option(**in_range("warmup_epochs"))]
+LabelSmoothingOpt = Annotated[float, typer.Option(**in_range("label_smoothing"))]
+SaveEveryStepsOpt = Annotated[
+    int | None, typer.Option(**in_range("save_every_steps", "also checkpoint every N steps"))
+]
+ImageSizeOpt = Annotated[
+    int | None, typer.Option(**in_range("image_size", "override the model's input size"))
+]
 
 
 def _track_option() -> Any:
@@ -215,7 +229,8 @@ RejectOpt = Annotated[
 AcceptanceOpt = Annotated[
     float,
     typer.Option(
-        callback=bounded("acceptance"),
-        help="with --reject: the share of validation images the threshold accepts",
+        **in_range(
+            "acceptance", "with --reject: the share of validation images the threshold accepts"
+        ),
     ),
 ]

@@ -17,7 +17,7 @@ from zoo.cli.train_options import (
     TrackOpt,
     ValFractionOpt,
     WeightsOpt,
-    bounded,
+    in_range,
     train_config,
 )
 from zoo.train.config import Monitor, TuneScheduler
@@ -59,7 +59,7 @@ def tune_cmd(
         ),
     ] = "asha",
     max_epochs: Annotated[
-        int, typer.Option(callback=bounded("epochs"), help="epochs of a trial run to its end")
+        int, typer.Option(**in_range("epochs", "epochs of a trial run to its end"))
     ] = D["epochs"],
     metric: Annotated[
         str,
@@ -172,7 +172,7 @@ def _spelled(ctx: typer.Context, names: set[str]) -> list[str]:
     return [
         (p.name or "").upper()
         if p.param_type_name == "argument"
-        else "/".join([*p.opts, *getattr(p, "secondary_opts", [])])
+        else "/".join(o for o in [*p.opts, *getattr(p, "secondary_opts", [])] if o[:2] == "--")
         for p in ctx.command.params
         if p.name in names
     ]

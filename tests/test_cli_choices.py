@@ -141,3 +141,19 @@ def test_a_training_choice_typo_exits_2_with_a_did_you_mean(tmp_path: Path) -> N
     r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--monitor", "val/f1")
     assert r.returncode == 2 and "val/macro_f1" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_help_shows_each_range_from_its_one_definition() -> None:
+    """The ranges in `--help` are BOUNDS' own words (in this process: start-up not tested)."""
+    from tests.conftest import zoo_here
+    from zoo.train.config import BOUNDS
+
+    r = zoo_here("finetune", "--help")
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.replace("│", " ").split())
+    for name in ("epochs", "label_smoothing", "val_fraction", "mixup", "ema_decay"):
+        assert f"[{BOUNDS[name].rule(hint=False)}]" in said, name
+    bad = zoo_here("finetune", "mlp", "--data", ".", "--label-smoothing", "1")
+    assert bad.returncode == 2 and "1.0 is out of range: it must be in [0, 1) (0.1)" in " ".join(
+        bad.stderr.split()
+    )

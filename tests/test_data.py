@@ -82,6 +82,20 @@ def test_a_home_folder_nobody_has_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("ZOO_CACHE", "~no-such-user-zoo/cache")
     with pytest.raises(NoHomeFolderError, match=r"^ZOO_CACHE '~no-such-user-zoo/cache' starts"):
         cache_home()
+    # a container's user with no home: the cache says which variable to set
+    for name in ("ZOO_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
+    with pytest.raises(NoHomeFolderError) as err:
+        cache_home()
+    assert str(err.value) == (
+        "zoo's cache folder '~/.cache' starts with '~', but $HOME is unset to expand it. "
+        "Set ZOO_CACHE (or HOME) to a folder."
+    )
+
+
+def _no_passwd_entry(uid: int) -> None:
+    raise KeyError(f"getpwuid(): uid not found: {uid}")
 
 
 def _corrupt_set(root: Path) -> None:

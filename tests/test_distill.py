@@ -322,4 +322,7 @@ def test_online_logits_on_smaller_views_warn(capfd: pytest.CaptureFixture[str]) 
     say_if_views_shrink(pre(48), pre(96))
     err = " ".join(capfd.readouterr().err.split())
     assert err.startswith("warning: the teacher judges the student's 48 px views scaled up")
-    assert "--image-size 96" in err and "--teacher-logits cached with --no-augment" in err
+    assert "--image-size 96 where it takes that size" in err
+    assert (
+        "--teacher-logits cached with deterministic views (--no-augment, no --auto-augment" in err
+    )

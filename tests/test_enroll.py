@@ -282,6 +282,9 @@ def test_the_bias_cap_keeps_the_promised_cost_to_the_old_classes() -> None:
         capped = cap_bias(greedy, f, old, labels, cost)
         assert lost(capped) == most  # … is lowered to cost ⌊cost·N⌋ of the N, no fewer
         assert (capped.weight == greedy.weight).all()
+        # the boundary image stays with its class in float32 too (the served head's precision)
+        logits32 = np.concatenate([old, capped.logits(f)[:, None]], 1).astype(np.float32)
+        assert int(((old.argmax(1) == labels) & (logits32.argmax(1) == 3)).sum()) <= most
     modest = NewRow(weight=greedy.weight, bias=-50.0, imprinted=np.zeros(8), imprinted_bias=0)
     assert cap_bias(modest, f, old, labels, 0.01) == modest  # never raised
     assert cap_bias(greedy, f, old, labels, 0.9) == greedy  # more than the right ones: no cap

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.errors import DataError
+from zoo.errors import DataError, UsageError
 from zoo.train import check as chk
 from zoo.train.data import (
     IMAGE_EXTENSIONS,
@@ -92,9 +92,11 @@ def test_flat_split_is_stratified_seeded_and_rounded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_flat_val_fraction_must_be_inside_0_1(tmp_path: Path, fraction: float) -> None:
     root = _flat(tmp_path / "d", {"a": 2, "b": 2})
-    with pytest.raises(DataError) as exc:
+    with pytest.raises(UsageError) as exc:
         scan(root, val_fraction=fraction)
-    assert str(exc.value) == f"--val-fraction must be between 0 and 1, got {fraction}."
+    assert str(exc.value) == (
+        f"--val-fraction {fraction!r} is out of range: it must be in (0, 1) (0.2)."
+    )
 
 
 def test_split_layout_with_aliases_and_test(tmp_path: Path) -> None:
@@ -744,9 +746,11 @@ def test_unlabelled_refusals(tmp_path: Path) -> None:
     )
     _img(tmp_path / "d" / "1.png")
     for fraction in (0.0, 1.0, -0.5):
-        with pytest.raises(DataError) as err:
+        with pytest.raises(UsageError) as usage:
             scan_unlabelled(tmp_path / "d", val_fraction=fraction)
-        assert str(err.value) == f"--val-fraction must be between 0 and 1, got {fraction}."
+        assert str(usage.value) == (
+            f"--val-fraction {fraction!r} is out of range: it must be in (0, 1) (0.2)."
+        )
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"^No images for the train split under "):
         scan_unlabelled(tmp_path / "empty")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -345,10 +346,13 @@ def test_a_tracked_search_is_a_parent_mlflow_run_with_each_trial_nested(
     ],
 )
 def test_a_refused_space_exits_2_naming_the_valid_keys(
-    space: str, message: str, digits: Path, tmp_path: Path
+    space: str, message: str, digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bad --space files are usage errors before anything runs: no search folder written, no
-    Ray started (the command in this process: its start-up is not what is tested)."""
+    Ray started (the command in this process: its start-up is not what is tested; a Ray
+    started and shut down again would leave no trace, so starting one fails the test)."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "init", _no_ray)
     (tmp_path / "space.yaml").write_text(space)
     r = zoo_here(
         "tune", "simple_cnn", "--data", str(digits), "--space", str(tmp_path / "space.yaml"),
@@ -430,6 +434,29 @@ def test_trials_are_drawn_distinct_and_the_same_for_a_seed() -> None:
         "backbone_lr_mult": Dimension.parse("backbone_lr_mult", 0.1),
     }
     assert sample_trials(linear, 1, seed=0, baseline=True) == [{"strategy": "linear"}]
+    # what a trial trains decides, the trainer's choices filled in: gradual is a pretrained
+    # model's default strategy, 1e-3 AdamW's default LR, a shared --batch-size 64 the base's
+    from zoo.train.config import TrainConfig
+
+    choices = {
+        "strategy": Dimension.parse("strategy", {"choice": ["gradual", "full"]}),
+        "lr": Dimension.parse("lr", {"choice": [1e-3, 1e-2]}),
+    }
+    drawn = sample_trials(choices, 3, seed=0, baseline=True)
+    assert drawn[0] == {} and {"strategy": "gradual", "lr": 1e-3} not in drawn[1:]
+    with pytest.raises(UsageError, match="only 3 distinct"):
+        sample_trials(choices, 4, seed=0, baseline=True)
+    assert len(sample_trials(choices, 4, seed=0, baseline=True, pretrained=False)) == 4
+    sizes = {"batch_size": Dimension.parse("batch_size", {"choice": [32, 64]})}
+    base = TrainConfig("mlp", "d", batch_size=64)
+    assert sample_trials(sizes, 2, seed=0, baseline=True, base=base) == [{}, {"batch_size": 32}]
+    # an option the trial never reads is dropped: ema_decay without ema, layer_decay when linear
+    unread = {
+        "ema_decay": Dimension.parse("ema_decay", 0.99),
+        "layer_decay": Dimension.parse("layer_decay", 0.8),
+        "strategy": Dimension.parse("strategy", "linear"),
+    }
+    assert sample_trials(unread, 1, seed=0, baseline=True) == [{"strategy": "linear"}]
 
 
 def test_space_files_yaml_numbers_and_refusals(tmp_path: Path) -> None:
@@ -505,6 +532,52 @@ def test_the_best_line_says_how_it_stands_against_the_defaults(tmp_path: Path) -
         best_line(base, trial("trial-001", None))  # the only drawn trial failed
     )
     assert "(val/acc 0.9500) → " in best_line(trial("trial-000", 0.95))  # --no-baseline
+    stopped = replace(base, status="stopped")  # ASHA stopped the baseline at its first rung
+    assert "; the defaults: 0.9000 (stopped after 1 epoch(s))) → " in best_line(
+        stopped, trial("trial-001", 0.95)
+    )
+
+
+def test_a_recorded_space_refused_now_is_named_on_resume(tmp_path: Path) -> None:
+    """In-process: a tune.json whose space an older zoo accepted and this one refuses."""
+    from zoo.errors import CheckpointError
+    from zoo.train.config import TrainConfig
+    from zoo.train.tune.book import SearchSpec
+    from zoo.train.tune.space import Dimension
+
+    spec = SearchSpec(TrainConfig("mlp", "d"), {"mixup": Dimension.parse("mixup", 0.2)}, 2,
+                      "fifo", "val/acc", 1.0, 0.0, None, 0, True)  # fmt: skip
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert SearchSpec.from_dict(d) == spec
+    d["space"]["label_smoothing"] = {"uniform": [0.0, 1.0]}  # 1.0: out of range since BOUNDS
+    with pytest.raises(CheckpointError, match="recorded space is refused now: --space: "):
+        SearchSpec.from_dict(d)
+
+
+def test_a_ray_address_is_probed_only_where_it_names_a_port() -> None:
+    """In-process: HOST:PORT and ray://HOST:PORT[/] are probed (refused: exit 1, the address
+    named); auto and local are left to Ray."""
+    from zoo.errors import InputError
+    from zoo.train.tune.ray_run import _probe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}/", f"[::1]:{port}"):
+        with pytest.raises(
+            InputError, match=re.escape(f"Cannot reach the Ray cluster at {address!r}")
+        ):
+            _probe(address, timeout_s=2)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        _probe(f"127.0.0.1:{listening.getsockname()[1]}")  # something answers: passes
+    _probe("auto")
+    _probe("local")
+
+
+def _no_ray(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("Ray was started")
 
 
 def _ray_started() -> bool:

@@ -24,6 +24,7 @@ from zoo.calibration import (
 )
 from zoo.errors import InputError
 from zoo.train.calibration import ece_of
+from zoo.train.config import check_option
 
 if TYPE_CHECKING:
     from zoo.train.build import RunParts
@@ -87,10 +88,10 @@ def fit_rejection(
         knn: the validation images' kNN scores (:mod:`zoo.train.knn_fit`), for ``knn``.
 
     Raises:
-        InputError: ``acceptance`` outside (0, 1], or no validation images.
+        UsageError: ``acceptance`` outside (0, 1] (:data:`~zoo.train.config.BOUNDS`).
+        InputError: no validation images.
     """
-    if not 0.0 < acceptance <= 1.0:
-        raise InputError(f"--accept must be in (0, 1], got {acceptance}: e.g. 0.95.")
+    check_option("acceptance", acceptance)
     if not len(logits):
         raise InputError("No validation images to fit a rejection threshold on.")
     probe = Rejection(score=kind, threshold=0.0, acceptance=acceptance)  # type: ignore[arg-type]

@@ -181,17 +181,25 @@ class TrainConfig:
 @dataclass(frozen=True)
 class Bounds:
     """The numbers an option may take: finite, from ``low`` to ``high`` (``None``: no end;
-    ``*_open``: that end itself refused); ``hint`` gives usual values for the message."""
+    ``*_open``: that end itself refused), whole numbers only with ``whole``; ``hint`` gives
+    usual values for the message."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     hint: str = ""
+    whole: bool = False
 
     def holds(self, value: float) -> bool:
-        """Whether ``value`` is in bounds (NaN and infinities never are)."""
-        if not math.isfinite(value):
+        """Whether ``value`` is in bounds (NaN, infinities, bools and, for ``whole``, any
+        fraction never are)."""
+        if isinstance(value, bool) or (self.whole and not isinstance(value, int)):
+            return False
+        try:
+            if not math.isfinite(value):
+                return False
+        except OverflowError:  # an int beyond any float
             return False
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             return False
@@ -199,8 +207,9 @@ class Bounds:
             value > self.high or (self.high_open and value == self.high)
         )
 
-    def rule(self) -> str:
-        """The bounds in words: ``in (0, 1)``, ``≥ 1``, ``above 0``."""
+    def rule(self, *, hint: bool = True) -> str:
+        """The bounds in words: ``in (0, 1)``, ``a whole number ≥ 1``, ``finite and above 0``
+        (``hint``: with the usual values)."""
         lo, hi = self.low, self.high
         if lo is not None and hi is not None:
             where = (
@@ -208,15 +217,24 @@ class Bounds:
             )
         elif lo is not None:
             where = f"above {lo:g}" if self.low_open else f"≥ {lo:g}"
-        else:
+        elif hi is not None:
             where = f"below {hi:g}" if self.high_open else f"≤ {hi:g}"
-        return where + (f" ({self.hint})" if self.hint else "")
+        else:
+            where = "any"
+        kind = "a whole number" if self.whole else ("finite and" if hi is None else "")
+        usual = f" ({self.hint})" if hint and self.hint else ""
+        return " ".join(filter(None, [kind, where])) + usual
+
+
+def whole(low: float) -> Bounds:
+    """A whole number from ``low`` up (a count: epochs, images, steps)."""
+    return Bounds(low, whole=True)
 
 
 BOUNDS: dict[str, Bounds] = {
-    "epochs": Bounds(1),
-    "freeze_epochs": Bounds(0),
-    "batch_size": Bounds(1),
+    "epochs": whole(1),
+    "freeze_epochs": whole(0),
+    "batch_size": whole(1),
     "lr": Bounds(0, low_open=True, hint="1e-3 with AdamW, 0.1 with SGD"),
     "backbone_lr_mult": Bounds(0, hint="0.01-1"),
     "weight_decay": Bounds(0, hint="0.05 with AdamW, 1e-4 with SGD"),
@@ -225,23 +243,23 @@ BOUNDS: dict[str, Bounds] = {
     "label_smoothing": Bounds(0, 1, high_open=True, hint="0.1"),
     "clip_grad_norm": Bounds(0, low_open=True, hint="1.0"),
     "val_fraction": Bounds(0, 1, low_open=True, high_open=True, hint="0.2"),
-    "num_workers": Bounds(0),
+    "num_workers": whole(0),
     "random_erasing": Bounds(0, 1, hint="a probability per image; 0.25"),
     "mixup": Bounds(0, hint="0: off; 0.2-0.8"),
     "cutmix": Bounds(0, hint="0: off; 1.0"),
     "ema_decay": Bounds(0, 1, low_open=True, high_open=True, hint="0.9998"),
     "layer_decay": Bounds(0, 1, low_open=True, hint="0.65-0.85"),
-    "patience": Bounds(1),
-    "save_every_steps": Bounds(1),
-    "top_k_checkpoints": Bounds(0),
+    "patience": whole(1),
+    "save_every_steps": whole(1),
+    "top_k_checkpoints": whole(0),
     "acceptance": Bounds(0, 1, low_open=True, hint="the share of validation images accepted"),
-    "max_nonfinite": Bounds(1),
-    "max_rollbacks": Bounds(0),
-    "image_size": Bounds(1),
-    "extend": Bounds(0),
+    "max_nonfinite": whole(1),
+    "max_rollbacks": whole(0),
+    "image_size": whole(1),
+    "extend": whole(0),
 }
 """The numeric options' ranges: :func:`check_bounds` holds a config to them, ``zoo tune``
-holds a search space to them, the CLI's help quotes them."""
+holds a search space to them, the CLI's options check and show them (``in_range``)."""
 
 
 def option_flag(name: str) -> str:
@@ -249,22 +267,41 @@ def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_bounds(cfg: TrainConfig) -> None:
-    """Every numeric option of ``cfg`` within :data:`BOUNDS` (``None`` and ``lr='auto'``:
-    chosen later).
+def check_option(name: str, value: Any) -> None:
+    """One option's value within :data:`BOUNDS` (``None`` and ``lr='auto'``: chosen later).
 
     Raises:
-        UsageError: the first option out of range, named with its value and its range.
+        UsageError: out of range (or not a number), named with its flag, value and range.
     """
-    for name, bounds in BOUNDS.items():
-        value = getattr(cfg, name)
-        if value is None or isinstance(value, str):
-            continue
-        if isinstance(value, bool) or not bounds.holds(value):
-            flag = option_flag(name)
-            raise UsageError(
-                f"{flag} {value} is out of range: it must be {bounds.rule()}.", param_hint=flag
-            )
+    bounds = BOUNDS[name]
+    if value is None or (name == "lr" and value == "auto"):
+        return
+    if not isinstance(value, int | float) or not bounds.holds(value):
+        flag = option_flag(name)
+        raise UsageError(
+            f"{flag} {value!r} is out of range: it must be {bounds.rule()}.", param_hint=flag
+        )
+
+
+def check_bounds(cfg: TrainConfig) -> None:
+    """Every numeric option of ``cfg`` within :data:`BOUNDS` (:func:`check_option`).
+
+    Raises:
+        UsageError: the first option out of range.
+    """
+    for name in BOUNDS:
+        check_option(name, getattr(cfg, name))
+
+
+def default_lr(optimizer: OptimizerName) -> float:
+    """The head's learning rate when none is given: 1e-3 with AdamW, 0.1 with SGD."""
+    return 1e-3 if optimizer == "adamw" else 0.1
+
+
+def default_strategy(pretrained: bool) -> Strategy:
+    """How a model trains when no strategy is given: ``gradual`` from pretrained weights,
+    ``full`` from random ones."""
+    return "gradual" if pretrained else "full"
 
 
 def option_defaults() -> dict[str, Any]:

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset, Sampler
 from zoo.errors import DataError
 from zoo.images import IMAGE_EXTENSIONS, list_images, natural_key, open_image
 from zoo.system import expand_home
+from zoo.train.config import check_option
 from zoo.train.rng import seeded
 
 MULTI_SEP = ";"
@@ -156,8 +157,7 @@ def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Split
         )
     _check_classes("", classes, root)
     _need_two(list(classes), root)
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+    check_option("val_fraction", val_fraction)
     rng = random.Random(seed)
     files: dict[str, list[tuple[str, str]]] = {"train": [], "val": []}
     for cls, paths in classes.items():
@@ -189,8 +189,7 @@ def scan_unlabelled(
             for name, d in (("train", train_dir), ("val", val_dir))
         }
     else:
-        if not 0.0 < val_fraction < 1.0:
-            raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+        check_option("val_fraction", val_fraction)
         every = [str(p.relative_to(root)) for p in list_images(root)]
         random.Random(seed).shuffle(every)
         n_val = max(1, round(len(every) * val_fraction))
@@ -235,8 +234,7 @@ def scan_multilabel(root: str | Path, *, val_fraction: float = 0.2, seed: int = 
             rows.append((row["path"], sorted(set(labels), key=natural_key)))
     classes = sorted({c for _, labels in rows for c in labels}, key=natural_key)
     _need_two(classes, table)
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be between 0 and 1, got {val_fraction}.")
+    check_option("val_fraction", val_fraction)
     rng = random.Random(seed)
     by_first: dict[str, list[tuple[str, list[str]]]] = {}
     for rel, labels in rows:

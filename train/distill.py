@@ -297,8 +297,10 @@ def say_if_views_shrink(student: Preprocessing, teacher: Preprocessing) -> None:
     say(
         f"warning: the teacher judges the student's {s} px views scaled up to its {t} px, and "
         "answers less well on them than on its own views. To teach from its full-size "
-        f"answers, train the student at --image-size {t}, or use --teacher-logits cached "
-        "with --no-augment (the teacher then judges each image once, at its own size)."
+        f"answers: train the student at --image-size {t} where it takes that size, or use "
+        "--teacher-logits cached with deterministic views (--no-augment, no --auto-augment, "
+        "--random-erasing, --mixup or --cutmix): the teacher then judges each image once, at "
+        "its own size."
     )
 
 

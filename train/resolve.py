@@ -20,7 +20,13 @@ from zoo.factory import require_weights, resolve, weight_source
 from zoo.metadata import ModelInfo
 from zoo.registry import Entry
 from zoo.train import data as data_mod
-from zoo.train.config import ImageCacheMode, TrainConfig, check_bounds
+from zoo.train.config import (
+    ImageCacheMode,
+    TrainConfig,
+    check_bounds,
+    default_lr,
+    default_strategy,
+)
 from zoo.train.console import say
 from zoo.train.distill import Teacher, label_by_teacher, resolve_teacher
 from zoo.train.image_cache import CacheSpec, ImageCache, estimate_bytes, fits
@@ -82,7 +88,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     source = weight_source(parent[0].info, cfg.weights)
     require_weights(source)  # here, before the data check: missing weights fail in seconds
     pretrained = source.kind != "none"
-    strategy = cfg.strategy or ("gradual" if pretrained else "full")
+    strategy = cfg.strategy or default_strategy(pretrained)
     if not pretrained and strategy != "full":
         raise InputError(
             f"--strategy {strategy} freezes a backbone, but {cfg.model} has random weights "
@@ -113,7 +119,7 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         image_cache=image_cache_mode(cfg, parent[0].info, splits),
         strategy=strategy,
         monitor=cfg.monitor or ("val/macro_f1" if cfg.multi_label else "val/acc"),
-        lr=cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adamw" else 0.1),
+        lr=cfg.lr if cfg.lr is not None else default_lr(cfg.optimizer),
         schedule_segments=cfg.schedule_segments
         or ({"from_step": 0, "epochs": cfg.epochs, "kind": cfg.schedule},),
         distill=distill,

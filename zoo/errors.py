@@ -129,17 +129,15 @@ class NoHomeFolderError(InputError):
     Args:
         path: the path as given, quoted in the message.
         what: what the path was for ("Data folder", "ZOO_CACHE"), named first.
+        fix: what to do instead (default: give the full path).
     """
 
-    def __init__(self, path: str, what: str) -> None:
+    def __init__(self, path: str, what: str, fix: str = "Give the full path instead.") -> None:
         self.path = path
         user = path[1:].split("/", 1)[0]
         self.reason = f"no user {user!r} here" if user else "$HOME is unset"
         """Why ``~`` could not be expanded, for messages that quote the path themselves."""
-        super().__init__(
-            f"{what} {path!r} starts with '~', but {self.reason} to expand it. "
-            "Give the full path instead."
-        )
+        super().__init__(f"{what} {path!r} starts with '~', but {self.reason} to expand it. {fix}")
 
 
 class UsageError(InputError):

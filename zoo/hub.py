@@ -34,7 +34,16 @@ PICKLE_SUFFIXES = (".bin", ".pth", ".pt", ".pkl", ".ckpt")
 
 
 def lock_path() -> Path:
-    home = Path(os.environ.get("ZOO_HOME", Path.home() / ".cache" / "zoo"))
+    from zoo.system import expand_home
+
+    given = os.environ.get("ZOO_HOME")
+    home = (
+        Path(given)
+        if given
+        else expand_home(
+            "~/.cache/zoo", what="zoo's home folder", fix="Set ZOO_HOME (or HOME) to a folder."
+        )
+    )
     return home / "weights.lock.json"
 
 

@@ -47,13 +47,16 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
-def expand_home(path: str | os.PathLike[str], *, what: str) -> Path:
+def expand_home(
+    path: str | os.PathLike[str], *, what: str, fix: str = "Give the full path instead."
+) -> Path:
     """``Path(path).expanduser()``, whose failure is a plain error, not pathlib's bare
     ``RuntimeError`` ("Could not determine home directory.").
 
     Args:
         path: the path as given (``~/data``, ``~alice/runs``, or no ``~`` at all).
         what: what the path is for, named first in the error ("Data folder").
+        fix: what the error tells the user to do instead.
 
     Raises:
         NoHomeFolderError: ``~user`` names no user here, or ``~`` has no home folder.
@@ -63,7 +66,7 @@ def expand_home(path: str | os.PathLike[str], *, what: str) -> Path:
     try:
         return Path(path).expanduser()
     except RuntimeError:
-        raise NoHomeFolderError(os.fspath(path), what) from None
+        raise NoHomeFolderError(os.fspath(path), what, fix) from None
 
 
 def cache_home() -> Path:
@@ -71,7 +74,14 @@ def cache_home() -> Path:
     ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""
     if os.environ.get("ZOO_CACHE"):
         return expand_home(os.environ["ZOO_CACHE"], what="ZOO_CACHE")
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (
+        Path(xdg)
+        if xdg
+        else expand_home(
+            "~/.cache", what="zoo's cache folder", fix="Set ZOO_CACHE (or HOME) to a folder."
+        )
+    ) / "zoo"
 
 
 def _version(mod: str) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zoo import durable
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, UsageError
 from zoo.train.config import Monitor, TrainConfig, TuneScheduler, option_defaults
 from zoo.train.epoch_row import EpochRow
 from zoo.train.tune.space import Dimension, Space
@@ -57,13 +57,20 @@ class SearchSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SearchSpec:
-        return cls(
-            **{
-                **d,
-                "base": TrainConfig.from_dict(d["base"]),
-                "space": {k: Dimension.parse(k, v) for k, v in d["space"].items()},
-            }
-        )
+        """Read what :meth:`to_dict` wrote.
+
+        Raises:
+            CheckpointError: the recorded space is one this zoo refuses (a range recorded by
+                an older zoo that checked less).
+        """
+        try:
+            space = {k: Dimension.parse(k, v) for k, v in d["space"].items()}
+        except UsageError as exc:
+            raise CheckpointError(
+                f"This search's recorded space is refused now: {exc}. Its finished trials stay "
+                "as they are; start a new search with a space in range."
+            ) from None
+        return cls(**{**d, "base": TrainConfig.from_dict(d["base"]), "space": space})
 
 
 @dataclass(frozen=True)

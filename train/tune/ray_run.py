@@ -46,6 +46,8 @@ def session(address: str | None, spec: SearchSpec) -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         _init_ray(address)
+    elif address:  # the caller's Ray runs the trials, wherever it is
+        say(f"Ray is already initialised in this process: --address {address} is not used")
     try:
         _check_resources(spec)
         yield
@@ -82,17 +84,21 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
     ``ray.init`` retries such an address for minutes, logging, and has no timeout to pass."""
     import socket
 
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    host, sep, port = address.removeprefix("ray://").rstrip("/").rpartition(":")
     if not sep or not port.isdigit():
         return  # "auto", "local" and the like: Ray's own lookup
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        why = f"no answer within {timeout_s:g} s"
     except OSError as exc:
-        raise InputError(
-            f"Cannot reach the Ray cluster at {address!r}: no connection to {host}:{port} "
-            f"within {timeout_s:g} s ({exc.strerror or exc}). Start one with `ray start "
-            "--head` (it prints the address), or drop --address for a local Ray."
-        ) from None
+        why = exc.strerror or str(exc)
+    else:
+        return
+    raise InputError(
+        f"Cannot reach the Ray cluster at {address!r}: {host}:{port}: {why}. Start one with "
+        "`ray start --head` (it prints the address), or drop --address for a local Ray."
+    )
 
 
 def _local_gpus() -> int:

@@ -99,7 +99,8 @@ class SearchResult:
                 if drawn
                 else ", the baseline: no drawn trial trained to compare with"
             )
-        return f"; the defaults: {_fmt(base_row, self.spec.metric)}"
+        cut = "" if base.status == "done" else f" ({base.status} after {len(base.epochs)} epoch(s))"
+        return f"; the defaults: {_fmt(base_row, self.spec.metric)}{cut}"
 
 
 def plan_search(
@@ -127,13 +128,11 @@ def plan_search(
         UnknownModelError / WeightsNotFoundError / InputError: as
             :func:`zoo.train.resolve.resolve_config` raises for ``base``.
     """
-    from zoo.factory import resolve, weight_source
     from zoo.train.resolve import resolve_config
 
     base = replace(base, monitor=metric, progress=False)
     resolve_config(base)  # the shared options, checked before any trial's
-    pretrained = weight_source(resolve(base.model)[0].info, base.weights).kind != "none"
-    space = default_space(pretrained)
+    space = default_space(_pretrained(base))
     if space_file is not None:
         space = read_space(space_file, space)
     return SearchSpec(
@@ -182,12 +181,13 @@ def run_search(options: TuneOptions) -> SearchResult:
         if tracked:  # an unreachable server: refused before the search folder is written
             track.check_server()
         spec = options.spec
+        trials = _draw(spec)  # refused settings: before Ray, before any folder
     # Ray joined (or started) and asked for one trial's resources before a new search's
     # folder is written; a resumed search with nothing left to train starts none
     work = book is None or not all(book.complete(t) for t in book.trials)
     with ray_run.session(options.address, spec) if work else contextlib.nullcontext():
         if book is None:
-            book = _new_search(spec, Path(options.runs_root), options.name)
+            book = _publish(spec, trials, Path(options.runs_root), options.name)
         parent = track.open_parent(book) if tracked else None
         status, line = "KILLED", None
         try:
@@ -236,11 +236,31 @@ def _run(book: SearchBook, tracked: TrialTracking | None) -> SearchResult:
     return SearchResult(book.folder, tuple(book.trials.values()), best, book.spec)
 
 
-def _new_search(spec: SearchSpec, root: Path, name: str | None) -> SearchBook:
-    """Draw and check the trials, then publish the search folder with its ``tune.json``."""
+def _pretrained(base: TrainConfig) -> bool:
+    """Whether the search's model starts from pretrained weights (its space then varies how
+    the backbone trains)."""
+    from zoo.factory import resolve, weight_source
+
+    return weight_source(resolve(base.model)[0].info, base.weights).kind != "none"
+
+
+def _draw(spec: SearchSpec) -> dict[str, TrialRecord]:
+    """The search's trials, drawn and each checked as its run would be.
+
+    Raises:
+        UsageError: the space holds too few distinct settings, or a trial's setting is
+            refused (named, with the trainer's reason).
+    """
     from zoo.train.resolve import resolve_config
 
-    draws = sample_trials(spec.space, spec.trials, spec.seed, baseline=spec.baseline)
+    draws = sample_trials(
+        spec.space,
+        spec.trials,
+        spec.seed,
+        baseline=spec.baseline,
+        base=spec.base,
+        pretrained=_pretrained(spec.base),
+    )
     width = max(3, len(str(spec.trials - 1)))
     trials = {
         f"trial-{i:0{width}d}": TrialRecord(
@@ -256,6 +276,13 @@ def _new_search(spec: SearchSpec, root: Path, name: str | None) -> SearchBook:
                 f"--space: {rec.name}'s setting {rec.params} is refused: {exc}",
                 param_hint="--space",
             ) from None
+    return trials
+
+
+def _publish(
+    spec: SearchSpec, trials: dict[str, TrialRecord], root: Path, name: str | None
+) -> SearchBook:
+    """The search folder, published with its ``tune.json``: complete, or not at all."""
     base = name or f"tune-{_auto_name(spec.base)}"
     root.mkdir(parents=True, exist_ok=True)
     i = 1

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zoo.errors import UsageError
-from zoo.train.config import BOUNDS, Bounds, TrainConfig
+from zoo.train.config import BOUNDS, Bounds, TrainConfig, default_lr, default_strategy
 
 Kind = Literal["fixed", "choice", "uniform", "loguniform", "randint"]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
@@ -199,17 +199,27 @@ def read_space(path: Path, base: Space) -> Space:
     return space
 
 
-def baseline_params(space: Space) -> dict[str, Any]:
+def baseline_params(space: Space, base: TrainConfig | None = None) -> dict[str, Any]:
     """The settings of the search's baseline trial: only the space's fixed values, so every
     varied option keeps the trainer's default (what a plain ``zoo finetune`` trains)."""
-    return _prune({key: dim.values[0] for key, dim in space.items() if dim.kind == "fixed"})
+    fixed = {key: dim.values[0] for key, dim in space.items() if dim.kind == "fixed"}
+    return _prune(fixed, base if base is not None else TrainConfig("", ""))
 
 
 def sample_trials(
-    space: Space, n: int, seed: int, *, baseline: bool = False
+    space: Space,
+    n: int,
+    seed: int,
+    *,
+    baseline: bool = False,
+    base: TrainConfig | None = None,
+    pretrained: bool = True,
 ) -> list[dict[str, Any]]:
     """``n`` distinct trial settings drawn from ``space`` (the same for the same seed); with
-    ``baseline``, the first is :func:`baseline_params` and ``n - 1`` are drawn.
+    ``baseline``, the first is :func:`baseline_params` and ``n - 1`` are drawn. Settings are
+    told apart by what they train over ``base`` (the options every trial shares) once the
+    trainer has filled in its choices for a ``pretrained`` model or not: a drawn
+    ``strategy: gradual`` of a pretrained model is the baseline again, and is drawn anew.
 
     Raises:
         UsageError: the space holds fewer than ``n`` distinct settings.
@@ -217,13 +227,14 @@ def sample_trials(
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    trials: list[dict[str, Any]] = [baseline_params(space)] if baseline else []
-    seen = {_identity(t) for t in trials}
+    shared = base if base is not None else TrainConfig("", "")
+    trials: list[dict[str, Any]] = [baseline_params(space, shared)] if baseline else []
+    seen = {_identity(t, shared, pretrained) for t in trials}
     if len(trials) == n:
         return trials
     for _ in range(100 * n):
-        params = _prune({key: dim.sample(rng) for key, dim in space.items()})
-        key = _identity(params)
+        params = _prune({key: dim.sample(rng) for key, dim in space.items()}, shared)
+        key = _identity(params, shared, pretrained)
         if key not in seen:
             seen.add(key)
             trials.append(params)
@@ -236,22 +247,28 @@ def sample_trials(
     )
 
 
-def _prune(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` without the options its strategy never reads."""
+def _prune(params: dict[str, Any], base: TrainConfig) -> dict[str, Any]:
+    """``params`` without the options the trial would never read (over ``base``)."""
     params = dict(params)
-    if params.get("strategy") not in (None, "gradual"):
+    strategy = params.get("strategy", base.strategy)
+    if strategy not in (None, "gradual"):
         params.pop("freeze_epochs", None)  # only gradual thaws: the rest never read it
-    if params.get("strategy") == "linear":
+    if strategy == "linear":
         params.pop("backbone_lr_mult", None)  # a frozen backbone has no LR
+        params.pop("layer_decay", None)  # nor layers to decay it over
+    if not params.get("ema", base.ema):
+        params.pop("ema_decay", None)  # no average to decay
     return params
 
 
-def _identity(params: dict[str, Any]) -> str:
-    """What a trial trains, as a key: its settings less those equal to the trainer's
-    defaults, so a drawn setting that *is* the defaults counts as the baseline again."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    kept = {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
-    return json.dumps(kept, sort_keys=True)
+def _identity(params: dict[str, Any], base: TrainConfig, pretrained: bool) -> str:
+    """What a trial trains, as a key: every tunable option's value over ``base``, the
+    trainer's own choices (strategy, LR) filled in, less what the trial never reads."""
+    cfg = dataclasses.replace(base, **params)
+    values = {k: getattr(cfg, k) for k in TUNABLE}
+    values["strategy"] = cfg.strategy or default_strategy(pretrained)
+    values["lr"] = cfg.lr if cfg.lr is not None else default_lr(cfg.optimizer)
+    return json.dumps(_prune(values, base), sort_keys=True, default=str)
 
 
 def _within(bounds: Bounds | None, value: float) -> bool:
