@@ -350,8 +350,12 @@ def test_scan_multilabel_refusals(tmp_path: Path) -> None:
     assert scan_multilabel(root).files == scan_multilabel(root, val_fraction=0.2, seed=0).files
     assert (scan_multilabel(root).val_fraction, scan_multilabel(root).seed) == (0.2, 0)
     for bad in (0.0, 1.0):
-        with pytest.raises(DataError, match=f"got {bad}"):
+        with pytest.raises(UsageError) as usage:
             scan_multilabel(root, val_fraction=bad)
+        assert (
+            str(usage.value)
+            == f"--val-fraction {bad!r} is out of range: it must be in (0, 1) (0.2)."
+        )
     (root / LABELS_CSV).write_text("")
     with pytest.raises(DataError, match=r"\(got None\)"):
         scan_multilabel(root)
