@@ -318,7 +318,10 @@ def test_a_home_folder_of_no_user_is_a_plain_refusal(monkeypatch: pytest.MonkeyP
     # `zoo predict ~nobody`)
     with pytest.raises(ModelRefError) as err:
         ModelRef.parse("~no-such-user-zoo/run")
-    assert "does not exist (no user 'no-such-user-zoo' here to expand '~')" in str(err.value)
+    assert str(err.value).startswith(
+        "Model '~no-such-user-zoo/run' does not exist (no user 'no-such-user-zoo' here to "
+        "expand '~'). A model is named by "
+    )  # the ModelRefError's own wording: expand_home's `what` is not shown
     monkeypatch.delenv("HOME", raising=False)
     monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
     with pytest.raises(ModelRefError, match=r"does not exist \(\$HOME is unset to expand '~'\)"):
