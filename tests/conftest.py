@@ -261,3 +261,14 @@ def mobilenet_onnx(tmp_path_factory, mobilenet_weights) -> Path:
     assert [d["batch"] for d in report["parity"]["dynamic"]] == [1, 2, 5]
     assert report["parity"]["predictions"]["agreement"] == 1.0
     return out
+
+
+def no_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as a user with no home folder: no ``HOME`` and no passwd entry (an
+    arbitrary container UID), so pathlib cannot expand ``~``."""
+
+    def missing(uid: int) -> None:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr("pwd.getpwuid", missing)

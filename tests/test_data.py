@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.conftest import no_home
 from zoo.errors import DataError
 from zoo.train.check import check_splits
 from zoo.train.data import ResumableSampler, natural_key, scan, scan_multilabel, scan_unlabelled
@@ -85,17 +86,13 @@ def test_a_home_folder_nobody_has_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     # a container's user with no home: the cache says which variable to set
     for name in ("ZOO_CACHE", "XDG_CACHE_HOME", "HOME"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
+    no_home(monkeypatch)
     with pytest.raises(NoHomeFolderError) as err:
         cache_home()
     assert str(err.value) == (
         "zoo's cache folder '~/.cache' starts with '~', but $HOME is unset to expand it. "
         "Set ZOO_CACHE (or HOME) to a folder."
     )
-
-
-def _no_passwd_entry(uid: int) -> None:
-    raise KeyError(f"getpwuid(): uid not found: {uid}")
 
 
 def _corrupt_set(root: Path) -> None:

@@ -15,6 +15,7 @@ from huggingface_hub import constants
 from safetensors.torch import save_file
 
 import zoo
+from tests.conftest import no_home
 from tests.hub_cache import seed_repo
 from zoo import hub, weights
 from zoo.errors import (
@@ -374,18 +375,13 @@ def test_lock_path(zoo_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
     assert hub.lock_path() == tmp_path / "me" / ".cache" / "zoo" / "weights.lock.json"
     # no ZOO_HOME and no home at all (a container's user): named, with what to set
-    monkeypatch.delenv("HOME")
-    monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
+    no_home(monkeypatch)
     with pytest.raises(NoHomeFolderError) as err:
         hub.lock_path()
     assert str(err.value) == (
         "zoo's home folder '~/.cache/zoo' starts with '~', but $HOME is unset to expand it. "
         "Set ZOO_HOME (or HOME) to a folder."
     )
-
-
-def _no_passwd_entry(uid: int) -> None:
-    raise KeyError(f"getpwuid(): uid not found: {uid}")
 
 
 def test_lock_records_first_then_compares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

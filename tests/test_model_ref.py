@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import zoo
-from tests.conftest import run_zoo
+from tests.conftest import no_home, run_zoo
 from zoo.errors import MODEL_REF_FORMS, InputError, ModelRefError, UnknownModelError
 from zoo.ref import ModelRef
 
@@ -322,11 +322,6 @@ def test_a_home_folder_of_no_user_is_a_plain_refusal(monkeypatch: pytest.MonkeyP
         "Model '~no-such-user-zoo/run' does not exist (no user 'no-such-user-zoo' here to "
         "expand '~'). A model is named by "
     )  # the ModelRefError's own wording: expand_home's `what` is not shown
-    monkeypatch.delenv("HOME", raising=False)
-    monkeypatch.setattr("pwd.getpwuid", _no_passwd_entry)
+    no_home(monkeypatch)
     with pytest.raises(ModelRefError, match=r"does not exist \(\$HOME is unset to expand '~'\)"):
         ModelRef.parse("~/run")
-
-
-def _no_passwd_entry(uid: int) -> None:
-    raise KeyError(f"getpwuid(): uid not found: {uid}")
