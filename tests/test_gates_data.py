@@ -18,7 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.errors import DataError, UsageError
+from tests.conftest import no_home
+from zoo.errors import DataError, NoHomeFolderError, UsageError
 from zoo.train import check as chk
 from zoo.train.data import (
     IMAGE_EXTENSIONS,
@@ -221,6 +222,23 @@ def test_home_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     _flat(tmp_path / "d", {"a": 2, "b": 2})
     monkeypatch.setenv("HOME", str(tmp_path))
     assert scan("~/d").root == (tmp_path / "d").resolve()
+
+
+def test_a_home_folder_nobody_has_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for scanner in (scan, scan_unlabelled, scan_multilabel):
+        with pytest.raises(NoHomeFolderError) as err:
+            scanner("~no-such-user-zoo/photos")
+        assert str(err.value) == (
+            "Data folder '~no-such-user-zoo/photos' starts with '~', but no user "
+            "'no-such-user-zoo' here to expand it. Give the full path instead."
+        )
+    no_home(monkeypatch)
+    with pytest.raises(NoHomeFolderError) as err:
+        scan("~/photos")
+    assert str(err.value) == (
+        "Data folder '~/photos' starts with '~', but $HOME is unset to expand it. "
+        "Give the full path instead."
+    )
 
 
 # ---- splits as data -----------------------------------------------------------------------
