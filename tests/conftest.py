@@ -3,10 +3,12 @@ MobileNetV2 ImageNet weights come from torch hub's cache (scripts/fetch_test_wei
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,57 @@ def run_zoo(
     )
 
 
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Run a command in this process and put back what it may change process-wide: the
+    environment, working folder and argv; torch's threads, determinism flags, default dtype
+    and matmul precision; torch's, numpy's and ``random``'s RNG states; signal handlers;
+    logging's root handlers and level; and warning filters. So a test worker that runs one
+    command in-process runs the next test as a fresh process would."""
+    import logging
+    import random
+    import signal
+    import warnings
+
+    import numpy as np
+    import torch
+
+    argv, environ, here = list(sys.argv), dict(os.environ), Path.cwd()
+    threads = torch.get_num_threads()
+    det, det_warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    cudnn = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    dtype, matmul = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = {s: signal.getsignal(s) for s in sigs}
+    root = logging.getLogger()
+    log = (list(root.handlers), root.level)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(here)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det, warn_only=det_warn)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = cudnn
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(matmul)
+        torch.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+        for s, h in handlers.items():
+            if h is not None:
+                signal.signal(s, h)
+        root.handlers[:] = log[0]
+        root.setLevel(log[1])
+
+
 def zoo_here(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -158,16 +211,15 @@ def zoo_here(
     exit code, stdout and stderr returned as :func:`run_zoo` returns them: the same command,
     options, messages and exit codes, without a new interpreter's start-up (seconds of
     imports), where that start-up is not what is tested (refusals before any work, a fixture's
-    export). The environment, working folder and argv are restored after it."""
-    import contextlib
+    export, a command whose output the next one reads). What the command may change
+    process-wide is put back after it (:func:`process_state_kept`)."""
     import io
 
     from zoo.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
-    argv, environ, here = sys.argv, dict(os.environ), Path.cwd()
     code: int | str | None = 0
-    try:
+    with process_state_kept():
         sys.argv = [ZOO, *args]
         os.environ.update(env or {})
         if cwd is not None:
@@ -177,11 +229,6 @@ def zoo_here(
                 main()
             except SystemExit as exc:
                 code = exc.code
-    finally:
-        sys.argv = argv
-        os.environ.clear()
-        os.environ.update(environ)
-        os.chdir(here)
     if isinstance(code, str):  # sys.exit("message"): the interpreter prints it, exit 1
         err.write(code + "\n")
     rc = 1 if isinstance(code, str) else (code or 0)
@@ -198,7 +245,8 @@ def finetune_here(data: Path, runs: Path, name: str, **options: Any) -> Path:
 
     base: dict[str, Any] = {"num_workers": 0, "progress": False}
     cfg = TrainConfig(data=str(data), runs_root=str(runs), name=name, **{**base, **options})
-    run = fit(cfg)
+    with process_state_kept():
+        run = fit(cfg)
     assert run == Path(runs) / name and (run / "model" / "model.safetensors").is_file()
     return run
 
