@@ -299,10 +299,19 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+MOBILENET_ONNX_ENV = "ZOO_TEST_MOBILENET_ONNX"
+
+
 @pytest.fixture(scope="session")
 def mobilenet_onnx(tmp_path_factory, mobilenet_weights) -> Path:
+    """MobileNetV2 (real weights) exported by ``zoo export``, its report checked once per
+    session; a child pytest (tests/test_openvino_process.py) is handed the parent's file
+    through ``ZOO_TEST_MOBILENET_ONNX`` instead of exporting it again."""
+    given = os.environ.get(MOBILENET_ONNX_ENV)
+    if given:
+        return Path(given)
     out = tmp_path_factory.mktemp("onnx") / "mobilenet_v2.onnx"
-    r = run_zoo("export", "mobilenet_v2", "--dynamic-batch", "-o", str(out), "--json")
+    r = zoo_here("export", "mobilenet_v2", "--dynamic-batch", "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["parity"]["passed"] and report["exporter"] in ("dynamo", "legacy")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from zoo.calibration import DEFAULT_SCORE, Calibration, Rejection, ood_score
 from zoo.errors import ArtifactError
 from zoo.train.calibrate import (
@@ -106,7 +106,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("calib")
-    r = run_zoo(
+    r = zoo_here(
         "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "2", "--runs",
         str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--reject", "auto",
     )  # fmt: skip
@@ -126,7 +126,7 @@ def test_finetune_stores_the_fit_and_eval_judges_it(run: Path) -> None:
     assert cal.fitted_on == len(json.loads((run / "split.json").read_text())["splits"]["val"])
     assert cal.reject is not None and cal.reject.score == DEFAULT_SCORE
     assert cal.reject.acceptance == 0.95
-    e = run_zoo("eval", str(run), "--json")
+    e = zoo_here("eval", str(run), "--json")
     assert e.returncode == 0, e.stderr
     result = json.loads(e.stdout)
     # the same weights on the same split: the fit's figures, and the run's own accuracy
@@ -141,7 +141,7 @@ def test_finetune_stores_the_fit_and_eval_judges_it(run: Path) -> None:
 def test_export_carries_the_calibration(run: Path) -> None:
     from zoo.onnx_meta import read_calibration, read_metadata
 
-    r = run_zoo("export", str(run))
+    r = zoo_here("export", str(run))
     assert r.returncode == 0, r.stderr
     onnx_file = run / "model" / "model.onnx"
     stored = read_calibration(read_metadata(onnx_file), onnx_file)
@@ -156,7 +156,7 @@ def test_predict_answers_calibrated_probabilities(run: Path, four_digits: Path) 
 
     onnx_file = run / "model" / "model.onnx"
     if not onnx_file.exists():
-        assert run_zoo("export", str(run)).returncode == 0
+        assert zoo_here("export", str(run)).returncode == 0
     images = sorted((four_digits / "digit_7").iterdir())[:3]
     net = create_model(str(run)).eval()
     info = info_of(net)
@@ -167,7 +167,7 @@ def test_predict_answers_calibrated_probabilities(run: Path, four_digits: Path) 
     want = Calibration(t).probabilities(logits)
     assert t != pytest.approx(1.0)  # a fitted temperature, so the check below means something
     for model in (str(run), str(onnx_file)):
-        r = run_zoo("predict", model, *map(str, images), "-k", "2", "--json")
+        r = zoo_here("predict", model, *map(str, images), "-k", "2", "--json")
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)
         for row, p, z in zip(got, want, logits, strict=True):
@@ -182,9 +182,9 @@ def test_calibrate_an_older_run_refits_the_same_value(run: Path, tmp_path: Path)
     config = _config(old)
     fitted = config.pop("calibration")
     (old / "model" / "config.json").write_text(json.dumps(config))  # as zoo wrote it before
-    e = run_zoo("eval", str(old), "--json")
+    e = zoo_here("eval", str(old), "--json")
     assert e.returncode == 0 and "calibration" not in json.loads(e.stdout)
-    c = run_zoo("calibrate", str(old), "--reject", "auto", "--json")
+    c = zoo_here("calibrate", str(old), "--reject", "auto", "--json")
     assert c.returncode == 0, c.stderr
     assert "export again" in c.stderr
     refit = json.loads(c.stdout)
@@ -193,7 +193,7 @@ def test_calibrate_an_older_run_refits_the_same_value(run: Path, tmp_path: Path)
     assert _config(old)["calibration"]["temperature"] == refit["temperature"]
     # weights untouched: the folder still reads (its hash holds)
     assert _config(old)["weights_sha256"] == config["weights_sha256"]
-    m = run_zoo("calibrate", str(old), "--reject", "msp", "--acceptance", "0.8", "--json")
+    m = zoo_here("calibrate", str(old), "--reject", "msp", "--acceptance", "0.8", "--json")
     assert m.returncode == 0, m.stderr
     assert json.loads(m.stdout)["reject"] == {
         "score": "msp",
@@ -203,18 +203,18 @@ def test_calibrate_an_older_run_refits_the_same_value(run: Path, tmp_path: Path)
 
 
 def test_calibrate_refuses_bad_input(run: Path) -> None:
-    r = run_zoo("calibrate", "simple_cnn")
+    r = zoo_here("calibrate", "simple_cnn")
     assert r.returncode == 1 and "not a run or model folder" in r.stderr
-    r = run_zoo("calibrate", str(run), "--split", "train")
+    r = zoo_here("calibrate", str(run), "--split", "train")
     assert r.returncode == 1 and "overfits the temperature" in r.stderr
-    r = run_zoo("calibrate", str(run), "--acceptance", "1.5")
+    r = zoo_here("calibrate", str(run), "--acceptance", "1.5")
     assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
-    r = run_zoo("calibrate", str(run), "--reject", "mahalanobis")
+    r = zoo_here("calibrate", str(run), "--reject", "mahalanobis")
     assert r.returncode == 2 and "knn" in r.stderr  # the valid ones named
 
 
 def test_report_shows_before_and_after_and_the_outside_images(run: Path, photos: Path) -> None:
-    e = run_zoo("eval", str(run), "--report", "--ood", str(photos), "--json")
+    e = zoo_here("eval", str(run), "--report", "--ood", str(photos), "--json")
     assert e.returncode == 0, e.stderr
     result = json.loads(e.stdout)
     page = (run / "report.html").read_text()

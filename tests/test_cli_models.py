@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import run_zoo
+from tests.conftest import run_zoo, zoo_here
 from tests.test_registry import EXPECTED_PARAMS
 
 
 def test_help() -> None:
-    r = run_zoo("--help")
+    r = zoo_here("--help")
     assert r.returncode == 0
     for cmd in ("list", "info", "doctor"):
         assert cmd in r.stdout
 
 
 def test_list_json_has_every_entry() -> None:
-    r = run_zoo("list", "--json")
+    r = zoo_here("list", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     for name, params in EXPECTED_PARAMS.items():
@@ -26,7 +26,7 @@ def test_list_json_has_every_entry() -> None:
 
 
 def test_info_resnet18_json() -> None:
-    r = run_zoo("info", "resnet18", "--json")
+    r = zoo_here("info", "resnet18", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["params"] == 11_689_512 and d["name"] == "resnet18.tv_in1k"
@@ -34,7 +34,7 @@ def test_info_resnet18_json() -> None:
 
 
 def test_unknown_model_did_you_mean() -> None:
-    r = run_zoo("info", "resnet81")
+    r = zoo_here("info", "resnet81")
     assert r.returncode == 1
     assert "Unknown model 'resnet81'" in r.stderr and "Did you mean" in r.stderr
     assert "Traceback" not in r.stderr
@@ -46,17 +46,17 @@ def test_debug_variable_shows_traceback() -> None:
 
 
 def test_usage_error_exits_2() -> None:
-    assert run_zoo("list", "--no-such-flag").returncode == 2
-    assert run_zoo("no-such-command").returncode == 2
+    assert zoo_here("list", "--no-such-flag").returncode == 2
+    assert zoo_here("no-such-command").returncode == 2
 
 
 def test_list_pattern_without_match() -> None:
-    r = run_zoo("list", "nothing*")
+    r = zoo_here("list", "nothing*")
     assert r.returncode == 1 and "No model matches" in r.stderr
 
 
 def test_doctor_json() -> None:
-    r = run_zoo("doctor", "--json")
+    r = zoo_here("doctor", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     for key in (

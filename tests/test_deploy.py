@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from zoo.deploy.export.jit_compare import compare_jit
 from zoo.deploy.export.lint import lint_graph
 from zoo.deploy.export.onnx_export import export_onnx
@@ -44,7 +44,7 @@ def test_export_embeds_metadata_and_passes_checker(mobilenet_onnx: Path) -> None
 
 
 def test_predict_from_onnx_alone(mobilenet_onnx: Path) -> None:
-    r = run_zoo("predict", str(mobilenet_onnx), *map(str, sample_image_paths()), "--json")
+    r = zoo_here("predict", str(mobilenet_onnx), *map(str, sample_image_paths()), "--json")
     assert r.returncode == 0, r.stderr
     top1 = [res["top"][0]["label"] for res in json.loads(r.stdout)]
     assert top1[0] in {"Egyptian cat", "tabby", "tiger cat"} and top1[1] == "espresso"
@@ -131,7 +131,7 @@ def test_parity_breach_fails_unless_allowed(tmp_path: Path, mobilenet_weights) -
     ],
 )
 def test_bad_input_exits_1(args: list[str], message: str, tmp_path: Path) -> None:
-    r = run_zoo(*args, cwd=tmp_path)
+    r = zoo_here(*args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir()), "no partial output"
@@ -142,9 +142,9 @@ def test_non_onnx_file_is_refused(tmp_path: Path) -> None:
     fake.write_text("not a model")
     img = tmp_path / "x.png"
     Image.new("RGB", (8, 8)).save(img)
-    r = run_zoo("predict", str(fake), str(img))
+    r = zoo_here("predict", str(fake), str(img))
     assert r.returncode == 1 and "not an ONNX model" in r.stderr
-    q = run_zoo("quantize", str(fake), "--mode", "dynamic")
+    q = zoo_here("quantize", str(fake), "--mode", "dynamic")
     assert q.returncode == 1 and "not an ONNX model" in q.stderr
 
 
@@ -167,7 +167,7 @@ def test_compare_jit_catches_trace_divergence() -> None:
 
 
 def test_compare_jit_cli_on_registry_model(mobilenet_weights) -> None:
-    r = run_zoo("compare-jit", "simple_cnn", "--json")
+    r = zoo_here("compare-jit", "simple_cnn", "--json")
     assert r.returncode == 0, r.stderr
     paths = {p["path"]: p for p in json.loads(r.stdout)["paths"]}
     assert paths["trace"]["passed"] and paths["script"]["passed"] and paths["export"]["passed"]
@@ -177,7 +177,7 @@ def test_compare_jit_cli_on_registry_model(mobilenet_weights) -> None:
 @pytest.mark.slow
 def test_quantize_static_and_dynamic_tell_the_truth(mobilenet_onnx: Path, tmp_path: Path) -> None:
     calib = sample_image_paths()[0].parent
-    s = run_zoo(
+    s = zoo_here(
         "quantize",
         str(mobilenet_onnx),
         "--mode",
@@ -194,7 +194,7 @@ def test_quantize_static_and_dynamic_tell_the_truth(mobilenet_onnx: Path, tmp_pa
     rs = json.loads(s.stdout)
     assert rs["size_ratio"] < 0.35 and rs["coverage"]["quantized"] == rs["coverage"]["heavy_ops"]
     assert rs["top1_agreement"] == 1.0 and "p50" in json.dumps(rs["latency_ms"])
-    d = run_zoo(
+    d = zoo_here(
         "quantize",
         str(mobilenet_onnx),
         "--mode",
@@ -218,7 +218,7 @@ def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_p
 
     calib = sample_image_paths()[0].parent
     out = tmp_path / "n.onnx"
-    r = run_zoo(
+    r = zoo_here(
         *("quantize", str(mobilenet_onnx), "--engine", "nncf", "--calib", str(calib)),
         *("-o", str(out), "--json"),
     )
@@ -246,7 +246,7 @@ def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_p
 
 
 def test_quantize_accuracy_gate(mobilenet_onnx: Path, tmp_path: Path) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "quantize",
         str(mobilenet_onnx),
         "--mode",
@@ -261,7 +261,7 @@ def test_quantize_accuracy_gate(mobilenet_onnx: Path, tmp_path: Path) -> None:
 
 
 def test_bench_rows_and_unavailable_devices(mobilenet_weights) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "bench",
         "mlp",
         "--backends",

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tests import crash
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from zoo.errors import CheckpointError, InputError
 from zoo.train.config import DistillConfig, TrainConfig
 from zoo.train.distill import kd_loss
@@ -135,18 +135,18 @@ def test_refusals(teacher: Path, digits16: Path, tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match="other weights than when this run started"):
             resolve_config(student_cfg(teacher, data, tmp_path, kd={"teacher_sha256": "0" * 64}))
     # the command: exit 1, the reason, no run folder
-    r = run_zoo(
+    r = zoo_here(
         "distill", str(teacher), "--student", "mlp", "--data", str(four), "--runs",
         str(tmp_path / "runs"), "--no-progress",
     )  # fmt: skip
     assert r.returncode == 1 and "was not trained on the classes" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
-    r = run_zoo("distill", "--resume", str(teacher), "-T", "2")
+    r = zoo_here("distill", "--resume", str(teacher), "-T", "2")
     assert r.returncode == 2 and "drop --temperature" in r.stderr, r.stderr
 
 
 def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_path: Path) -> None:
-    d = run_zoo(
+    d = zoo_here(
         "distill", str(teacher), "--student", "mlp", "--data", str(digits16), "--epochs", "2",
         "-T", "3", "--alpha", "0.7", "--runs", str(tmp_path), "--name", "s", "--num-workers",
         "0", "--no-progress", "--no-report",
@@ -166,11 +166,11 @@ def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_pat
     assert "val acc" in d.stderr and "params" in d.stderr  # the side-by-side table
     config = json.loads((run / "config.json").read_text())
     assert config["model"] == "mlp" and config["distill"]["logits"] == "online"
-    ex = run_zoo("export", str(run), "--data", str(digits16), "--json")
+    ex = zoo_here("export", str(run), "--data", str(digits16), "--json")
     assert ex.returncode == 0, ex.stderr
     assert json.loads(ex.stdout)["parity"]["passed"]
     images = [digits16 / f"digit_{i}" / "0000.png" for i in range(10)]
-    onnx = run_zoo("predict", str(run / "model" / "model.onnx"), *map(str, images), "--json")
+    onnx = zoo_here("predict", str(run / "model" / "model.onnx"), *map(str, images), "--json")
     assert onnx.returncode == 0, onnx.stderr
     # the exported student answers as the distilled PyTorch weights do
     from zoo.factory import create_model
@@ -230,10 +230,10 @@ def test_unlabelled_images_take_the_teachers_answers_then_the_run_exports(
         (flat / f"{p.parent.name}_{p.name}").symlink_to(p)
     common = ["--runs", str(tmp_path / "runs"), "--num-workers", "0", "--no-progress"]
     # without --unlabelled: refused, and the message says what to add
-    r = run_zoo("distill", str(teacher), "--student", "mlp", "--data", str(flat), *common)
+    r = zoo_here("distill", str(teacher), "--student", "mlp", "--data", str(flat), *common)
     assert r.returncode == 1 and "has no class folders" in r.stderr, r.stderr
     assert "--unlabelled" in r.stderr and not (tmp_path / "runs").exists()
-    d = run_zoo(
+    d = zoo_here(
         "distill", str(teacher), "--student", "mlp", "--data", str(flat), "--unlabelled",
         "--epochs", "2", "--no-augment", "--name", "u", "--no-report", *common,
     )  # fmt: skip
@@ -264,14 +264,14 @@ def test_unlabelled_images_take_the_teachers_answers_then_the_run_exports(
         s_top = student(torch.stack([s_tf(open_image(flat / rel)) for rel, _ in val])).argmax(1)
     agree = sum(classes[i] == c for i, (_, c) in zip(s_top.tolist(), val, strict=True))
     assert summary["student"]["val_acc"] == pytest.approx(agree / len(val), abs=1e-6)
-    ex = run_zoo("export", str(run), "--json")
+    ex = zoo_here("export", str(run), "--json")
     assert ex.returncode == 0 and json.loads(ex.stdout)["parity"]["passed"], ex.stderr
     # --resume keeps the run's own labels: --unlabelled cannot be given again
-    r = run_zoo("distill", "--resume", str(run), "--unlabelled")
+    r = zoo_here("distill", "--resume", str(run), "--unlabelled")
     assert r.returncode == 2 and "drop --unlabelled" in r.stderr, r.stderr
     # an image that does not decode: named, exit 1, no run folder
     (flat / "broken.png").write_bytes(b"not a png")
-    r = run_zoo(
+    r = zoo_here(
         "distill", str(teacher), "--student", "mlp", "--data", str(flat), "--unlabelled",
         "--name", "b", *common,
     )  # fmt: skip

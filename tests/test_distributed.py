@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests import crash
-from tests.conftest import run_zoo
+from tests.conftest import run_zoo, zoo_here
 
 pytestmark = pytest.mark.dist
 COMMON = ["--epochs", "2", "--num-workers", "0", "--no-progress", "--seed", "3", "--lr", "0.003"]
@@ -117,7 +117,7 @@ def test_two_process_run_killed_at_four_writes_then_resumed_equals_the_uninterru
     assert resumed.returncode == 0, resumed.stderr
     crash.assert_same_run(tmp_path / "ref" / "k", run)
     # and back into a single process
-    more = run_zoo("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
+    more = zoo_here("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
     assert more.returncode == 0, more.stderr
     epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import read_safetensors, run_zoo
+from tests.conftest import read_safetensors, zoo_here
 from tests.serving import server
 from zoo.train.imprint import fit_new_row, imprint
 
@@ -44,7 +44,7 @@ def nines(digits_dir: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def run(nine: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("enroll")
-    r = run_zoo(
+    r = zoo_here(
         "finetune", "mlp", "--data", str(nine), "--epochs", "3", "--runs", str(runs),
         "--name", "cnn", "--num-workers", "0", "--no-progress", "--reject", "auto",
     )  # fmt: skip
@@ -65,7 +65,7 @@ def enrolled(run: Path, nines: list[Path]) -> tuple[Path, dict, dict[str, str]]:
     """``zoo enroll RUN --class digit_9 FIVE --json``: (the folder, its JSON, the source's
     file digests before)."""
     before = _source_state(run)
-    r = run_zoo("enroll", str(run), "--class", NEW, *map(str, nines[:5]), "--json")
+    r = zoo_here("enroll", str(run), "--class", NEW, *map(str, nines[:5]), "--json")
     assert r.returncode == 0, r.stderr
     assert "zoo export" in r.stderr
     result = json.loads(r.stdout)
@@ -140,12 +140,12 @@ def test_export_predict_and_serve_answer_it_from_the_onnx_file_alone(
     from zoo.onnx_meta import read_metadata
 
     out, _, _ = enrolled
-    e = run_zoo("export", str(out))
+    e = zoo_here("export", str(out))
     assert e.returncode == 0, e.stderr
     onnx_file = out / "model.onnx"
     assert read_metadata(onnx_file)["class_names"][-1] == NEW
     held_out = nines[5:35]
-    r = run_zoo("predict", str(onnx_file), *map(str, held_out), "-k", "1", "--json")
+    r = zoo_here("predict", str(onnx_file), *map(str, held_out), "-k", "1", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     top = [row["top"][0]["label"] for row in rows]
@@ -174,7 +174,7 @@ def test_a_second_enrolment_adds_another_class(
     out, _, _ = enrolled
     photos = write_photo_folder(tmp_path / "photos", per_class=10)
     coffee = sorted((photos / "coffee").iterdir())
-    r = run_zoo("enroll", str(out), "--class", "coffee", *map(str, coffee[:5]), "--json")
+    r = zoo_here("enroll", str(out), "--class", "coffee", *map(str, coffee[:5]), "--json")
     assert r.returncode == 0, r.stderr
     second = Path(json.loads(r.stdout)["out"])
     assert second.name == "model+digit_9+coffee"
@@ -193,9 +193,9 @@ def test_a_model_folder_away_from_its_run_needs_data(
     folder = tmp_path / "model"
     shutil.copytree(run / "model", folder)
     args = ["enroll", str(folder), "--class", NEW, *map(str, nines[:5])]
-    r = run_zoo(*args)
+    r = zoo_here(*args)
     assert r.returncode == 1 and "--data DIR" in r.stderr, r.stderr
-    r = run_zoo(*args, "--data", str(nine), "--in-place", "--json")
+    r = zoo_here(*args, "--data", str(nine), "--in-place", "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert Path(result["out"]) == folder and result["old_classes"] is None
@@ -222,12 +222,12 @@ def test_refusals_name_the_problem_and_leave_the_source_alone(
         (["--class", NEW, *five], 1, "exists"),  # the default folder: enrolled before
     ]
     for args, code, message in cases:
-        r = run_zoo("enroll", str(run), *args)
+        r = zoo_here("enroll", str(run), *args)
         assert r.returncode == code and message in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
     onnx_model = tmp_path / "m.onnx"
     onnx_model.write_bytes(b"")
-    r = run_zoo("enroll", str(onnx_model), "--class", "x", *five)
+    r = zoo_here("enroll", str(onnx_model), "--class", "x", *five)
     assert r.returncode == 1 and "give the run or model folder" in r.stderr, r.stderr
     assert _source_state(run) == before
 

@@ -13,7 +13,7 @@ from huggingface_hub import HfApi, ModelCard, constants, scan_cache_dir
 from safetensors.torch import save_file
 
 import zoo
-from tests.conftest import run_zoo
+from tests.conftest import run_zoo, zoo_here
 from tests.hub_cache import seed_repo
 from zoo.artifact import REQUIRED_FILES
 from zoo.errors import (
@@ -40,7 +40,7 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def digits_run(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "mlp",
         "--data",
@@ -83,7 +83,7 @@ def test_run_model_folder_contract_and_card(digits_run: Path) -> None:
 
 
 def test_bundle_registry_entry_roundtrip(tmp_path: Path, mobilenet_weights: Path) -> None:
-    r = run_zoo("bundle", "mobilenet_v2", str(tmp_path / "mb"))
+    r = zoo_here("bundle", "mobilenet_v2", str(tmp_path / "mb"))
     assert r.returncode == 0, r.stderr
     assert {p.name for p in (tmp_path / "mb").iterdir()} == REQUIRED_FILES
     a, b = zoo.create_model("mobilenet_v2"), zoo.create_model(str(tmp_path / "mb"))
@@ -96,7 +96,7 @@ def test_bundle_push_pull_elsewhere_identical(
     digits_run: Path, tmp_path: Path, hf_cache: Path
 ) -> None:
     bundled = tmp_path / "bundle"
-    assert run_zoo("bundle", str(digits_run), str(bundled)).returncode == 0
+    assert zoo_here("bundle", str(digits_run), str(bundled)).returncode == 0
     sent = _RecordingApi()
     from zoo.hub import push
 
@@ -124,7 +124,7 @@ def test_bundle_push_pull_elsewhere_identical(
 
 def test_revision_pin_selects_the_commit(digits_run: Path, tmp_path: Path, hf_cache: Path) -> None:
     first = tmp_path / "v1"
-    assert run_zoo("bundle", str(digits_run), str(first)).returncode == 0
+    assert zoo_here("bundle", str(digits_run), str(first)).returncode == 0
     model = zoo.create_model(str(first))
     with torch.no_grad():
         model.head.bias.add_(1.0)
@@ -264,7 +264,7 @@ def test_convert_legacy_checkpoint(tmp_path: Path) -> None:
     sd = zoo.create_model("mlp", weights="none").state_dict()
     plain = tmp_path / "plain.pth"
     torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}}, plain)
-    r = run_zoo("convert", str(plain), "--arch", "mlp", "-o", str(tmp_path / "conv"))
+    r = zoo_here("convert", str(plain), "--arch", "mlp", "-o", str(tmp_path / "conv"))
     assert r.returncode == 0, r.stderr
     folder = tmp_path / "conv"
     cfg = json.loads((folder / "config.json").read_text())
@@ -279,7 +279,7 @@ def test_convert_legacy_checkpoint(tmp_path: Path) -> None:
     torch.save(
         {"model": zoo.create_model("mlp", weights="none"), "note": object.__new__(_Legacy)}, legacy
     )
-    refused = run_zoo("convert", str(legacy), "--arch", "mlp", "-o", str(tmp_path / "no"))
+    refused = zoo_here("convert", str(legacy), "--arch", "mlp", "-o", str(tmp_path / "no"))
     assert (
         refused.returncode == 1 and "--trust" in refused.stderr and not (tmp_path / "no").exists()
     )

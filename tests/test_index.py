@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 
 
 @pytest.fixture(scope="module")
 def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("index-runs")
-    r = run_zoo(
+    r = zoo_here(
         "finetune", "simple_cnn", "--data", str(four_digits), "--epochs", "2", "--runs",
         str(runs), "--name", "cnn", "--num-workers", "0", "--no-progress", "--no-report",
     )  # fmt: skip
@@ -29,7 +29,7 @@ def run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def index(run: Path, four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("index") / "digits.index"
-    r = run_zoo("index", str(run), str(four_digits), "-o", str(out), "--json")
+    r = zoo_here("index", str(run), str(four_digits), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["rows"] == len(list(four_digits.glob("*/*.png"))) and summary["skipped"] == 0
@@ -47,7 +47,7 @@ def test_index_then_similar(index: Path, four_digits: Path) -> None:
     queries = [
         sorted((four_digits / c).iterdir())[i] for c in ("digit_1", "digit_7") for i in (0, 5)
     ]
-    r = run_zoo("similar", str(index), *map(str, queries), "-k", "6", "--json")
+    r = zoo_here("similar", str(index), *map(str, queries), "-k", "6", "--json")
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)
     assert [f["image"] for f in found] == [str(q) for q in queries]
@@ -61,7 +61,7 @@ def test_index_then_similar(index: Path, four_digits: Path) -> None:
         assert sims == sorted(sims, reverse=True) and all(-1 <= s <= 1 + 1e-6 for s in sims)
         same += [n["path"].split("/")[0] == q.parent.name for n in rest]
     assert np.mean(same) >= 0.7, f"a digit's neighbours are mostly its class: {np.mean(same)}"
-    text = run_zoo("similar", str(index), str(queries[0]), "-k", "2")
+    text = zoo_here("similar", str(index), str(queries[0]), "-k", "2")
     assert text.returncode == 0 and str(queries[0].relative_to(four_digits)) in text.stdout
 
 
@@ -89,40 +89,41 @@ def test_a_query_with_another_model_is_refused(
 
     retrain(1.5)
     image = str(next((four_digits / "digit_3").iterdir()))
-    r = run_zoo("similar", str(index), image, "--model", str(other))
+    r = zoo_here("similar", str(index), image, "--model", str(other))
     assert r.returncode == 1 and "other weights" in r.stderr and "Traceback" not in r.stderr
-    e = run_zoo("eval", str(other), "--ood", str(photos), "--index", str(index))
+    e = zoo_here("eval", str(other), "--ood", str(photos), "--index", str(index))
     assert e.returncode == 1 and "other weights" in e.stderr, e.stderr
     stale = tmp_path / "stale.index"  # an index of `other`, whose weights then change again
     assert (
-        run_zoo("index", str(other), str(four_digits / "digit_3"), "-o", str(stale)).returncode == 0
+        zoo_here("index", str(other), str(four_digits / "digit_3"), "-o", str(stale)).returncode
+        == 0
     )
     retrain(2.0)
-    r = run_zoo("similar", str(stale), image)
+    r = zoo_here("similar", str(stale), image)
     assert r.returncode == 1 and "rebuild it" in r.stderr
 
 
 def test_bad_input_is_refused_clearly(run: Path, index: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    r = run_zoo("index", str(run), str(empty), "-o", str(tmp_path / "x"))
+    r = zoo_here("index", str(run), str(empty), "-o", str(tmp_path / "x"))
     assert r.returncode == 1 and "holds no images" in r.stderr
-    r = run_zoo("index", str(run), str(tmp_path / "nope"), "-o", str(tmp_path / "x"))
+    r = zoo_here("index", str(run), str(tmp_path / "nope"), "-o", str(tmp_path / "x"))
     assert r.returncode == 1 and "no such folder" in r.stderr
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.*"))
-    r = run_zoo("index", str(run), str(empty), "-o", str(index))
+    r = zoo_here("index", str(run), str(empty), "-o", str(index))
     assert r.returncode == 1 and "--overwrite" in r.stderr
     image = str(next(Path(json.loads((index / "index.json").read_text())["root"]).glob("*/*.png")))
-    r = run_zoo("similar", str(empty), image)
+    r = zoo_here("similar", str(empty), image)
     assert r.returncode == 1 and "is not a zoo index" in r.stderr
     broken = tmp_path / "broken"
     shutil.copytree(index, broken)
     (broken / "shard-00000.safetensors").unlink()
-    r = run_zoo("similar", str(broken), image)
+    r = zoo_here("similar", str(broken), image)
     assert r.returncode == 1 and "lacks shard-00000.safetensors" in r.stderr
-    r = run_zoo("similar", str(index), image, "--backend", "fais")
+    r = zoo_here("similar", str(index), image, "--backend", "fais")
     assert r.returncode == 2 and "Did you mean 'faiss'?" in r.stderr
-    r = run_zoo("eval", str(run), "--knn")
+    r = zoo_here("eval", str(run), "--knn")
     assert r.returncode == 2 and "apply to --ood only" in r.stderr
 
 
@@ -179,10 +180,10 @@ def test_knn_score_in_eval_ood(run: Path, photos: Path, tmp_path: Path) -> None:
         (train / rel).parent.mkdir(parents=True, exist_ok=True)
         (train / rel).symlink_to(s.root / rel)
     idx = tmp_path / "train.index"
-    assert run_zoo("index", str(run), str(train), "-o", str(idx)).returncode == 0
+    assert zoo_here("index", str(run), str(train), "-o", str(idx)).returncode == 0
     results = []
     for extra in (["--knn"], ["--index", str(idx)]):
-        e = run_zoo("eval", str(run), "--ood", str(photos), *extra, "--knn-k", "5", "--json")
+        e = zoo_here("eval", str(run), "--ood", str(photos), *extra, "--knn-k", "5", "--json")
         assert e.returncode == 0, e.stderr
         results.append(json.loads(e.stdout)["ood"]["scores"])
     on_the_fly, from_index = results

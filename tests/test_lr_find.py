@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from zoo.train import lr_find
 from zoo.train.config import TrainConfig
 from zoo.train.resolve import resolve_config
@@ -77,12 +77,12 @@ def test_a_sweep_leaves_the_run_untouched_and_repeats_exactly(small_digits: Path
 def test_lr_find_twice_gives_the_same_suggestion(four_digits: Path, tmp_path: Path) -> None:
     args = ["lr-find", "simple_cnn", "--data", str(four_digits), "--steps", "25", "--sweeps",
             "2", "-b", "16", "--no-augment", "--num-workers", "0", "--start", "1e-5"]  # fmt: skip
-    r = run_zoo(*args, "--plot", str(tmp_path / "lr1.png"), "--json", cwd=tmp_path)
+    r = zoo_here(*args, "--plot", str(tmp_path / "lr1.png"), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     a = json.loads(r.stdout)
     assert a["rule"] == lr_find.RULE and len(a["sweeps"]) == 2
     assert a["suggested"] == pytest.approx(lr_find.suggest(a["lrs"], a["loss"]))
-    r = run_zoo(*args, "--plot", str(tmp_path / "lr2.png"), cwd=tmp_path)  # and again
+    r = zoo_here(*args, "--plot", str(tmp_path / "lr2.png"), cwd=tmp_path)  # and again
     assert r.returncode == 0 and f"suggested lr: {a['suggested']:.3g}" in r.stdout
     # the plot is drawn from the whole averaged curve: equal bytes, the same curve
     assert (tmp_path / "lr1.png").read_bytes() == (tmp_path / "lr2.png").read_bytes()
@@ -91,17 +91,19 @@ def test_lr_find_twice_gives_the_same_suggestion(four_digits: Path, tmp_path: Pa
 
 
 def test_lr_find_refuses_bad_ranges(four_digits: Path) -> None:
-    r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "1", "--end", "0.1")
+    r = zoo_here(
+        "lr-find", "simple_cnn", "--data", str(four_digits), "--start", "1", "--end", "0.1"
+    )
     assert r.returncode == 2 and "must be above 0 and below --end 0.1" in r.stderr
-    r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "0")
+    r = zoo_here("lr-find", "simple_cnn", "--data", str(four_digits), "--start", "0")
     assert r.returncode == 2 and "--start 0 must be above 0" in r.stderr
 
 
 def test_finetune_lr_auto_trains_with_the_suggestion_and_records_it(
     four_digits: Path, tmp_path: Path
 ) -> None:
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--epochs", "1",
-                "--runs", str(tmp_path), "--name", "auto", "--num-workers", "0")  # fmt: skip
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--epochs", "1",
+                 "--runs", str(tmp_path), "--name", "auto", "--num-workers", "0")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = tmp_path / "auto"
     found = json.loads((run / "lr_find.json").read_text())
@@ -114,15 +116,15 @@ def test_finetune_lr_auto_trains_with_the_suggestion_and_records_it(
 
 
 def test_lr_auto_dry_run_runs_no_range_test(four_digits: Path, tmp_path: Path) -> None:
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--dry-run",
-                "--runs", str(tmp_path), "--num-workers", "0")  # fmt: skip
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--dry-run",
+                 "--runs", str(tmp_path), "--num-workers", "0")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "--lr auto would run the LR range test first" in r.stderr and "lr auto:" not in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_lr_auto_with_nproc_is_a_usage_error(four_digits: Path) -> None:
-    r = run_zoo("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--nproc", "2")
+    r = zoo_here("finetune", "mlp", "--data", str(four_digits), "--lr", "auto", "--nproc", "2")
     assert r.returncode == 2 and "run `zoo lr-find` first" in r.stderr, r.stderr
 
 
@@ -148,5 +150,5 @@ def test_lr_auto_is_for_a_new_single_process_run(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("value", ["fast", "-1", "0", "inf"])
 def test_a_bad_lr_is_a_usage_error(value: str, tmp_path: Path) -> None:
-    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--lr", value)
+    r = zoo_here("finetune", "mlp", "--data", str(tmp_path), "--lr", value)
     assert r.returncode == 2 and "--lr" in r.stderr, r.stderr

@@ -18,14 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MOBILENET_ONNX_ENV
+
 HERE = Path(__file__).resolve().parent
 
 
-def _child(name: str) -> None:
+def _child(name: str, env: dict[str, str] | None = None) -> None:
     """``name`` in a pytest process of its own; its failures (or crash) are this test's."""
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / name)],
-        env={**os.environ, "ZOO_OPENVINO_CHILD": "1"},
+        env={**os.environ, "ZOO_OPENVINO_CHILD": "1", **(env or {})},
         capture_output=True,
         text=True,
         timeout=560,  # inside pytest-timeout's 600 s, so the child's output is still shown
@@ -41,5 +43,6 @@ def test_the_openvino_gate_tests_pass_in_their_own_process() -> None:
 
 
 @pytest.mark.slow
-def test_the_openvino_tests_pass_in_their_own_process() -> None:
-    _child("test_openvino.py")
+def test_the_openvino_tests_pass_in_their_own_process(mobilenet_onnx: Path) -> None:
+    """The session's MobileNetV2 export is handed to the child, which would export it again."""
+    _child("test_openvino.py", {MOBILENET_ONNX_ENV: str(mobilenet_onnx)})

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tests import crash
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from zoo.train.config import TrainConfig
 from zoo.train.qat import OUTPUT, Range, fake_weight, input_ranges, layers, prepare
 
@@ -93,7 +93,7 @@ def test_fake_quant_keeps_the_weights_and_passes_gradients(teacher: Path) -> Non
 def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     teacher: Path, digits: Path, tmp_path: Path
 ) -> None:
-    d = run_zoo(
+    d = zoo_here(
         "distill", str(teacher), "--qat", "--data", str(digits), "--epochs", "1",
         "--runs", str(tmp_path), "--name", "q", "--num-workers", "0", "--no-progress",
         "--no-report",
@@ -118,8 +118,8 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
             assert torch.equal(old[k], new[k]), k
     assert not torch.equal(old["features.0.weight"], new["features.0.weight"])
 
-    assert run_zoo("export", str(run), "--data", str(digits)).returncode == 0
-    q = run_zoo("quantize", str(run / "model" / "model.onnx"), "--allow-drop", "--json")
+    assert zoo_here("export", str(run), "--data", str(digits)).returncode == 0
+    q = zoo_here("quantize", str(run / "model" / "model.onnx"), "--allow-drop", "--json")
     assert q.returncode == 0, q.stderr
     # auto picks the rounding the run trained through, and says so
     assert json.loads(q.stdout)["engine"] == "ort"
@@ -147,9 +147,9 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
 
 
 def test_refusals(teacher: Path, digits: Path) -> None:
-    r = run_zoo("distill", str(teacher), "--qat", "--student", "mlp", "--data", str(digits))
+    r = zoo_here("distill", str(teacher), "--qat", "--student", "mlp", "--data", str(digits))
     assert r.returncode == 2 and "drop --student" in r.stderr, r.stderr
-    r = run_zoo("distill", "--resume", str(teacher), "--qat")
+    r = zoo_here("distill", "--resume", str(teacher), "--qat")
     assert r.returncode == 2 and "drop --qat" in r.stderr, r.stderr
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import finetune_here, run_zoo, zoo_here
+from tests.conftest import finetune_here, zoo_here
 from zoo.deploy.quantize import images as qi
 from zoo.deploy.quantize import options as qo
 from zoo.deploy.quantize import verdict as qv
@@ -37,7 +37,7 @@ def run(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def quantized(run: Path) -> dict:
     """The plain command on the run's model (dynamic: no calibration, the cheapest)."""
-    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic", "--json")
+    r = zoo_here("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic", "--json")
     assert r.returncode in (0, 1), r.stderr
     return {"rc": r.returncode, "report": json.loads(r.stdout), "stderr": r.stderr}
 
@@ -56,7 +56,7 @@ def test_judged_on_the_runs_validation_images(run: Path, quantized: dict) -> Non
 
 
 def test_default_output_is_a_variant_and_the_run_still_predicts(run: Path) -> None:
-    r = run_zoo("quantize", str(run / "model" / "model.onnx"), "--engine", "ort", "--allow-drop")
+    r = zoo_here("quantize", str(run / "model" / "model.onnx"), "--engine", "ort", "--allow-drop")
     assert r.returncode == 0, r.stderr
     out = run / "model" / "variants" / "int8-static.onnx"
     assert out.is_file() and f"wrote {out}" in r.stdout
@@ -66,7 +66,7 @@ def test_default_output_is_a_variant_and_the_run_still_predicts(run: Path) -> No
     image = next(
         p for p in sorted(Path(json.loads((run / "split.json").read_text())["root"]).rglob("*.png"))
     )
-    p = run_zoo("predict", str(run), str(image))
+    p = zoo_here("predict", str(run), str(image))
     assert p.returncode == 0, p.stderr
 
 
@@ -95,8 +95,8 @@ def test_below_the_floor_exits_1_unless_allowed(
 
 def test_a_registry_model_says_its_two_photos_prove_nothing(tmp_path: Path) -> None:
     model = tmp_path / "sc.onnx"
-    assert run_zoo("export", "simple_cnn", "-o", str(model)).returncode == 0
-    r = run_zoo("quantize", str(model), "--mode", "dynamic")
+    assert zoo_here("export", "simple_cnn", "-o", str(model)).returncode == 0
+    r = zoo_here("quantize", str(model), "--mode", "dynamic")
     assert r.returncode == 0, r.stderr
     assert "built-in images proves nothing" in r.stdout
     assert (tmp_path / "sc.int8-dynamic.onnx").is_file()  # not a model folder: beside it

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import ZOO, run_zoo
+from tests.conftest import ZOO, zoo_here
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +29,10 @@ def runs(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     data = ("finetune", "mlp", "--data", str(four_digits))
     for name, extra in (("a", ()), ("b", ("--optimizer", "sgd", "--lr", "0.05"))):
-        r = run_zoo(*data, *COMMON, "--name", name, *extra, cwd=root)
+        r = zoo_here(*data, *COMMON, "--name", name, *extra, cwd=root)
         assert r.returncode == 0, r.stderr
-    bad = run_zoo(*data, *COMMON, "--name", "bad", "--lr", "1e30", "--max-nonfinite", "1",
-                  "--max-rollbacks", "0", cwd=root)  # fmt: skip
+    bad = zoo_here(*data, *COMMON, "--name", "bad", "--lr", "1e30", "--max-nonfinite", "1",
+                   "--max-rollbacks", "0", cwd=root)  # fmt: skip
     assert bad.returncode == 1 and "Loss is not finite" in bad.stderr
     # 5000 planned epochs: on a loaded machine this process may read "epoch 1" only after the
     # run went on for a while (with 50, a CI run under load finished them all and exited 0)
@@ -69,7 +69,7 @@ def runs(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_ls_lists_every_run_with_its_state(runs: Path) -> None:
-    r = run_zoo("runs", "ls", cwd=runs.parent)  # default: ./runs
+    r = zoo_here("runs", "ls", cwd=runs.parent)  # default: ./runs
     assert r.returncode == 0, r.stderr
     lines = {line.split()[0]: line for line in r.stdout.splitlines()}
     assert set(lines) == {"a", "b", "bad", "stopped"}
@@ -81,7 +81,7 @@ def test_ls_lists_every_run_with_its_state(runs: Path) -> None:
     )
     assert "mlp" in lines["a"] and "digits" in lines["a"] and "epochs 2/2" in lines["a"]
 
-    j = run_zoo("runs", "ls", str(runs), "--json")
+    j = zoo_here("runs", "ls", str(runs), "--json")
     assert j.returncode == 0, j.stderr
     by_name = {Path(d["run"]).name: d for d in json.loads(j.stdout)}
     assert by_name["a"]["best"]["val/acc"] == report["best"]["val/acc"]
@@ -94,13 +94,13 @@ def test_ls_lists_every_run_with_its_state(runs: Path) -> None:
     assert stopped["best"]["val/acc"] == best["val/acc"]
     assert by_name["bad"]["epochs"] == 0 and by_name["bad"]["best_epoch"] is None
     # one run folder is a listing of itself
-    one = run_zoo("runs", "ls", str(runs / "a"), "--json")
+    one = zoo_here("runs", "ls", str(runs / "a"), "--json")
     assert [Path(d["run"]).name for d in json.loads(one.stdout)] == ["a"]
 
 
 def test_compare_shows_what_differs_and_the_best_metrics(runs: Path, tmp_path: Path) -> None:
-    j = run_zoo("runs", "compare", str(runs / "a"), str(runs / "b"), str(runs / "stopped"),
-                "--json")  # fmt: skip
+    j = zoo_here("runs", "compare", str(runs / "a"), str(runs / "b"), str(runs / "stopped"),
+                 "--json")  # fmt: skip
     assert j.returncode == 0, j.stderr
     d = json.loads(j.stdout)
     diff = d["differences"]
@@ -112,7 +112,7 @@ def test_compare_shows_what_differs_and_the_best_metrics(runs: Path, tmp_path: P
         r["best"]["val/loss"] for r in reports
     ]
 
-    t = run_zoo(
+    t = zoo_here(
         "runs", "compare", str(runs / "a"), str(runs / "b"), "--plot", str(tmp_path / "c.png")
     )
     assert t.returncode == 0, t.stderr
@@ -132,15 +132,15 @@ def test_compare_shows_what_differs_and_the_best_metrics(runs: Path, tmp_path: P
 
 
 def test_bad_input_names_what_to_do(runs: Path, tmp_path: Path) -> None:
-    one = run_zoo("runs", "compare", str(runs / "a"))
+    one = zoo_here("runs", "compare", str(runs / "a"))
     assert one.returncode == 2 and "two runs or more" in one.stderr
-    not_run = run_zoo("runs", "compare", str(runs / "a"), str(tmp_path))
+    not_run = zoo_here("runs", "compare", str(runs / "a"), str(tmp_path))
     assert not_run.returncode == 1 and "is not a zoo run folder" in not_run.stderr
-    missing = run_zoo("runs", "ls", str(tmp_path / "nope"))
+    missing = zoo_here("runs", "ls", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "is not a folder" in missing.stderr
-    empty = run_zoo("runs", "ls", str(tmp_path))
+    empty = zoo_here("runs", "ls", str(tmp_path))
     assert empty.returncode == 0 and empty.stdout == "" and "no runs in" in empty.stderr
-    untracked = run_zoo("runs", "sync", str(runs / "a"))
+    untracked = zoo_here("runs", "sync", str(runs / "a"))
     assert untracked.returncode == 1 and "was not trained with --track mlflow" in untracked.stderr
 
 
@@ -164,13 +164,13 @@ def test_ls_and_compare_read_json_only(runs: Path) -> None:
 def test_compare_and_sync_refuse_what_cannot_work(runs: Path, tmp_path: Path) -> None:
     """A run against itself, a plot that is no PNG (exit 2, before any work) and a sync of a
     folder that is no run (exit 1)."""
-    same = run_zoo("runs", "compare", str(runs / "a"), str(runs / "a"))
+    same = zoo_here("runs", "compare", str(runs / "a"), str(runs / "a"))
     assert same.returncode == 2 and "given twice" in same.stderr
-    jpg = run_zoo("runs", "compare", str(runs / "a"), str(runs / "b"), "--plot",
-                  str(tmp_path / "c.jpg"))  # fmt: skip
+    jpg = zoo_here("runs", "compare", str(runs / "a"), str(runs / "b"), "--plot",
+                   str(tmp_path / "c.jpg"))  # fmt: skip
     assert jpg.returncode == 2 and ".png" in jpg.stderr
     assert not (tmp_path / "c.jpg").exists()
-    nope = run_zoo("runs", "sync", str(tmp_path / "nope"))
+    nope = zoo_here("runs", "sync", str(tmp_path / "nope"))
     assert nope.returncode == 1 and "is not a zoo run folder" in nope.stderr
 
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from PIL import Image
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from tests.serving import NAME, binary_infer, binary_logits, metric, server, x_of
 from zoo.deploy.runtimes.loader import OnnxClassifier, make_session, run_padded
 from zoo.onnx_meta import read_metadata
@@ -40,13 +40,13 @@ def test_run_padded_feeds_exactly_the_fixed_batch_and_keeps_order(n: int) -> Non
 
 
 def test_export_is_dynamic_by_default_and_static_batch_is_the_opt_in(tmp_path: Path) -> None:
-    default = run_zoo("export", "simple_cnn", "-o", str(tmp_path / "d.onnx"), "--json")
+    default = zoo_here("export", "simple_cnn", "-o", str(tmp_path / "d.onnx"), "--json")
     assert default.returncode == 0, default.stderr
     rep = json.loads(default.stdout)
     assert rep["dynamic_batch"] and rep["static_batch"] is None
     assert [d["batch"] for d in rep["parity"]["dynamic"]] == [1, 2, 5]
     assert _batch_dim(tmp_path / "d.onnx").dim_param
-    fixed = run_zoo(
+    fixed = zoo_here(
         "export", "simple_cnn", "--static-batch", "3", "-o", str(tmp_path / "s.onnx"), "--json"
     )
     assert fixed.returncode == 0, fixed.stderr
@@ -55,16 +55,16 @@ def test_export_is_dynamic_by_default_and_static_batch_is_the_opt_in(tmp_path: P
     assert _batch_dim(tmp_path / "s.onnx").dim_value == 3
     meta = read_metadata(tmp_path / "s.onnx")
     assert meta["static_batch"] == 3 and meta["dynamic_batch"] is False
-    both = run_zoo("export", "simple_cnn", "--dynamic-batch", "--static-batch", "3")
+    both = zoo_here("export", "simple_cnn", "--dynamic-batch", "--static-batch", "3")
     assert both.returncode == 2 and "contradict" in both.stderr
-    zero = run_zoo("export", "simple_cnn", "--static-batch", "0")
+    zero = zoo_here("export", "simple_cnn", "--static-batch", "0")
     assert zero.returncode == 2
 
 
 @pytest.fixture(scope="module")
 def static4(tmp_path_factory: pytest.TempPathFactory, mobilenet_weights: Path) -> Path:
     out = tmp_path_factory.mktemp("static") / "mobilenet_v2.b4.onnx"
-    r = run_zoo("export", "mobilenet_v2", "--static-batch", "4", "-o", str(out), "--json")
+    r = zoo_here("export", "mobilenet_v2", "--static-batch", "4", "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["parity"]["passed"] and _batch_dim(out).dim_value == 4
     return out
@@ -96,7 +96,7 @@ def test_static_batch_outputs_equal_the_dynamic_graph_for_1_2_and_15_images(
     for n in (1, 2, 15):
         np.testing.assert_allclose(fixed.run(x[:n]), dynamic.run(x[:n]), rtol=1e-4, atol=1e-4)
     for n in (1, 15):  # and the CLI: no onnxruntime traceback, the dynamic graph's answers
-        r = run_zoo("predict", str(static4), *map(str, fifteen_images[:n]), "-k", "3", "--json")
+        r = zoo_here("predict", str(static4), *map(str, fifteen_images[:n]), "-k", "3", "--json")
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)
         want = dynamic.classify(fifteen_images[:n], k=3)

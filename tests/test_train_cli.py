@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from tests.test_data import _corrupt_set, _img
 from zoo.artifact import REQUIRED_FILES
 
@@ -18,7 +18,7 @@ from zoo.artifact import REQUIRED_FILES
 def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
     digits_dir: Path, tmp_path: Path
 ) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "simple_cnn",
         "--data",
@@ -57,7 +57,7 @@ def test_simple_cnn_from_scratch_reaches_95_percent_on_digits(
     assert len(report["per_class"]) == 10 and len(report["confusion_matrix"]) == 10
     assert "estimate" in r.stderr and "620,362 parameters" in r.stderr
     # zoo eval on the run reproduces the shipped model's accuracy
-    e = run_zoo("eval", str(run), "--json")
+    e = zoo_here("eval", str(run), "--json")
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["acc"] == pytest.approx(report["best"]["val/acc"])
     # the checkpoint holds only tensors and plain data
@@ -79,7 +79,7 @@ def test_corrupt_files_are_quarantined_and_run_completes(
     data = tmp_path / "data"
     shutil.copytree(small_digits, data)
     _corrupt_set(data / "digit_3")
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "mlp",
         "--data",
@@ -97,7 +97,7 @@ def test_corrupt_files_are_quarantined_and_run_completes(
     report = json.loads((tmp_path / "q" / "report.json").read_text())
     names = sorted(Path(q["path"]).name for q in report["quarantined"])
     assert names == ["empty.jpg", "notes.jpg", "truncated.jpg"]
-    strict = run_zoo(
+    strict = zoo_here(
         "finetune",
         "mlp",
         "--data",
@@ -114,10 +114,10 @@ def test_corrupt_files_are_quarantined_and_run_completes(
 def test_check_command(tmp_path: Path) -> None:
     _corrupt_set(tmp_path / "d")
     _img(tmp_path / "d" / "b" / "fine.png")
-    r = run_zoo("check", str(tmp_path / "d"), "--json")
+    r = zoo_here("check", str(tmp_path / "d"), "--json")
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["corrupt"]) == 3
-    assert run_zoo("check", str(tmp_path / "d"), "--strict").returncode == 1
+    assert zoo_here("check", str(tmp_path / "d"), "--strict").returncode == 1
 
 
 @pytest.mark.parametrize("case", ["missing", "no_home", "one_class", "empty_class", "val_only"])
@@ -140,22 +140,22 @@ def test_bad_data_exits_1_with_clear_message(case: str, tmp_path: Path) -> None:
         for s, c in [("train", "a"), ("train", "b"), ("val", "a"), ("val", "ghost")]:
             _img(d / s / c / "1.png")
     given = "~no-such-user-zoo/d" if case == "no_home" else str(d)
-    r = run_zoo("finetune", "mlp", "--data", given, "--runs", str(tmp_path / "runs"))
+    r = zoo_here("finetune", "mlp", "--data", given, "--runs", str(tmp_path / "runs"))
     assert r.returncode == 1, r.stderr
     assert expected in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    assert run_zoo("finetune", "mlp").returncode == 2  # no --data
+    assert zoo_here("finetune", "mlp").returncode == 2  # no --data
     assert (
-        run_zoo("finetune", "mlp", "--data", str(tmp_path), "--strategy", "bogus").returncode == 2
+        zoo_here("finetune", "mlp", "--data", str(tmp_path), "--strategy", "bogus").returncode == 2
     )
-    r = run_zoo("finetune", "mlp", "--data", str(tmp_path), "--extend", "2")
+    r = zoo_here("finetune", "mlp", "--data", str(tmp_path), "--extend", "2")
     assert r.returncode == 2
 
 
 def test_random_init_refuses_frozen_strategy(small_digits: Path, tmp_path: Path) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "mobilenet_v2",
         "--weights",
@@ -174,7 +174,7 @@ def test_random_init_refuses_frozen_strategy(small_digits: Path, tmp_path: Path)
 def test_dry_run_reports_shapes_params_and_estimate(
     small_digits: Path, tmp_path: Path, mobilenet_weights: Path
 ) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "mobilenet_v2",
         "--data",
@@ -196,7 +196,7 @@ def test_dry_run_reports_shapes_params_and_estimate(
 def test_nonfinite_loss_rolls_back_then_stops_with_advice(
     small_digits: Path, tmp_path: Path
 ) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "finetune",
         "mlp",
         "--data",

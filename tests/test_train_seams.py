@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ZOO, run_zoo
+from tests.conftest import ZOO, run_zoo, zoo_here
 from zoo import durable
 from zoo.train import lr_find
 from zoo.train.config import TrainConfig
@@ -25,11 +25,13 @@ SMALL = ["--image-size", "32", "--num-workers", "0", "--no-progress"]
 
 
 def _zoo_umask_022(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``zoo`` under umask 022 (what most users have), whatever this process's is."""
-    return subprocess.run(
-        [ZOO, *args], capture_output=True, text=True, cwd=cwd, timeout=600,
-        preexec_fn=lambda: os.umask(0o022),
-    )  # fmt: skip
+    """``zoo`` (in this process) under umask 022 (what most users have), whatever this
+    process's is; the umask is put back after it."""
+    before = os.umask(0o022)
+    try:
+        return zoo_here(*args, cwd=cwd)
+    finally:
+        os.umask(before)
 
 
 def _row(epoch: int, acc: float, **extra: object) -> dict[str, object]:
@@ -71,13 +73,13 @@ def tied_run(four_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     """A 1-epoch simple_cnn run at a learning rate too small to move a prediction, then
     ``--resume --extend 1``: the new epoch ties the first on val/acc."""
     tmp = tmp_path_factory.mktemp("tied")
-    first = run_zoo("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+    first = zoo_here("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
                     "--epochs", "1", "--lr", "1e-12", "--runs", str(tmp), "--name", "tie",
                     *SMALL, cwd=tmp)  # fmt: skip
     assert first.returncode == 0, first.stderr
     run = tmp / "tie"
     sha = json.loads((run / "report.json").read_text())["weights_sha256"]
-    second = run_zoo("finetune", "--resume", str(run), "--extend", "1", "--no-progress", cwd=tmp)
+    second = zoo_here("finetune", "--resume", str(run), "--extend", "1", "--no-progress", cwd=tmp)
     assert second.returncode == 0, second.stderr
     return {"run": run, "first": first, "second": second, "sha_before": sha}
 
@@ -118,7 +120,7 @@ def test_a_curve_turns_only_when_it_rises_after_its_lowest_point_inside_the_rang
 
 def test_a_short_sweep_that_is_still_falling_warns(four_digits: Path, tmp_path: Path) -> None:
     # every step sees the same 96 training images (one batch), at rates that only lower the loss
-    r = run_zoo("lr-find", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+    r = zoo_here("lr-find", "simple_cnn", "--data", str(four_digits), "--weights", "none",
                 "--steps", "6", "--start", "1e-5", "--end", "1e-3", "--sweeps", "1", "-b", "96",
                 "--no-augment", "--plot", str(tmp_path / "lr.png"), "--json", *SMALL[:4],
                 cwd=tmp_path)  # fmt: skip
@@ -319,7 +321,7 @@ def test_the_estimate_prices_each_phase(small_mobilenet: dict) -> None:
 def test_an_image_size_the_layers_cannot_take_is_a_usage_error(four_digits: Path, tmp_path) -> None:
     """simple_cnn's head is sized for 32×32: --image-size 16 names the size it takes (exit 2,
     no run folder), not a matrix-shape traceback."""
-    r = run_zoo("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+    r = zoo_here("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
                 "--image-size", "16", "--num-workers", "0", "--no-progress",
                 "--runs", str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
     assert r.returncode == 2, r.stderr

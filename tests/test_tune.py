@@ -40,7 +40,7 @@ TRIALS = 3
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real digits at 8 px, 30 per class, written by `zoo example` as a user would."""
     root = tmp_path_factory.mktemp("tune")
-    r = run_zoo("example", "digits", str(root / "digits"), "--size", "8", "--per-class", "30")
+    r = zoo_here("example", "digits", str(root / "digits"), "--size", "8", "--per-class", "30")
     assert r.returncode == 0, r.stderr
     (root / "space.yaml").write_text(SPACE)
     return root / "digits"
@@ -158,7 +158,7 @@ def test_the_best_trial_retrains_bitwise_with_plain_finetune(
     best = search["record"]["best"]
     again = rerun(best["rerun"], tmp_path)
     assert rows(again) == rows(Path(best["run"]))
-    e = run_zoo("eval", best["run"], "--json")
+    e = zoo_here("eval", best["run"], "--json")
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["acc"] == pytest.approx(best["val/acc"])
 

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import finetune_here, run_zoo, zoo_here
+from tests.conftest import finetune_here, zoo_here
 from tests.serving import json_infer, server
 from zoo.calibration import UNKNOWN_LABEL, Calibration
 from zoo.images import open_image
@@ -144,7 +144,7 @@ def test_predict_from_the_onnx_file_alone(
         alone.parent.mkdir()
         shutil.copy(model["onnx"], alone)
         rule, table = model["rule"], model["table"]
-        r = run_zoo("predict", str(alone), *table, "-k", "2", "--json")
+        r = zoo_here("predict", str(alone), *table, "-k", "2", "--json")
         assert r.returncode == 0, r.stderr
         for row in json.loads(r.stdout):
             want = table[row["image"]]
@@ -154,7 +154,7 @@ def test_predict_from_the_onnx_file_alone(
     rule, table = expected["rule"], expected["table"]
     alone = tmp_path / rule.score / "model.onnx"
     # the text answer of a rejected photo: unknown, the score against the threshold, best class
-    t = run_zoo("predict", str(alone), expected["photo"], expected["digit"])
+    t = zoo_here("predict", str(alone), expected["photo"], expected["digit"])
     assert t.returncode == 0, t.stderr
     photo = table[expected["photo"]]
     assert (
@@ -163,7 +163,7 @@ def test_predict_from_the_onnx_file_alone(
     ) in t.stdout
     assert f"  {table[expected['digit']]['best']}" in t.stdout
     # --no-reject: the raw top-k, as a model without a rule answers
-    n = run_zoo("predict", str(alone), expected["photo"], "-k", "2", "--json", "--no-reject")
+    n = zoo_here("predict", str(alone), expected["photo"], "-k", "2", "--json", "--no-reject")
     assert n.returncode == 0, n.stderr
     (raw,) = json.loads(n.stdout)
     assert set(raw) == {"image", "top"} and raw["top"][0]["label"] == photo["best"]
@@ -176,7 +176,7 @@ def test_predict_from_the_run_folder(
     as the exported graph (parity-close scores)."""
     for folder, model in ((run, energy), (msp_run, expected), (knn_run, knn)):
         images = [model["photo"], model["digit"]]
-        r = run_zoo("predict", str(folder), *images, "--json")
+        r = zoo_here("predict", str(folder), *images, "--json")
         assert r.returncode == 0, r.stderr
         for row in json.loads(r.stdout):
             _check(row, model["table"][row["image"]], model["rule"].threshold)
@@ -186,7 +186,7 @@ def test_predict_from_the_run_folder(
 def test_predict_out_rows(onnx_file: Path, expected: dict, tmp_path: Path, ext: str) -> None:
     table = expected["table"]
     out = tmp_path / f"rows.{ext}"
-    r = run_zoo("predict", str(onnx_file), *table, "--out", str(out), "-k", "2")
+    r = zoo_here("predict", str(onnx_file), *table, "--out", str(out), "-k", "2")
     assert r.returncode == 0, r.stderr
     if ext == "jsonl":
         rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -203,7 +203,7 @@ def test_predict_out_rows(onnx_file: Path, expected: dict, tmp_path: Path, ext: 
     assert [row["path"] for row in rows] == list(table)
     for row in rows:
         _check(row, table[row["path"]], expected["rule"].threshold)
-    n = run_zoo("predict", str(onnx_file), *table, "--out", str(out), "--overwrite", "--no-reject")
+    n = zoo_here("predict", str(onnx_file), *table, "--out", str(out), "--overwrite", "--no-reject")
     assert n.returncode == 0, n.stderr
     if ext == "jsonl":
         assert "accepted" not in json.loads(out.read_text().splitlines()[0])
@@ -269,7 +269,7 @@ def test_a_model_without_a_rule_answers_as_before(
     e = zoo_here("export", str(plain))
     assert e.returncode == 0, e.stderr
     onnx_file = plain / "model" / "model.onnx"
-    r = run_zoo("predict", str(onnx_file), expected["photo"], "--json")
+    r = zoo_here("predict", str(onnx_file), expected["photo"], "--json")
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)
     assert set(row) == {"image", "top"}
@@ -336,7 +336,7 @@ def test_int8_keeps_the_knn_score_float(knn_run: Path, knn: dict, tmp_path: Path
     from zoo.knn import KNN_OUTPUT, NODE_PREFIX
 
     q = tmp_path / "int8.onnx"
-    r = run_zoo("quantize", str(knn["onnx"]), "--engine", "ort", "-o", str(q))
+    r = zoo_here("quantize", str(knn["onnx"]), "--engine", "ort", "-o", str(q))
     assert r.returncode == 0, r.stderr
     graph = onnx.load(str(q)).graph
     assert KNN_OUTPUT in [o.name for o in graph.output]
@@ -345,7 +345,7 @@ def test_int8_keeps_the_knn_score_float(knn_run: Path, knn: dict, tmp_path: Path
     producer = {o: n.op_type for n in graph.node for o in n.output}
     sims = next(n for n in knn_nodes if n.op_type == "MatMul")
     assert all(producer.get(i) != "DequantizeLinear" for i in sims.input)  # float both sides
-    p = run_zoo("predict", str(q), knn["photo"], knn["digit"], "--json")
+    p = zoo_here("predict", str(q), knn["photo"], knn["digit"], "--json")
     assert p.returncode == 0, p.stderr
     rows = {row["image"]: row for row in json.loads(p.stdout)}
     assert rows[knn["photo"]]["score_kind"] == "knn"
@@ -353,7 +353,7 @@ def test_int8_keeps_the_knn_score_float(knn_run: Path, knn: dict, tmp_path: Path
 
 
 def test_eval_ood_judges_the_stored_knn_rule(knn_run: Path, knn: dict, photos: list[Path]) -> None:
-    r = run_zoo("eval", str(knn_run), "--ood", str(photos[0].parent.parent), "--json")
+    r = zoo_here("eval", str(knn_run), "--ood", str(photos[0].parent.parent), "--json")
     assert r.returncode == 0, r.stderr
     ood = json.loads(r.stdout)["ood"]
     assert ood["rule"]["score"] == "knn" and set(ood["scores"]) == {"msp", "energy", "knn"}
@@ -370,7 +370,7 @@ def test_enrolling_into_a_knn_model_adds_the_images_to_its_bank(
 
     new = [p for p in photos if p.parent.name in ("astronaut", "chelsea")][:5]
     out = tmp_path / "enrolled"
-    r = run_zoo("enroll", str(knn_run), "--class", "photo", *map(str, new), "-o", str(out))
+    r = zoo_here("enroll", str(knn_run), "--class", "photo", *map(str, new), "-o", str(out))
     assert r.returncode == 0, r.stderr
     before, after = KnnBank.load(knn_run / "model"), KnnBank.load(out)
     # each image's eval view and BANK_VIEWS augmented views; k at most the images
@@ -379,5 +379,5 @@ def test_enrolling_into_a_knn_model_adds_the_images_to_its_bank(
     assert np.array_equal(after.rows[: len(before.rows)], before.rows)
     cal = json.loads((out / "config.json").read_text())["calibration"]["reject"]
     assert cal["score"] == "knn" and "refitted" in r.stdout + r.stderr
-    e = run_zoo("export", str(out), "-o", str(tmp_path / "e.onnx"))
+    e = zoo_here("export", str(out), "-o", str(tmp_path / "e.onnx"))
     assert e.returncode == 0 and "parity knn_score" in e.stdout, e.stderr

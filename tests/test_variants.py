@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_zoo
+from tests.conftest import zoo_here
 from tests.serving import server
 from zoo.artifact import REQUIRED_FILES, read_config
 from zoo.errors import ArtifactError, InputError
@@ -28,7 +28,7 @@ from zoo.variants import (
 
 
 def _ok(*args: str) -> str:
-    r = run_zoo(*args)
+    r = zoo_here(*args)
     assert r.returncode == 0, r.stderr
     return r.stderr
 
@@ -73,13 +73,13 @@ def test_the_chain_leaves_the_run_readable(chain: Path, small_digits: Path) -> N
     assert {p.name for p in model.iterdir()} == REQUIRED_FILES | {"model.onnx", "variants"}
     assert [v.name for v in list_variants(model)] == ["int8-dynamic"]
     read_config(model)  # the contract holds with variants/ in it
-    plain = run_zoo("predict", str(chain), image(small_digits), "--json")
-    int8 = run_zoo("predict", str(chain), image(small_digits), "--variant", "int8", "--json")
+    plain = zoo_here("predict", str(chain), image(small_digits), "--json")
+    int8 = zoo_here("predict", str(chain), image(small_digits), "--variant", "int8", "--json")
     assert plain.returncode == 0 and int8.returncode == 0, plain.stderr + int8.stderr
     assert "warning" not in plain.stderr + int8.stderr  # fresh exports: nothing to say
     for r in (plain, int8):  # the run's own classes, from either file
         assert json.loads(r.stdout)[0]["top"][0]["label"] in {f"digit_{d}" for d in range(10)}
-    ev = run_zoo("eval", str(chain), "--json", "--device", "cpu")
+    ev = zoo_here("eval", str(chain), "--json", "--device", "cpu")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["n"] > 0
 
@@ -91,12 +91,12 @@ def test_list_shows_the_variants(chain: Path) -> None:
         ("model.onnx", False),
         ("int8-dynamic", False),
     ]
-    table = run_zoo("list", f"{chain.parent}/*", "--runs", str(chain.parent))
+    table = zoo_here("list", f"{chain.parent}/*", "--runs", str(chain.parent))
     assert table.returncode == 0 and "int8-dynamic" in table.stdout
 
 
 def _list(runs: Path, *args: str) -> object:
-    r = run_zoo("list", f"{runs}/*", "--runs", str(runs), "--json", *args)
+    r = zoo_here("list", f"{runs}/*", "--runs", str(runs), "--json", *args)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -110,7 +110,7 @@ def test_a_stray_file_is_named_with_what_to_do(
     shutil.copy(model / "model.onnx", model / "notes.onnx")
     (model / "last.pt").write_bytes(b"")
     (model / "todo.txt").write_text("x")
-    r = run_zoo("predict", str(run), image(small_digits))
+    r = zoo_here("predict", str(run), image(small_digits))
     assert r.returncode == 1
     line = r.stderr.splitlines()[0]
     assert f"notes.onnx (derived files belong in variants/: move it to {model}/variants/" in line
@@ -159,7 +159,7 @@ def test_bundle_carries_the_variants(chain: Path, tmp_path: Path) -> None:
 
 
 def test_bench_times_the_variant_as_its_backend(chain: Path) -> None:
-    r = run_zoo(
+    r = zoo_here(
         "bench", str(chain), "--variant", "int8", "--backends", "eager", "--seconds", "0.05",
         "--json",
     )  # fmt: skip
@@ -181,12 +181,12 @@ def test_resume_keeps_the_exports_and_they_read_as_stale(
     stale = stale_exports(model)
     assert [v.name for v in stale] == ["model.onnx", "int8-dynamic"]
     assert "refresh it: zoo export " + str(run) in stale[0].warning()
-    r = run_zoo("predict", str(run), image(small_digits), "--variant", "int8")
+    r = zoo_here("predict", str(run), image(small_digits), "--variant", "int8")
     assert r.returncode == 0, r.stderr
     warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "int8-dynamic.onnx holds the weights of epoch 1, but" in warned[0]
     assert f"zoo quantize {model / 'model.onnx'} --mode dynamic" in warned[0]
-    fresh = run_zoo("predict", str(run), image(small_digits))  # PyTorch: the current weights
+    fresh = zoo_here("predict", str(run), image(small_digits))  # PyTorch: the current weights
     assert fresh.returncode == 0 and "warning" not in fresh.stderr
     rows = json.loads(_list(run.parent).stdout)
     assert [v["stale"] for v in rows[0]["variants"]] == [True, True]
