@@ -4,6 +4,7 @@ boundary, conversion of legacy checkpoints, and lineage in the registry."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,37 @@ def test_bundle_push_pull_elsewhere_identical(
     again = zoo.create_model(f"hf:me/digits-mlp@{C1}")
     assert torch.equal(_out(original), _out(again))
     assert zoo.create_model("hf:me/digits-mlp").zoo_info.num_classes == 10  # refs/main
+
+
+def test_bundle_and_convert_never_write_over_a_folder_of_other_files(
+    digits_run: Path, small_digits: Path, tmp_path: Path
+) -> None:
+    """A model folder is written whole, replacing what is there: named a folder of the user's
+    own files (their data, a run, a repository) or a file, bundle and convert refuse, exit 1,
+    and every file stays; a model folder (an earlier bundle) and an empty folder are fine."""
+    data = tmp_path / "digits"
+    shutil.copytree(small_digits / "digit_3", data / "digit_3")
+    (data / "notes.txt").write_text("keep")
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("keep")
+    before = {p: p.read_bytes() for p in (*data.rglob("*.*"), a_file)}
+    plain = tmp_path / "plain.pth"
+    torch.save(zoo.create_model("mlp", weights="none").state_dict(), plain)
+    for target in (data, digits_run, repo, a_file):
+        for cmd in (("bundle", str(digits_run)), ("convert", str(plain), "--arch", "mlp", "-o")):
+            r = zoo_here(*cmd, str(target))
+            assert r.returncode == 1, (cmd, target, r.stdout, r.stderr)
+            assert str(target) in r.stderr and "Traceback" not in r.stderr
+    assert "notes.txt" in zoo_here("bundle", str(digits_run), str(data)).stderr
+    assert {p: p.read_bytes() for p in (*data.rglob("*.*"), a_file)} == before
+    assert (repo / ".git").is_dir() and (digits_run / "model" / "model.safetensors").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target in (empty, empty):  # the second time, over the first bundle
+        assert zoo_here("bundle", str(digits_run), str(target)).returncode == 0
+    assert {p.name for p in empty.iterdir()} == REQUIRED_FILES
 
 
 def test_revision_pin_selects_the_commit(digits_run: Path, tmp_path: Path, hf_cache: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from zoo import durable
-from zoo.artifact import ALLOWED_FILES, read_config, save_model_folder
+from zoo.artifact import ALLOWED_FILES, ALLOWED_NAMES, CONFIG_FILE, read_config, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.catalog import get_entry
 from zoo.errors import InputError, UnsafeWeightsError
@@ -41,14 +41,42 @@ def _config_for(
     }
 
 
+def check_replaceable(out: Path) -> None:
+    """Refuse to write a model folder over anything but nothing, an empty folder or a model
+    folder: the write replaces ``out`` whole, and a user who names an existing folder of
+    other files (their data, a run) must not lose them.
+
+    Raises:
+        InputError: ``out`` is a file, or a folder holding files a model folder does not.
+    """
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise InputError(
+            f"{out} exists and is not a folder: a model folder is written there whole; name a "
+            "new path (or remove the file)."
+        )
+    names = sorted(p.name for p in out.iterdir())
+    # a model folder's own hidden files (locks, a copy's scratch) go with it; anything else of
+    # a folder that is no model folder (.git too) is the user's
+    foreign = [n for n in names if n not in ALLOWED_NAMES and not n.startswith(".")]
+    if foreign or (names and CONFIG_FILE not in names):
+        shown = ", ".join(foreign[:5] or names[:5]) + (", …" if len(foreign or names) > 5 else "")
+        raise InputError(
+            f"{out} exists and is not a model folder (it holds {shown}): zoo writes a model "
+            "folder whole, replacing what is there, so it refuses; name a new or empty folder, "
+            "or a model folder to replace."
+        )
+
+
 def bundle(name: str | ModelRef, out: str | Path) -> Path:
     """Write the artifact folder of a model to ``out`` (atomically).
 
     Args:
         name: a model reference: a run or model folder is copied (after its contract is
             checked), with its ``variants/``; a registry, ``timm:`` or Hub name is built and saved.
-        out: the model folder to write (replaced whole if it exists: a kill leaves the old
-            folder or the new one, :func:`zoo.durable.replace_dir`).
+        out: the model folder to write: new, empty, or a model folder, replaced whole (a kill
+            leaves the old folder or the new one, :func:`zoo.durable.replace_dir`).
 
     Returns:
         ``out``.
@@ -56,10 +84,12 @@ def bundle(name: str | ModelRef, out: str | Path) -> Path:
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse, or is an ONNX file.
         ArtifactError: the source folder breaks the artifact contract.
+        InputError: ``out`` is a file or a folder of other files (:func:`check_replaceable`).
         Everything :func:`zoo.create_model` raises, for a built model.
     """
     ref = ModelRef.parse(name)
     out = Path(out)
+    check_replaceable(out)
     if ref.kind in ("run", "model-folder"):
         folder = ref.model_folder
         read_config(folder)
@@ -97,6 +127,7 @@ def convert(
     pth = Path(pth)
     if not pth.is_file():
         raise InputError(f"Checkpoint {pth} does not exist.")
+    check_replaceable(Path(out))
     if trust:
         obj = torch.load(pth, map_location="cpu", weights_only=False)  # the user vouched for it
         for key in ("state_dict", "model", "model_state_dict"):
