@@ -268,6 +268,8 @@ def test_load_manifest_refuses_what_kserve_lacks(zoo_runtime: tuple[Path, dict, 
         (["--storage-uri", "bucket/models"], 2, "'bucket/models' is not a storage URI"),
         (["--image", "zoo-serve:1"], 2, "--image names the zoo serve container"),
         (["--format", "onnx", "--storage-uri", STORAGE], 2, "applies to --format kserve"),
+        (["--max-batch", "0"], 2, "--max-batch 0: give at least 1"),
+        (["--format", "triton", "--max-batch", "-3"], 2, "--max-batch -3: give at least 1"),
     ],
 )
 def test_bad_options_are_usage_errors(

@@ -16,7 +16,7 @@ from typing import Any
 from zoo import durable
 from zoo.deploy.export.onnx_export import export_onnx
 from zoo.deploy.export.result import ExportResult
-from zoo.errors import ExportError, InputError
+from zoo.errors import ExportError, InputError, UsageError
 from zoo.ref import ModelRef
 
 _SCHEMA_MODULE = "zoo_triton_model_config_pb2"
@@ -116,6 +116,12 @@ def export_triton(
     """
     from zoo.onnx_meta import read_metadata, read_preprocessing
 
+    if max_batch < 1:  # 0 is Triton's "no batch axis", which zoo's batched graph always has
+        raise UsageError(
+            f"--max-batch {max_batch}: give at least 1 (the largest batch Triton may form; the "
+            "exported graph always takes a batch axis).",
+            param_hint="--max-batch",
+        )
     repo.mkdir(parents=True, exist_ok=True)
     # a hidden scratch folder (a kill leaves no model Triton would load; resume-style sweeps
     # remove it), on the repository's file system so that the model folder swaps in whole
