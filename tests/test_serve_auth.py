@@ -362,3 +362,24 @@ def test_exposure_key_files_and_tls_options_are_checked(
         check_exposure("::", None, allow_unauthenticated=False)
     check_exposure("::", None, allow_unauthenticated=True)  # said explicitly: allowed
     check_exposure("0.0.0.0", parse_key_file(ALL, "k"), allow_unauthenticated=False)
+
+
+@pytest.mark.parametrize("option", ["--port", "--grpc-port"])
+def test_a_port_another_process_holds_is_refused_before_anything_loads(
+    option: str, mobilenet_onnx: Path, tmp_path: Path
+) -> None:
+    """Bound after the model loaded, a taken HTTP port aborted the server (exit 134, "terminate
+    called without an active exception") and a taken gRPC port raised a traceback; now both
+    exit 1 naming the port, and the one- and two-model servers check it alike."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        for models in ([str(mobilenet_onnx)], [f"a={mobilenet_onnx}", f"b={mobilenet_onnx}"]):
+            extra = [option, port] if option == "--port" else ["--port", "0", option, port]
+            r = run_zoo("serve", *models, *extra, timeout=120)
+            assert r.returncode == 1, (models, r.returncode, r.stderr[-2000:])
+            assert f"{option} {port}: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and "terminate called" not in r.stderr

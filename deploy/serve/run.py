@@ -5,6 +5,7 @@ graceful shutdown."""
 from __future__ import annotations
 
 import logging
+import socket
 import tempfile
 from pathlib import Path
 
@@ -69,6 +70,32 @@ def default_name(onnx_path: Path) -> str:
     return onnx_path.stem
 
 
+def check_ports_free(cfg: ServeConfig) -> None:
+    """Refuse, before anything is exported or loaded, a port another process holds: bound
+    later, uvicorn exits from under a loaded model's native threads (an abort, exit 134) and
+    gRPC raises. A port freed or taken in between is still caught at bind time.
+
+    Raises:
+        InputError: ``--port`` or ``--grpc-port`` cannot be bound on ``host``.
+    """
+    for option, port in (("--port", cfg.port), ("--grpc-port", cfg.grpc_port)):
+        if not port:  # None, or 0: any free port
+            continue
+        try:
+            family, kind, proto, _, addr = socket.getaddrinfo(
+                cfg.host, port, type=socket.SOCK_STREAM
+            )[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+                probe.bind(addr)
+        except OSError as exc:
+            raise InputError(
+                f"{option} {port}: cannot listen on {cfg.host}:{port} "
+                f"({exc.strerror or exc}); another server may hold it: pick another port, or "
+                "stop that server."
+            ) from None
+
+
 def serve(cfg: ServeConfig) -> None:
     """Serve one model or several under uvicorn until SIGTERM/SIGINT, then shut down
     gracefully. Several models get a worker process each behind the same ports
@@ -84,7 +111,8 @@ def serve(cfg: ServeConfig) -> None:
         UsageError: a non-loopback ``host`` without an API key or ``allow_unauthenticated``;
             two models under one name; a ``NAME=`` that is no name.
         InputError: an unreadable or malformed key file, a TLS file that is not there,
-            ``grpc_port`` without KServe's v2 messages installed.
+            ``grpc_port`` without KServe's v2 messages installed, a port another process
+            holds (:func:`check_ports_free`).
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
@@ -108,6 +136,7 @@ def serve(cfg: ServeConfig) -> None:
 
         messages()
     refs = cfg.references()  # NAME= checked before anything is exported
+    check_ports_free(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, (_, ref) in enumerate(refs):
