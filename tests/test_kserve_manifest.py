@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_zoo
+from tests.conftest import ROOT, run_zoo, zoo_here
 from tests.serving import free_port, server
 from zoo.deploy.export import kserve as ks
 from zoo.errors import ExportError
@@ -286,3 +286,20 @@ def test_a_missing_run_exits_1_naming_it(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert "'runs/nope' does not exist" in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir()), "nothing written"
+
+
+def test_an_output_of_the_wrong_kind_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """kserve's -o is the manifest, a file: a folder there was written beside (the Triton
+    repository) and then a traceback; triton's -o is a repository, a folder: a file there
+    raised FileExistsError. Both exit 1 now, naming the path, and nothing is written."""
+    folder, a_file = tmp_path / "out", tmp_path / "f.txt"
+    folder.mkdir()
+    a_file.write_text("keep")
+    for fmt, target, words in (("kserve", folder, "is a folder"), ("triton", a_file, "is a file")):
+        r = zoo_here("export", "simple_cnn", "--format", fmt, "-o", str(target), cwd=tmp_path)
+        assert r.returncode == 1, (fmt, r.stderr)
+        assert f"-o {target} {words}" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt", "out"]
+    assert not list(folder.iterdir()) and a_file.read_text() == "keep"

@@ -83,6 +83,7 @@ def test_pt2_and_torchscript_files_match_eager_on_real_photos(tmp_path: Path, fm
         "export", "simple_cnn", "--format", fmt, "--weights", str(weights), "-o", str(out), "--json"
     )
     assert r.returncode == 0, r.stderr
+    assert "Unable to load package" not in r.stderr, r.stderr  # torch's warning on a scratch name
     rep = json.loads(r.stdout)
     assert rep["exporter"] == ("torch.export" if fmt == "pt2" else "trace")
     assert rep["parity"]["passed"] and rep["size_mb"] == round(out.stat().st_size / 2**20, 2)

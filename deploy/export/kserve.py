@@ -339,13 +339,18 @@ def export_kserve(
         The manifest, the repository and the gate's evidence.
 
     Raises:
-        InputError: the ``kserve`` SDK is not installed.
+        InputError: the ``kserve`` SDK is not installed, or ``manifest`` is a folder.
         ExportError: the manifest does not read back through the SDK (a bug).
         Everything :func:`zoo.deploy.export.triton.export_triton` raises.
     """
     from zoo.deploy.export.triton import export_triton
 
     _sdk()  # before the export: a missing SDK costs nothing
+    if manifest.is_dir():  # refused before the repository is written beside it
+        raise InputError(
+            f"-o {manifest} is a folder; --format kserve writes the InferenceService manifest "
+            "there: name a .yaml file (the Triton repository goes beside it)."
+        )
     repo = repository_for(manifest)
     exported = export_triton(
         model,

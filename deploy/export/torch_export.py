@@ -55,8 +55,12 @@ def export_torch(
             loaded: Any = torch.jit.load(str(tmp))
         else:
             ep = torch.export.export(model, (x,))
-            torch.export.save(ep, str(tmp))
-            loaded = torch.export.load(str(tmp)).module()
+            # as open files: given a path, torch warns unless it ends in .pt2, which the
+            # atomic write's scratch name does not
+            with open(tmp, "wb") as f:
+                torch.export.save(ep, f)
+            with open(tmp, "rb") as f:
+                loaded = torch.export.load(f).module()
         d = compare(model(x).numpy(), loaded(x).numpy())
         result.parity = ParityReport(tensors=d)  # eager vs exported on seeded noise
         if not d.passed:

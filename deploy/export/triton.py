@@ -122,6 +122,11 @@ def export_triton(
             "exported graph always takes a batch axis).",
             param_hint="--max-batch",
         )
+    if repo.exists() and not repo.is_dir():
+        raise InputError(
+            f"-o {repo} is a file; --format triton writes a model repository, a folder: name a "
+            "new folder or an existing repository."
+        )
     repo.mkdir(parents=True, exist_ok=True)
     # a hidden scratch folder (a kill leaves no model Triton would load; resume-style sweeps
     # remove it), on the repository's file system so that the model folder swaps in whole
