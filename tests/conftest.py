@@ -161,12 +161,12 @@ def process_state_kept() -> Iterator[None]:
     logging's root handlers and level; and warning filters. So a test worker that runs one
     command in-process runs the next test as a fresh process would."""
     import logging
-    import random
     import signal
     import warnings
 
-    import numpy as np
     import torch
+
+    from zoo.train.rng import get_rng_state, set_rng_state
 
     argv, environ, here = list(sys.argv), dict(os.environ), Path.cwd()
     threads = torch.get_num_threads()
@@ -176,7 +176,7 @@ def process_state_kept() -> Iterator[None]:
     )
     cudnn = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     dtype, matmul = torch.get_default_dtype(), torch.get_float32_matmul_precision()
-    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    rng = get_rng_state()  # Python's, numpy's and torch's (a run's checkpoint keeps the same)
     sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     handlers = {s: signal.getsignal(s) for s in sigs}
     root = logging.getLogger()
@@ -194,9 +194,7 @@ def process_state_kept() -> Iterator[None]:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = cudnn
         torch.set_default_dtype(dtype)
         torch.set_float32_matmul_precision(matmul)
-        torch.set_rng_state(rng[0])
-        np.random.set_state(rng[1])
-        random.setstate(rng[2])
+        set_rng_state(rng)
         for s, h in handlers.items():
             if h is not None:
                 signal.signal(s, h)
