@@ -36,7 +36,7 @@ from provenance import Recording, headline
 
 from zoo.deploy.bench.options import BenchOptions
 from zoo.deploy.bench.table import run_bench
-from zoo.system import available_cpus
+from zoo.system import available_cpus, cpu_flags
 
 BACKENDS = ["eager", "ort_fp32", "ort_int8", "ov_fp32", "ov_int8", "ov_bf16"]
 EVAL_PHOTOS, CALIB_PHOTOS = PHOTOS[0::2], PHOTOS[1::2]  # different source photographs
@@ -59,8 +59,7 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _capped_rows(common: dict[str, Any]) -> dict[str, Any] | None:
     """ORT fp32 and OpenVINO int8 at batch 1 for both models, timed in a child process whose
     oneDNN is capped below AMX (None on a CPU without AMX, where the cap changes nothing)."""
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    if "amx_int8" not in flags:
+    if "amx_int8" not in cpu_flags():
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "capped.json"
