@@ -423,15 +423,18 @@ def _form(files: list[tuple[str, str | None, bytes]]) -> tuple[bytes, bytes]:
     return req.read(), boundary.encode()
 
 
-def test_upload_field_is_the_last_file_part_named_file_byte_for_byte() -> None:
+def test_upload_field_is_the_one_file_part_named_file_byte_for_byte() -> None:
     from zoo.deploy.serve.inputs import upload_field
 
     payload = b"\x89PNG\r\n--\r\n\x00" + bytes(range(256)) * 40  # a boundary-like run inside
     body, boundary = _form(
-        [("note", None, b"hi"), ("file", "a.png", b"first"), ("file", "b.png", payload)]
+        [("note", None, b"hi"), ("other", "a.png", b"first"), ("file", "b.png", payload)]
     )
     assert upload_field(body, boundary) == payload
     assert upload_field(body + b"an epilogue after the close", boundary) == payload
+    two, boundary = _form([("file", "a.png", b"first"), ("file", "b.png", payload)])
+    with pytest.raises(InputError, match=r"has 2 'file' file parts; .* one image a request"):
+        upload_field(two, boundary)  # not one answer for two images, in silence
     # a part without a Content-Disposition is no field, not the part before it again
     bare = b"--zz\r\nContent-Type: image/png\r\n\r\nbare\r\n--zz--\r\n"
     named = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\nok\r\n'

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import struct
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -13,11 +14,14 @@ from zoo.deploy.serve.openapi import openapi_document
 from zoo.deploy.serve.protocol import (
     HEADER,
     MAX_RANK,
+    ModelMetadata,
     OutputSpec,
+    TensorMetadata,
     classification,
     element_count,
     encode_response,
     parse_request,
+    triton_config,
 )
 from zoo.errors import InputError, PayloadTooLargeError
 
@@ -367,3 +371,48 @@ def test_a_bug_outside_the_guarded_endpoints_still_answers_json() -> None:
     app.state.server.ready = True  # ready, yet no model: the metadata endpoint's assert fails
     r = TestClient(app, raise_server_exceptions=False).get("/v2/models/m1")
     assert r.status_code == 500 and r.json()["error"].startswith("internal error: AssertionError")
+
+
+def test_triton_config_is_the_metadata_in_tritons_form() -> None:
+    """Dims lose the batch axis, datatypes take Triton's names, the input's layout follows
+    what it is (float image tensor NCHW, uint8 pixels NHWC, anything else NONE), outputs carry
+    no format, and the backend follows the platform."""
+    t = TensorMetadata
+    meta = ModelMetadata(
+        name="m",
+        versions=["1"],
+        platform="onnxruntime_onnx",
+        inputs=[t("input", "FP32", [-1, 3, 32, 32])],
+        outputs=[t("logits", "FP32", [-1, 10]), t("accepted", "BOOL", [-1])],
+        parameters={"max_batch": 8},
+    )
+    config = msgspec.to_builtins(triton_config(meta, 8))
+    assert config == {
+        "name": "m",
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": 8,
+        "input": [
+            {
+                "name": "input",
+                "data_type": "TYPE_FP32",
+                "dims": [3, 32, 32],
+                "format": "FORMAT_NCHW",
+            }
+        ],
+        "output": [
+            {"name": "logits", "data_type": "TYPE_FP32", "dims": [10]},
+            {"name": "accepted", "data_type": "TYPE_BOOL", "dims": []},
+        ],
+    }
+    layouts = {
+        ("UINT8", (-1, -1, -1, 3)): "FORMAT_NHWC",  # pixels: a graph that preprocesses itself
+        ("FP32", (-1, 64)): "FORMAT_NONE",
+        ("FP32", (-1, 1, 8, 8)): "FORMAT_NCHW",
+    }
+    for (dtype, shape), layout in layouts.items():
+        meta.inputs = [t("x", dtype, list(shape))]
+        (inp,) = triton_config(meta, 1).input
+        assert (inp.format, inp.dims, inp.data_type) == (layout, list(shape[1:]), f"TYPE_{dtype}")
+    meta.platform = "openvino"
+    assert triton_config(meta, 1).backend == "openvino"

@@ -97,6 +97,9 @@ def test_image_endpoint_raw_and_multipart(srv: str) -> None:
     )
     assert form.status_code == 200
     assert form.json()["predictions"][0]["label"] in {"Egyptian cat", "tabby", "tiger cat"}
+    two = [("file", (p.name, p.read_bytes(), "image/jpeg")) for p in (chelsea, coffee)]
+    both = httpx.post(f"{srv}/v2/models/{NAME}/predict", files=two)
+    assert both.status_code == 400 and "2 'file' file parts" in both.json()["error"], both.text
 
 
 def _png(w: int, h: int) -> bytes:

@@ -171,6 +171,14 @@ def test_two_models_are_listed_and_each_answers_as_its_own_file(
         == 1000
     )
 
+    # Triton's model configuration, from whichever worker a connection lands on
+    assert client.get_model_config(CNN, headers=AUTH)["input"] == [
+        {"name": "input", "data_type": "TYPE_FP32", "dims": [3, 32, 32], "format": "FORMAT_NCHW"}
+    ]
+    configs = [httpx.get(f"{url}/v2/models/{n}/config", headers=AUTH) for n in [CNN, NAME] * 3]
+    assert all(r.status_code == 200 for r in configs), [r.text for r in configs]
+    assert [r.json()["output"][0]["dims"] for r in configs] == [[4], [1000]] * 3
+
     cnn_direct = make_session(cnn_run / "model" / "model.onnx").run(None, {"input": digits_x})[0]
     np.testing.assert_allclose(infer(url, CNN, digits_x, 4), cnn_direct, rtol=1e-5, atol=1e-5)
     x = x_of(3, 2)

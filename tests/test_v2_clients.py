@@ -103,6 +103,47 @@ def test_tritonclient_http_answers_like_onnxruntime(srv: str, direct: Any, binar
     assert "400" in str(info.value.status()) and "INT64" in info.value.message()
 
 
+def test_tritons_image_client_steps_work_over_http(srv: str) -> None:
+    """What Triton's own example image client does, through ``tritonclient.http``: the model's
+    metadata and its configuration (``max_batch_size``, the input's ``format``) decide the
+    layout; photos prepared as the metadata's preprocessing says, a batch of them, top-3
+    classes asked of the server (Triton's classification extension: "score:index:label")."""
+    import tritonclient.http as th
+    from PIL import Image
+
+    from zoo.preprocess import preprocess
+    from zoo.preprocessing import Preprocessing
+    from zoo.samples import sample_image_paths
+
+    client = th.InferenceServerClient(srv.removeprefix("http://"))
+    meta = client.get_model_metadata(NAME)
+    config = client.get_model_config(NAME)
+    assert config == client.get_model_config(NAME, model_version="1")
+    # the image client's checks: one input, one FP32 output, NCHW or NHWC, a batch axis
+    assert len(meta["inputs"]) == len(config["input"]) == 1 and len(meta["outputs"]) == 1
+    assert meta["outputs"][0]["datatype"] == "FP32"
+    assert config["name"] == NAME and config["platform"] == "onnxruntime_onnx"
+    assert config["max_batch_size"] == 4  # the server's --max-batch
+    assert config["input"] == [
+        {"name": "input", "data_type": "TYPE_FP32", "dims": [3, 224, 224], "format": "FORMAT_NCHW"}
+    ]
+    assert config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [1000]}]
+    c, h, w = meta["inputs"][0]["shape"][1:]  # NCHW: after the batch axis
+    pre = Preprocessing.from_dict(meta["parameters"]["preprocessing"])
+    photos = [Image.open(p) for p in sample_image_paths()]  # a cat, an espresso
+    x = np.stack([preprocess(im, pre) for im in photos])
+    assert x.shape == (2, c, h, w)
+    inp = th.InferInput(meta["inputs"][0]["name"], list(x.shape), meta["inputs"][0]["datatype"])
+    inp.set_data_from_numpy(x)
+    out = th.InferRequestedOutput(meta["outputs"][0]["name"], class_count=3)
+    top = client.infer(NAME, [inp], outputs=[out]).as_numpy("logits")
+    labels = [[r.decode().split(":")[2] for r in row] for row in top]
+    assert labels[0][0] in {"Egyptian cat", "tabby", "tiger cat"} and labels[1][0] == "espresso"
+    with pytest.raises(th.InferenceServerException) as info:
+        client.get_model_config("nope")
+    assert "404" in str(info.value.status())
+
+
 def test_kserve_sdk_imports_after_a_triton_repository_was_written() -> None:
     """Writing a Triton repository loads Triton's config schema; KServe's SDK must still import
     in the same process (both register gRPC messages named ``inference.*`` with protobuf)."""
@@ -110,8 +151,8 @@ def test_kserve_sdk_imports_after_a_triton_repository_was_written() -> None:
     import sys
 
     code = (
-        "from zoo.deploy.export.triton import _schema\n"
-        "assert _schema().ModelConfig\n"
+        "from zoo.deploy.triton_schema import model_config_pb2\n"
+        "assert model_config_pb2('a test').ModelConfig\n"
         "import kserve\n"
         "assert kserve.InferenceRESTClient\n"
     )

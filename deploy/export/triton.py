@@ -16,38 +16,11 @@ from typing import Any
 from zoo import durable
 from zoo.deploy.export.onnx_export import export_onnx
 from zoo.deploy.export.result import ExportResult
+from zoo.deploy.triton_schema import model_config_pb2
 from zoo.errors import ExportError, InputError, UsageError
 from zoo.ref import ModelRef
 
-_SCHEMA_MODULE = "zoo_triton_model_config_pb2"
-
-
-def _schema() -> Any:
-    """Triton's ``model_config_pb2``, loaded from its file alone. Importing it the usual way
-    (``from tritonclient.grpc import model_config_pb2``) runs ``tritonclient.grpc``'s
-    ``__init__``, which registers Triton's gRPC service messages (``inference.ServerLive…``)
-    in protobuf's process-wide pool; KServe's SDK registers the same names, so a process that
-    then imports ``kserve`` fails with "duplicate symbol". The schema alone clashes with
-    neither."""
-    import importlib.util
-    import sys
-
-    if _SCHEMA_MODULE in sys.modules:
-        return sys.modules[_SCHEMA_MODULE]
-    package = importlib.util.find_spec("tritonclient")
-    locations = list(package.submodule_search_locations or []) if package else []
-    files = [Path(loc) / "grpc" / "model_config_pb2.py" for loc in locations]
-    found = next((f for f in files if f.is_file()), None)
-    if found is None:
-        raise InputError(
-            "Writing a Triton repository needs Triton's schema: pip install 'tritonclient[http]'"
-        )
-    spec = importlib.util.spec_from_file_location(_SCHEMA_MODULE, found)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_SCHEMA_MODULE] = module  # before executing: protobuf registers it once
-    spec.loader.exec_module(module)
-    return module
+_PURPOSE = "Writing a Triton repository"
 
 
 def build_config(
@@ -67,7 +40,7 @@ def build_config(
     shape ``[batch]``: Triton's ``dims [1]`` reshaped to a scalar per image)."""
     from google.protobuf import text_format
 
-    pb = _schema()
+    pb = model_config_pb2(_PURPOSE)
     cfg = pb.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=max_batch)
     if pixels:
         cfg.input.add(name="pixels", data_type=pb.TYPE_UINT8, dims=input_dims)
@@ -90,7 +63,7 @@ def validate_config(text: str) -> Any:
     """Parse ``config.pbtxt`` text with Triton's schema; raises on any unknown field or type."""
     from google.protobuf import text_format
 
-    pb = _schema()
+    pb = model_config_pb2(_PURPOSE)
     try:
         return text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as exc:

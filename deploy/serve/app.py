@@ -195,6 +195,16 @@ class HttpApi:
 
         return await self._guard(request, "metadata", go)
 
+    async def model_config(self, request: Request) -> Response:
+        """``GET /v2/models/NAME/config``: the model's configuration as Triton answers it."""
+
+        async def go() -> Response:
+            model = self.models.get(request.path_params["name"])
+            config = model.triton_config(model.name)
+            return Response(msgspec.json.encode(config), media_type="application/json")
+
+        return await self._guard(request, "config", go)
+
     async def infer(self, request: Request) -> Response:
         async def go() -> Response:
             model = self.models.get(request.path_params["name"])
@@ -299,6 +309,8 @@ def create_app(
         ("/v2/models/{name}", api.model_meta, None, "metadata"),
         ("/v2/models/{name}/ready", api.model_ready, None, "metadata"),
         ("/v2/models/{name}/versions/1", api.model_meta, None, "metadata"),
+        ("/v2/models/{name}/config", api.model_config, None, "metadata"),
+        ("/v2/models/{name}/versions/1/config", api.model_config, None, "metadata"),
         ("/v2/models/{name}/infer", api.infer, ["POST"], "infer"),
         ("/v2/models/{name}/versions/1/infer", api.infer, ["POST"], "infer"),
         ("/v2/models/{name}/predict", api.predict, ["POST"], "infer"),

@@ -8,12 +8,14 @@ UNAUTHENTICATED, a key without the scope PERMISSION_DENIED; INTERNAL only for a 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import msgspec
 
 from zoo.artifact import zoo_version
 from zoo.deploy.serve.auth import ApiKeys, Verdict, refusal_message
@@ -21,8 +23,10 @@ from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.grpc_protocol import SERVICE, infer_response, messages, parse_infer
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.model import ModelServer
+from zoo.deploy.serve.protocol import TritonConfig
 from zoo.deploy.serve.relay import GrpcCall, GrpcReply
 from zoo.deploy.serve.served import ServedModels
+from zoo.deploy.triton_schema import model_config_pb2
 from zoo.errors import (
     InputError,
     ModelNotReadyError,
@@ -104,6 +108,8 @@ class GrpcService:
             "ModelMetadata": ("metadata", self.model_metadata),
             "ModelInfer": ("infer", self.model_infer),
         }
+        if importlib.util.find_spec("tritonclient") is not None:  # Triton's schema is there
+            self.methods["ModelConfig"] = ("metadata", self.model_config)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The method table: requests arrive as bytes and are parsed in the method, so a
@@ -224,11 +230,37 @@ class GrpcService:
             outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs],
         )
 
+    async def model_config(self, data: bytes, rpc: _Call) -> bytes:
+        """Triton's ``ModelConfig`` (Triton's clients ask for it before they infer). Its
+        request has ModelMetadataRequest's fields (name = 1, version = 2)."""
+        req = self._parse(self.pb.ModelMetadataRequest, data)
+        return config_response(self._model(req.name, rpc).triton_config(req.name))
+
     async def model_infer(self, data: bytes, rpc: _Call) -> Any:
         name, req = parse_infer(data, max_elements=self.body_limit)
         model = self._model(name, rpc)
         outputs = await model.infer(name, req)
         return infer_response(model.name, req.id, outputs)
+
+
+def config_response(config: TritonConfig) -> bytes:
+    """Triton's ``ModelConfigResponse`` holding ``config``, serialized. The response is one
+    field (``ModelConfig config = 1``) and its class lives in tritonclient's service module,
+    which clashes with KServe's messages (:mod:`zoo.deploy.triton_schema`): that one
+    length-delimited field is written here, around the ``ModelConfig`` Triton's schema
+    encodes."""
+    from google.protobuf import json_format
+
+    pb = model_config_pb2("gRPC ModelConfig")
+    payload = json_format.ParseDict(msgspec.to_builtins(config), pb.ModelConfig())
+    body = payload.SerializeToString()
+    size, length = len(body), bytearray()
+    while True:  # the length as a base-128 varint
+        byte, size = size & 0x7F, size >> 7
+        length.append(byte | (0x80 if size else 0))
+        if not size:
+            break
+    return b"\x0a" + bytes(length) + body  # field 1, wire type 2 (length-delimited)
 
 
 @dataclass(frozen=True)

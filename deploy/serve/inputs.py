@@ -70,15 +70,15 @@ async def read_upload(request: Request, limit: int) -> bytes:
 
 
 def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
-    """The content of the last file part named ``name`` in a whole multipart ``body`` (the
-    field Starlette's form would give), parsed in memory by python-multipart's own parser.
+    """The content of the one file part named ``name`` in a whole multipart ``body``, parsed
+    in memory by python-multipart's own parser.
     Written here because the body is already held whole within the limit: Starlette's form
     spools each part to a temporary file on the event loop, which cost small uploads (a
     32×32 digit) 15% of a server's requests per second, measured side by side.
 
     Raises:
         InputError: a body that does not parse or was cut short, more than
-            :data:`MAX_PARTS` parts, or no file part of that name.
+            :data:`MAX_PARTS` parts, or not exactly one file part of that name.
     """
     parts: list[tuple[bytes, bytes | None, list[bytes]]] = []  # name, filename, data
     header = [b"", b"", b""]  # the field and the value being read; this part's disposition
@@ -131,7 +131,13 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
     files = [data for n, filename, data in parts if n == name and filename is not None]
     if not files:
         raise InputError(f"multipart upload needs a {name.decode()!r} field (a file part)")
-    return b"".join(files[-1])
+    if len(files) > 1:  # answering one of them would pass the others over in silence
+        raise InputError(
+            f"multipart upload has {len(files)} {name.decode()!r} file parts; this endpoint "
+            "classifies one image a request: send each in a request of its own, or several "
+            "as one batch to /v2/models/NAME/infer"
+        )
+    return b"".join(files[0])
 
 
 def check_tensor(

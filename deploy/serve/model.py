@@ -27,7 +27,9 @@ from zoo.deploy.serve.protocol import (
     ModelMetadata,
     OutputSpec,
     TensorMetadata,
+    TritonConfig,
     classification,
+    triton_config,
 )
 from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError
 from zoo.images import open_image
@@ -198,6 +200,14 @@ class ModelServer:
                 ),
             },
         )
+
+    def triton_config(self, name: str) -> TritonConfig:
+        """The model's configuration in Triton's form (:func:`triton_config`).
+
+        Raises:
+            ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
+        """
+        return triton_config(self.metadata(name), self.cfg.max_batch)
 
     async def run_batched(self, x: np.ndarray) -> np.ndarray:
         """``x`` through the dynamic batcher, within the timeout.

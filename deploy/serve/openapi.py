@@ -16,6 +16,7 @@ from zoo.deploy.serve.protocol import (
     InferenceRequest,
     InferenceResponse,
     ModelMetadata,
+    TritonConfig,
 )
 
 _REF = "#/components/schemas/{name}"
@@ -60,7 +61,7 @@ def openapi_document(
         A JSON-ready dict.
     """
     _, components = msgspec.json.schema_components(
-        [InferenceRequest, InferenceResponse, ModelMetadata], ref_template=_REF
+        [InferenceRequest, InferenceResponse, ModelMetadata, TritonConfig], ref_template=_REF
     )
     scalar = {"type": ["boolean", "number", "string"]}  # the protocol's $parameter_value
     for params in ("InputParameters", "OutputParameters", "RequestParameters"):
@@ -168,6 +169,14 @@ def openapi_document(
             **_errors(404, 503),
         },
     }
+    config = {
+        "summary": "Model configuration as Triton answers it (max_batch_size, input format)",
+        "parameters": [name],
+        "responses": {
+            "200": _json({"$ref": _REF.format(name="TritonConfig")}, "the model's configuration"),
+            **_errors(404, 503),
+        },
+    }
     ready = {
         "summary": "Model readiness (after warm-up)",
         "parameters": [name],
@@ -258,6 +267,8 @@ def openapi_document(
             "/v2/repository/index": {"get": index, "post": index_post},
             "/v2/models/{name}": {"get": meta},
             "/v2/models/{name}/versions/1": {"get": meta},
+            "/v2/models/{name}/config": {"get": config},
+            "/v2/models/{name}/versions/1/config": {"get": config},
             "/v2/models/{name}/ready": {"get": ready},
             "/v2/models/{name}/infer": {"post": infer},
             "/v2/models/{name}/versions/1/infer": {"post": infer},

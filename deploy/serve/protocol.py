@@ -138,6 +138,53 @@ class ModelMetadata(msgspec.Struct):
     parameters: dict[str, Any]  # zoo's extras: max_batch, static_batch, classes, preprocessing
 
 
+class TritonTensorConfig(msgspec.Struct, omit_defaults=True):
+    """One input or output of :class:`TritonConfig`."""
+
+    name: str
+    data_type: str  # Triton's names: TYPE_FP32, TYPE_UINT8, TYPE_BOOL
+    dims: list[int]  # without the batch dimension; -1 for a dynamic one
+    format: str = ""  # inputs: FORMAT_NCHW, FORMAT_NHWC or FORMAT_NONE
+
+
+class TritonConfig(msgspec.Struct):
+    """A served model's configuration in Triton's form (its model configuration extension:
+    ``GET /v2/models/NAME/config``, gRPC ``ModelConfig``), the JSON Triton itself answers:
+    what Triton's clients read before they infer (its image client reads ``max_batch_size``
+    and the input's ``format``)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int  # the largest batch a request may carry (--max-batch)
+    input: list[TritonTensorConfig]
+    output: list[TritonTensorConfig]
+
+
+def triton_config(meta: ModelMetadata, max_batch: int) -> TritonConfig:
+    """``meta`` in Triton's configuration form: the batch axis left out of the dims (every
+    served model takes one), datatypes with Triton's ``TYPE_`` names, and the input's layout:
+    uint8 pixels ``[N, H, W, C]`` (a graph that preprocesses itself) FORMAT_NHWC, a float
+    image tensor ``[N, C, H, W]`` FORMAT_NCHW, anything else FORMAT_NONE."""
+
+    def layout(t: TensorMetadata) -> str:
+        if len(t.shape) != 4:
+            return "FORMAT_NONE"
+        return "FORMAT_NHWC" if t.datatype == "UINT8" else "FORMAT_NCHW"
+
+    def tensor(t: TensorMetadata, fmt: str = "") -> TritonTensorConfig:
+        return TritonTensorConfig(t.name, f"TYPE_{t.datatype}", t.shape[1:], fmt)
+
+    return TritonConfig(
+        name=meta.name,
+        platform=meta.platform,
+        backend="openvino" if meta.platform == "openvino" else "onnxruntime",
+        max_batch_size=max_batch,
+        input=[tensor(t, layout(t)) for t in meta.inputs],
+        output=[tensor(t) for t in meta.outputs],
+    )
+
+
 _DECODER = msgspec.json.Decoder(InferenceRequest)
 _ENCODER = msgspec.json.Encoder()
 

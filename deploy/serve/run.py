@@ -5,14 +5,16 @@ graceful shutdown."""
 from __future__ import annotations
 
 import logging
-import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from zoo.artifact import ONNX_FILE
 from zoo.deploy.serve.config import ServeConfig, load_served
 from zoo.deploy.serve.startup import (
+    check_grpc_port,
     graceful_server,
+    listen,
     log_model,
     log_server,
     setup_logging,
@@ -70,32 +72,6 @@ def default_name(onnx_path: Path) -> str:
     return onnx_path.stem
 
 
-def check_ports_free(cfg: ServeConfig) -> None:
-    """Refuse, before anything is exported or loaded, a port another process holds: bound
-    later, uvicorn exits from under a loaded model's native threads (an abort, exit 134) and
-    gRPC raises. A port freed or taken in between is still caught at bind time.
-
-    Raises:
-        InputError: ``--port`` or ``--grpc-port`` cannot be bound on ``host``.
-    """
-    for option, port in (("--port", cfg.port), ("--grpc-port", cfg.grpc_port)):
-        if not port:  # None, or 0: any free port
-            continue
-        try:
-            family, kind, proto, _, addr = socket.getaddrinfo(
-                cfg.host, port, type=socket.SOCK_STREAM
-            )[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-                probe.bind(addr)
-        except OSError as exc:
-            raise InputError(
-                f"{option} {port}: cannot listen on {cfg.host}:{port} "
-                f"({exc.strerror or exc}); another server may hold it: pick another port, or "
-                "stop that server."
-            ) from None
-
-
 def serve(cfg: ServeConfig) -> None:
     """Serve one model or several under uvicorn until SIGTERM/SIGINT, then shut down
     gracefully. Several models get a worker process each behind the same ports
@@ -112,7 +88,8 @@ def serve(cfg: ServeConfig) -> None:
             two models under one name; a ``NAME=`` that is no name.
         InputError: an unreadable or malformed key file, a TLS file that is not there,
             ``grpc_port`` without KServe's v2 messages installed, a port another process
-            holds (:func:`check_ports_free`).
+            holds (the HTTP port is bound before anything is exported or loaded, and held:
+            :func:`~zoo.deploy.serve.startup.listen`).
         ModelRefError / UnknownModelError: the reference does not parse.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises: the model is loaded
@@ -136,27 +113,33 @@ def serve(cfg: ServeConfig) -> None:
 
         messages()
     refs = cfg.references()  # NAME= checked before anything is exported
-    check_ports_free(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        files = []
-        for i, (_, ref) in enumerate(refs):
-            workdir = Path(tmp) / str(i)  # an export on the fly per model
-            workdir.mkdir()
-            path = resolve_onnx(ref, workdir)
-            files.append((str(path), default_name(path)))
-        cfg = cfg.resolved(files)
-        if len(cfg.models) > 1 and not cfg.one_process:
-            from zoo.deploy.serve.workers import serve_workers
+    if cfg.grpc_port is not None:
+        check_grpc_port(cfg.host, cfg.grpc_port)
+    http = listen(cfg.host, cfg.port)
+    try:
+        cfg = replace(cfg, port=http.getsockname()[1])  # the port bound, for --port 0 too
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
+            for i, (_, ref) in enumerate(refs):
+                workdir = Path(tmp) / str(i)  # an export on the fly per model
+                workdir.mkdir()
+                path = resolve_onnx(ref, workdir)
+                files.append((str(path), default_name(path)))
+            cfg = cfg.resolved(files)
+            if len(cfg.models) > 1 and not cfg.one_process:
+                from zoo.deploy.serve.workers import serve_workers
 
-            serve_workers(cfg)  # each model loaded in its worker, refused there the same way
-            return
-        # loaded once, here: a model it cannot run is refused (exit 1) before the server
-        # binds, rather than a server that answers 503 for ever; the app only warms it up
-        loaded = {}
-        for model in cfg.served():
-            loaded[model.name] = load_served(model)
-            log_model(cfg, model, loaded[model.name].threads)
-        app = create_app(cfg, keys=keys, loaded=loaded)
-        config = uvicorn_config(app, cfg)
-        log_server(cfg, config, keys, "")
-        graceful_server(config).run()
+                serve_workers(cfg, http)  # each model loaded in its worker, refused there alike
+                return
+            # loaded once, here: a model it cannot run is refused (exit 1) before the server
+            # serves, rather than a server that answers 503 for ever; the app only warms it up
+            loaded = {}
+            for model in cfg.served():
+                loaded[model.name] = load_served(model)
+                log_model(cfg, model, loaded[model.name].threads)
+            app = create_app(cfg, keys=keys, loaded=loaded)
+            config = uvicorn_config(app, cfg)
+            log_server(cfg, config, keys, "")
+            graceful_server(config).run(sockets=[http])
+    finally:
+        http.close()

@@ -1,5 +1,5 @@
-"""How a serving process starts and stops: its log lines (start-up lines included), uvicorn's
-settings, and a graceful shutdown on SIGTERM and SIGINT; for ``zoo serve`` in one process
+"""How a serving process starts and stops: its ports, its log lines (start-up lines included),
+uvicorn's settings, and a graceful shutdown on SIGTERM and SIGINT; for ``zoo serve`` in one process
 (:mod:`zoo.deploy.serve.run`) and for each worker of a server with a process per model
 (:mod:`zoo.deploy.serve.workers`)."""
 
@@ -9,12 +9,59 @@ import contextlib
 import importlib.util
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 from zoo.deploy.serve.auth import ApiKeys
 from zoo.deploy.serve.config import ModelConfig, ServeConfig
+from zoo.errors import InputError
 from zoo.system import available_cpus
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _taken(option: str, host: str, port: int, exc: OSError) -> InputError:
+    return InputError(
+        f"{option} {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); another "
+        f"server may hold it: pick another {option} (0: any free one), or stop that server."
+    )
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound once, before any model is exported or loaded, and handed to
+    uvicorn (or inherited by the worker processes): a port another process holds is refused
+    at once (bound after loading, uvicorn exited from under a model's native threads, an abort),
+    and nothing can take it while the models load.
+
+    Raises:
+        InputError: the address cannot be bound (the port in use, an address not here).
+    """
+    try:
+        sock = socket.create_server((host, port), family=_family(host), backlog=2048)
+    except OSError as exc:
+        raise _taken("--port", host, port, exc) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_grpc_port(host: str, port: int) -> None:
+    """Refuse a ``--grpc-port`` another process holds before anything loads (gRPC binds its
+    own listeners later; a port taken in between is still refused then, by gRPC).
+
+    Raises:
+        InputError: the port is in use.
+    """
+    if not port:  # 0: any free port
+        return
+    with socket.socket(_family(host)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _taken("--grpc-port", host, port, exc) from None
 
 
 def graceful_server(config: Any) -> Any:

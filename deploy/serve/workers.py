@@ -46,8 +46,14 @@ import zoo.errors
 from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import MULTIPROC_ENV
 from zoo.deploy.serve.relay import MODEL_PREFIX, Peers
-from zoo.deploy.serve.startup import graceful_server, log_model, setup_logging, uvicorn_config
-from zoo.errors import InputError, ZooError
+from zoo.deploy.serve.startup import (
+    check_grpc_port,
+    graceful_server,
+    log_model,
+    setup_logging,
+    uvicorn_config,
+)
+from zoo.errors import ZooError
 
 log = logging.getLogger("zoo.serve")
 
@@ -151,24 +157,6 @@ def _raise(status: WorkerStatus) -> None:
     raise ZooError(status.error)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The HTTP socket every worker accepts on (bound here, once).
-
-    Raises:
-        InputError: the address cannot be bound (the port in use, an address not here).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as exc:
-        raise InputError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; give another --port "
-            "(0: any free one) or --host"
-        ) from exc
-    sock.set_inheritable(True)
-    return sock
-
-
 def _reserve_grpc(host: str, port: int) -> socket.socket:
     """A socket holding the gRPC port for the workers' ``SO_REUSEPORT`` listeners (it never
     listens itself). The port must be free: a listener of another program there, shared
@@ -177,29 +165,20 @@ def _reserve_grpc(host: str, port: int) -> socket.socket:
     Raises:
         InputError: the port is in use.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if port:
-        with socket.socket(family) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                raise InputError(
-                    f"cannot listen on {host}:{port} for gRPC: {exc.strerror or exc}; give "
-                    "another --grpc-port"
-                ) from exc
-    hold = socket.socket(family)
+    check_grpc_port(host, port)
+    hold = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     hold.bind((host, port))
     return hold
 
 
-def serve_workers(cfg: ServeConfig) -> None:
-    """Serve ``cfg``'s models (resolved to files, several), a worker process each, until
-    SIGTERM or SIGINT; then stop every worker gracefully and return.
+def serve_workers(cfg: ServeConfig, http: socket.socket) -> None:
+    """Serve ``cfg``'s models (resolved to files, several), a worker process each, accepting
+    on ``http`` (bound by :func:`~zoo.deploy.serve.startup.listen`), until SIGTERM or SIGINT;
+    then stop every worker gracefully and return.
 
     Raises:
-        InputError: a port that cannot be bound.
+        InputError: a gRPC port that cannot be bound.
         ZooError (the class the worker raised): a model that does not load; every worker is
             stopped first.
     """
@@ -210,7 +189,6 @@ def serve_workers(cfg: ServeConfig) -> None:
         relay_dir, metrics_dir = Path(tmp) / "relay", Path(tmp) / "metrics"
         relay_dir.mkdir()
         metrics_dir.mkdir()
-        http = _listen(cfg.host, cfg.port)
         hold = _reserve_grpc(cfg.host, cfg.grpc_port) if cfg.grpc_port is not None else None
         cfg = replace(
             cfg,
@@ -251,7 +229,6 @@ def serve_workers(cfg: ServeConfig) -> None:
                 w.signal(signal.SIGTERM)
             for w in workers:
                 w.wait(cfg.graceful_timeout_s + 10)
-            http.close()
             if hold is not None:
                 hold.close()
             for s, handler in previous.items():
