@@ -62,6 +62,8 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "cache_accuracy": (*_TRAIN, "bench/cache_accuracy.py"),
     "gpu_bench": (*_TRAIN, "deploy", "bench/gpu_bench.py", "bench/hand_train.py"),
     "cli_startup": (*_SHARED, "cli", "bench/cli_startup.py", "bench/peak_rss.py"),
+    # the README's main job: the script itself is measured too
+    "quickstart": (*_TRAIN, "deploy", "bench/quickstart.py", "scripts/quickstart.sh"),
     "deploy_bench": (*_DEPLOY, "bench/deploy_bench.py"),
     "openvino_bench": (*_DEPLOY, "bench/openvino_bench.py"),
     "quantize_defaults": (*_DEPLOY, "bench/quantize_defaults.py"),
@@ -332,7 +334,8 @@ class Recording:
         self.started = dt.datetime.now(dt.timezone.utc)
         self.t0 = time.perf_counter()
         self.git = git_state(self.paths)
-        self.sources = tree_sources(SOURCE_DIRS)  # as they were at the start
+        # as they were at the start (with a measured script outside them, as quickstart's)
+        self.sources = tree_sources((*SOURCE_DIRS, *self._outside()))
         self.source_sha256 = digest(self.sources, SOURCE_DIRS)
         # every Python process from here on lists the sources it imports (see ``measured``)
         self.loaded = Path(tempfile.mkdtemp(prefix="zoo-bench-loaded-"))
@@ -342,10 +345,15 @@ class Recording:
             [str(LOADED_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
 
+    def _outside(self) -> tuple[str, ...]:
+        """The measured files outside ``SOURCE_DIRS`` (a shell script the benchmark runs)."""
+        return tuple(p for p in self.paths if p.split("/", 1)[0] not in SOURCE_DIRS)
+
     def measured(self) -> dict[str, Any]:
         """The files this run measured: the sources its processes imported and the script's
-        own files (``MEASURED``'s entries under ``bench/``), with their digest at the start.
-        Commits touching other files leave its figures current. Where no process listed
+        own files (``MEASURED``'s entries under ``bench/``, and a shell script outside the
+        source folders), with their digest at the start. Commits touching other files leave
+        its figures current. Where no process listed
         anything (the hook did not load), the declared folders of ``MEASURED``."""
         loaded = loaded_sources(self.loaded)
         if not loaded:
@@ -355,6 +363,7 @@ class Recording:
                 "from": "declared",
             }
         own = {p for p in self.paths if p.startswith("bench/") and p not in RECORDER}
+        own |= set(self._outside())
         paths = tuple(sorted(loaded | own))
         return {"paths": list(paths), "sha256": digest(self.sources, paths), "from": "imported"}
 

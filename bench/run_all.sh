@@ -32,6 +32,8 @@ LOGS=${LOGS:-${TMPDIR:-/tmp}/zoo-bench-logs}
 SUITE=(
   # 22 s with these arguments
   "cli_startup|timing|25|--rounds 20"
+  # no record yet: three whole quickstarts of about 25 s each on a quiet Xeon
+  "quickstart|timing|80|--rounds 3"
   # 145 s with these arguments
   "deploy_bench|timing|150|--seconds 2 --digits-epochs 3"
   # 337 s at --seconds 2; 10 batch-1 rows time 0.5 s less (batch-16 rows: 30 runs at least)

@@ -825,6 +825,21 @@ def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     return [f"{r['rounds']} rounds, the order of the commands alternating.", "", *t.lines(out), ""]
 
 
+def quickstart(name: str, d: dict[str, Any], out: Doc) -> list[str]:
+    r = d["results"]
+    s = r["summary"]
+    t = Table(name, "measure", "seconds")
+    t.add("**wall clock, median of rounds**", f"**{fmt(s['median_wall_s'], 1)}**")
+    t.add(
+        "wall clock, first round (the file cache cold only if nothing ran before)",
+        fmt(s["first_round_wall_s"], 1),
+    )
+    t.add("wall clock, slowest round", fmt(s["max_wall_s"], 1))
+    t.add("CPU time of every process, median", fmt(s["median_cpu_s"], 1))
+    rounds = ", ".join(fmt(w, 1) for w in r["samples"]["wall_s"])
+    return [f"{r['rounds']} rounds ({rounds} s), each into an empty folder.", "", *t.lines(out), ""]
+
+
 def predict_throughput(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     s, st, rs = r["summary"], r["setup"], r["resume"]
@@ -1371,6 +1386,7 @@ RENDERERS: dict[str, Callable[[str, dict[str, Any], Doc], list[str]]] = {
     "loader_cache": loader_cache,
     "cache_accuracy": cache_accuracy,
     "cli_startup": cli_startup,
+    "quickstart": quickstart,
     "predict_throughput": predict_throughput,
     "predict_split": predict_split,
     "openvino_bench": openvino_bench,
