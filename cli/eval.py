@@ -106,6 +106,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
     from zoo.ref import ModelRef
+    from zoo.run_images import find_run
     from zoo.train.evaluate import evaluate_split
 
     if report_out is not None and not report:
@@ -145,7 +146,7 @@ def eval_cmd(
         from zoo.train.report import write_report
 
         ref = ModelRef.parse(model)
-        run = ref.path if ref.kind == "run" else None
+        run = find_run(ref.path) if ref.is_path else None  # a run, its model folder …
         dest = report_out or (run / "report.html" if run is not None else Path("report.html"))
         result = {**result, "report": write_report(ev, dest, run, ood=separation)}
         err.print(f"report: {dest} ({result['report']['images']} images embedded)")
@@ -157,6 +158,12 @@ def eval_cmd(
         + (f", scored by {result['scored_by']}" if "scored_by" in result else ""),
         markup=False,
     )
+    if result.get("missing"):
+        err.print(
+            f"note: {result['missing']} of the run's {result['split']} images are no longer on "
+            "disk (moved or deleted since the run) and are left out",
+            markup=False,
+        )
     names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
         "acc": "top-1" if "top5" in result else "exact-match",
         "balanced_acc": "balanced",

@@ -111,6 +111,48 @@ def test_corrupt_files_are_quarantined_and_run_completes(
     assert strict.returncode == 1 and "unreadable image" in strict.stderr
 
 
+def test_a_run_whose_validation_images_were_unreadable_evaluates_reports_and_exports(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    """Unreadable files in the validation folder are set aside by the data check and are not
+    in the run's ``split.json``: the run's report, ``zoo eval`` and ``zoo export`` (its gate
+    reads the run's validation images) go through, and eval counts only the readable ones.
+    ``zoo eval`` takes the run's model folder as the run, leaves out (and says so) an image
+    deleted since, and ``--resume`` of the model folder names the run to resume."""
+    data = tmp_path / "data"
+    for i, src in enumerate(sorted(p for p in small_digits.rglob("*.png"))):
+        dest = data / ("val" if i % 5 == 0 else "train") / src.parent.name / src.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dest)
+    (data / "val" / "digit_3" / "notes.png").write_text("this is not an image")
+    (data / "val" / "digit_3" / "empty.png").write_bytes(b"")
+    readable_val = len(list((data / "val").rglob("*.png"))) - 2
+    args = ["--data", str(data), "--epochs", "1", "--runs", str(tmp_path), "--name", "q"]
+    r = zoo_here("finetune", "mlp", *args, "--num-workers", "0", "--report")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "q"
+    assert "report: none" not in r.stderr and (run / "report.html").is_file(), r.stderr
+    report = json.loads((run / "report.json").read_text())
+    assert sorted(Path(q["path"]).name for q in report["quarantined"]) == ["empty.png", "notes.png"]
+    split = json.loads((run / "split.json").read_text())["splits"]
+    assert not [rel for rel, _ in split["val"] + split["train"] if "notes" in rel or "empty" in rel]
+    for model in (run, run / "model"):  # the model folder evaluates the run's own split
+        e = zoo_here("eval", str(model), "--json")
+        assert e.returncode == 0, e.stderr
+        assert json.loads(e.stdout)["n"] == readable_val and "missing" not in e.stdout
+    x = zoo_here("export", str(run))
+    assert x.returncode == 0, x.stderr
+    (data / split["val"][0][0]).unlink()  # a validation image deleted since the run
+    e = zoo_here("eval", str(run))
+    assert e.returncode == 0, e.stderr
+    assert f"{readable_val - 1} images" in e.stdout
+    assert "1 of the run's val images are no longer on disk" in e.stderr
+    again = zoo_here("finetune", "--resume", str(run / "model"))
+    assert again.returncode == 1 and f"resume the run: zoo finetune --resume {run}" in (
+        again.stderr.replace("\n", " ")
+    ), again.stderr
+
+
 def test_check_command(tmp_path: Path) -> None:
     _corrupt_set(tmp_path / "d")
     _img(tmp_path / "d" / "b" / "fine.png")

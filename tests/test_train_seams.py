@@ -101,6 +101,13 @@ def test_a_tied_extension_ships_the_earlier_epoch_and_says_so(tied_run: dict) ->
     ), second.stderr
 
 
+def test_a_resumed_runs_time_counts_its_earlier_epochs(tied_run: dict) -> None:
+    """The report's (and ``zoo runs``') time of a run trained by two processes is the run's,
+    not the last process's alone."""
+    timing = json.loads((tied_run["run"] / "report.json").read_text())["timing"]
+    assert len(timing["epochs"]) == 2 and timing["total_s"] >= sum(timing["epochs"]), timing
+
+
 # ---- lr-find: a curve that has not turned -----------------------------------------------
 
 
@@ -226,6 +233,19 @@ def test_ctrl_c_says_how_to_resume_and_exits_130(four_digits: Path, tmp_path: Pa
     assert proc.returncode == 130, "".join(seen) + rest
     assert f"continue where it stopped with: zoo finetune --resume {run}" in rest, rest
     assert (run / "checkpoints" / "last.pt").is_file()
+
+
+def test_ctrl_c_before_the_first_checkpoint_does_not_claim_one(tmp_path: Path) -> None:
+    from zoo.train.trainer import resume_hint
+
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    assert resume_hint(run) == (
+        f"interrupted: {run} has no checkpoint yet (it stopped before the first); start it "
+        f"over with: zoo finetune --resume {run}"
+    )
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    assert "keeps its last checkpoint; continue where it stopped with" in resume_hint(run)
 
 
 # ---- file modes, the card's GFLOPs, the estimate per phase --------------------------------

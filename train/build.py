@@ -306,8 +306,9 @@ def _datasets(
 def _data(
     cfg: TrainConfig, splits: data_mod.Splits, cache: ImageCache | None
 ) -> tuple[RunData, ImageCache | None]:
-    """The splits checked, unreadable files quarantined; and the image cache, filled (the
-    check stores what it decodes; the rest is decoded now)."""
+    """The splits checked, unreadable files quarantined (left out of the splits the run
+    keeps: the report lists them); and the image cache, filled (the check stores what it
+    decodes; the rest is decoded now)."""
     t0 = time.perf_counter()
     report = check_splits(splits, image_cache=cache)
     for line in format_report(report):
@@ -319,12 +320,10 @@ def _data(
             "or drop --strict-data to have them quarantined."
         )
     bad = set(report.quarantined)
-    samples = {
-        split: [
-            (p, y) for p, y in splits.samples(split) if str(p.relative_to(splits.root)) not in bad
-        ]
-        for split in splits.files
-    }
+    if bad:  # out of the run's splits, so of its split.json: eval, the report, export's gate
+        files = {k: [(rel, c) for rel, c in v if rel not in bad] for k, v in splits.files.items()}
+        splits = replace(splits, files=files)
+    samples = {split: splits.samples(split) for split in splits.files}
     for split in ("train", "val"):
         if not samples.get(split):
             raise DataError(f"The {split} split has no readable images.")

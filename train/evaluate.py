@@ -20,6 +20,7 @@ from zoo.errors import DataError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
+from zoo.run_images import SPLIT_FILE, find_run
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
@@ -82,16 +83,35 @@ def evaluate_with(
 
 
 def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, bool]:
-    """The folder's splits, and whether they are the run's own (else a scan of ``data``)."""
+    """The folder's splits, and whether they are the run's own (else a scan of ``data``):
+    the run's own for a run, its model folder or a file in them (:func:`find_run`)."""
     ref = ModelRef.parse(model_arg)
-    split_file = ref.path / "split.json" if ref.kind == "run" else None
-    if split_file is not None and split_file.exists():
-        saved = Splits.from_json(json.loads(split_file.read_text()))
+    run = find_run(ref.path) if ref.is_path else None
+    if run is not None:
+        saved = Splits.from_json(json.loads((run / SPLIT_FILE).read_text()))
         if data is None or Path(data).resolve() == saved.root:
             return saved, True
     if data is None:
-        raise DataError(f"{model_arg} is not a run folder with a split.json: pass --data DIR.")
+        raise DataError(
+            f"{model_arg} belongs to no run folder (one with a {SPLIT_FILE}): pass --data DIR."
+        )
     return scan(data), False
+
+
+def _on_disk(items: list[tuple[str, str]], root: Path, split: str) -> tuple[list[Any], int]:
+    """The run's ``split`` images still under ``root``, and how many are gone (moved or
+    deleted since the run), as ``zoo export``'s gate counts them.
+
+    Raises:
+        DataError: none of them is there any more.
+    """
+    kept = [it for it in items if (root / it[0]).is_file()]
+    if items and not kept:
+        raise DataError(
+            f"none of the run's {len(items)} {split} images exists under {root} any more: "
+            "pass --data DIR with images like the run's."
+        )
+    return kept, len(items) - len(kept)
 
 
 @dataclass
@@ -151,6 +171,9 @@ def evaluate_split(
     )
     if not items:
         raise DataError(f"The {split!r} split of {splits.root} holds no images.")
+    missing = 0
+    if own:
+        items, missing = _on_disk(items, splits.root, split)
     unknown = sorted({c for _, cls in items for c in cls.split(MULTI_SEP) if c not in index})
     if unknown:
         raise DataError(
@@ -198,6 +221,8 @@ def evaluate_split(
             "ece_before": round(ece_of(logits, targets, 1.0), 6),
             "ece_after": round(ece_of(logits, targets, t), 6),
         }
+    if missing:
+        extra["missing"] = missing  # the run's images no longer on disk, left out
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
     if scored_by is not None:
         result["scored_by"] = scored_by

@@ -37,7 +37,7 @@ class RunResult:
     parts: RunParts  # the model holds the best weights (the ones shipped)
     run: RunDir
     val: dict[str, Any]  # the shipped weights' validation metrics (per class too)
-    total_s: float  # the epoch loop's wall-clock time
+    total_s: float  # the epoch loop's wall-clock time (a resumed run's earlier epochs added)
     estimate: dict[str, Any]  # the preflight's
 
     @property

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from zoo.device import pick_device
-from zoo.errors import InputError
+from zoo.errors import CheckpointError, InputError
 from zoo.factory import require_weights, resolve, weight_source
 from zoo.metadata import ModelInfo
 from zoo.registry import Entry
+from zoo.run_images import find_run
 from zoo.train import data as data_mod
 from zoo.train.config import (
     ImageCacheMode,
@@ -83,6 +84,12 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     run = checkpoint = None
     cfg = options
     if options.resume:
+        inside = find_run(options.resume)
+        if inside is not None and inside != Path(options.resume).resolve():  # its model folder
+            raise CheckpointError(
+                f"{options.resume} is inside the run {inside}, not a run folder; resume the "
+                f"run: zoo finetune --resume {inside}"
+            )
         cfg, run, checkpoint = prepare_resume(options, explicit)
     parent = resolve(cfg.model)  # the only resolution of the model in a run
     source = weight_source(parent[0].info, cfg.weights)

@@ -94,11 +94,13 @@ def fit(
 
 
 def resume_hint(run: Path) -> str:
-    """What Ctrl-C leaves once a run folder exists, and the command that continues it."""
-    return (
-        f"interrupted: {run} keeps its last checkpoint; continue where it stopped with: "
-        f"zoo finetune --resume {run}"
-    )
+    """What Ctrl-C leaves once a run folder exists (its last checkpoint, or, before the
+    first one, only its settings), and the command that continues it."""
+    if (run / "checkpoints" / "last.pt").is_file():
+        kept = "keeps its last checkpoint; continue where it stopped with"
+    else:
+        kept = "has no checkpoint yet (it stopped before the first); start it over with"
+    return f"interrupted: {run} {kept}: zoo finetune --resume {run}"
 
 
 def _train(
@@ -164,6 +166,8 @@ def _loop(
     monitor = cfg.monitor or "val/acc"
     sign = -1 if monitor == "val/loss" else 1  # ValScores.monitored(): higher is better
 
+    # a resumed run's epochs before this process count too: the run's time, not this part's
+    earlier_s = sum(float(h["epoch_s"]) for h in state.history)
     t_start = time.perf_counter()
     with make_progress(enabled=comm.is_main and cfg.progress) as progress:
         while state.epoch < cfg.epochs and not state.stopped:
@@ -223,7 +227,7 @@ def _loop(
                 say(f"stopped after epoch {row.epoch}: asked by {_names(observers)}")
             elif state.stopped:
                 say(f"early stopping: no improvement of {monitor} for {cfg.patience} epoch(s)")
-    total_s = time.perf_counter() - t_start
+    total_s = earlier_s + time.perf_counter() - t_start
 
     comm.barrier()  # rank 0 has written best.pt
     if run.best_path.exists():  # the best epoch's weights: the model's or its EMA's

@@ -273,7 +273,7 @@ def _draw(spec: SearchSpec) -> dict[str, TrialRecord]:
             resolve_config(replace(spec.base, **rec.params))
         except InputError as exc:
             raise UsageError(
-                f"--space: {rec.name}'s setting {rec.params} is refused: {exc}",
+                f"{rec.name}'s setting {rec.params} is refused: {exc}",
                 param_hint="--space",
             ) from None
     return trials

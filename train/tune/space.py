@@ -65,7 +65,7 @@ class Dimension:
             close = difflib.get_close_matches(key, TUNABLE, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UsageError(
-                f"--space: {key!r} is not a tunable option{hint}. Valid keys: "
+                f"{key!r} is not a tunable option{hint}. Valid keys: "
                 f"{', '.join(TUNABLE)}.",
                 param_hint="--space",
             )
@@ -73,7 +73,7 @@ class Dimension:
             dim = cls(key, "fixed", (_coerce(key, spec),))
         elif len(spec) != 1 or next(iter(spec)) not in KINDS[1:]:
             raise UsageError(
-                f"--space: {key}: {spec!r} is not a dimension; give a plain value or one of "
+                f"{key}: {spec!r} is not a dimension; give a plain value or one of "
                 f"{{{', '.join(f'{k}: [...]' for k in KINDS[1:])}}}.",
                 param_hint="--space",
             )
@@ -81,7 +81,7 @@ class Dimension:
             kind, values = next(iter(spec.items()))
             if not isinstance(values, list) or not values:
                 raise UsageError(
-                    f"--space: {key}: {kind} takes a non-empty list; got {values!r}",
+                    f"{key}: {kind} takes a non-empty list; got {values!r}",
                     param_hint="--space",
                 )
             dim = cls(key, kind, tuple(_coerce(key, v) for v in values))
@@ -92,7 +92,7 @@ class Dimension:
         bad = next((v for v in self.values if not _fits(self.key, v)), _OK)
         if bad is not _OK:
             raise UsageError(
-                f"--space: {self.key} cannot be {bad!r} (the trainer's {self.key}: "
+                f"{self.key} cannot be {bad!r} (the trainer's {self.key}: "
                 f"{_field_types()[self.key]})",
                 param_hint="--space",
             )
@@ -100,7 +100,7 @@ class Dimension:
         out = next((v for v in self.values if _number(v) and not _within(bounds, v)), _OK)
         if bounds is not None and out is not _OK:
             raise UsageError(
-                f"--space: {self.key} {out!r} is out of range: it must be {bounds.rule()}",
+                f"{self.key} {out!r} is out of range: it must be {bounds.rule()}",
                 param_hint="--space",
             )
         if self.kind in ("uniform", "loguniform", "randint"):
@@ -110,7 +110,7 @@ class Dimension:
             ok = ok and (self.kind != "randint" or all(isinstance(v, int) for v in self.values))
             if not ok:
                 raise UsageError(
-                    f"--space: {self.key}: {self.kind} takes [low, high] with low < high"
+                    f"{self.key}: {self.kind} takes [low, high] with low < high"
                     + (" and low > 0" if self.kind == "loguniform" else "")
                     + (", both integers" if self.kind == "randint" else "")
                     + f"; got {list(self.values)}",
@@ -171,7 +171,7 @@ def read_space(path: Path, base: Space) -> Space:
     """
 
     def refuse(problem: str) -> UsageError:
-        return UsageError(f"--space {path}: {problem}", param_hint="--space")
+        return UsageError(f"{path}: {problem}", param_hint="--space")
 
     try:
         text = path.read_text()
