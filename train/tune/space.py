@@ -65,8 +65,7 @@ class Dimension:
             close = difflib.get_close_matches(key, TUNABLE, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UsageError(
-                f"{key!r} is not a tunable option{hint}. Valid keys: "
-                f"{', '.join(TUNABLE)}.",
+                f"{key!r} is not a tunable option{hint}. Valid keys: {', '.join(TUNABLE)}.",
                 param_hint="--space",
             )
         if not isinstance(spec, dict):
