@@ -9,16 +9,19 @@ CPU-dependent setting, the search's time estimate) are pure functions tested on 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import finetune_here, zoo_here
+from zoo.deploy.quantize import calibration
 from zoo.deploy.quantize import images as qi
 from zoo.deploy.quantize import options as qo
 from zoo.deploy.quantize import verdict as qv
 from zoo.deploy.quantize.search import estimate_seconds
+from zoo.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,68 @@ def test_a_registry_model_says_its_two_photos_prove_nothing(tmp_path: Path) -> N
 
 
 # --- the decisions, on given numbers ----------------------------------------------------------
+
+
+def _run_with_a_photo_in_both_splits(small_digits: Path, root: Path) -> Path:
+    """A run folder as ``zoo finetune`` leaves it (split.json, model/), over a copy of the
+    digits where one photo is there twice under two names: one copy in each split, as a user's
+    folder with a duplicate ends up."""
+    data = root / "data"
+    shutil.copytree(small_digits, data)
+    dup = data / "digit_3" / "dup.png"
+    first = sorted((data / "digit_3").glob("*.png"))[0]
+    shutil.copy(first, dup)
+    rows = [(str(p.relative_to(data)), p.parent.name) for p in sorted(data.rglob("*.png"))]
+    val = [r for r in rows if r[0] == str(dup.relative_to(data))] + rows[1:40:4]
+    train = [r for r in rows if r not in val]
+    assert (str(first.relative_to(data)), "digit_3") in train
+    run = root / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "split.json").write_text(
+        json.dumps({"root": str(data), "splits": {"train": train, "val": val}})
+    )
+    return run
+
+
+def test_a_photo_in_both_splits_is_left_out_of_the_calibration(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    """No --calib: zoo calibrates on the run's training split and judges on its validation
+    split, both its own choice. A photo the user's folder holds twice (one copy in each) is
+    left out of the calibration and said so, instead of an error blaming --data/--calib, which
+    the user never gave."""
+    run = _run_with_a_photo_in_both_splits(small_digits, tmp_path)
+    model = run / "model" / "model.onnx"
+    held = qi.eval_images(model, None, [f"digit_{d}" for d in range(10)])
+    assert held.source == "run"
+    paths, said = qi.calibration_images(model, None, 1000, held_out=held)
+    n_train = len(json.loads((run / "split.json").read_text())["splits"]["train"])
+    assert len(paths) == n_train - 1 and (run.parent / "data/digit_3/dup.png") not in paths
+    assert said == f"{n_train - 1} of run run's {n_train} train images (seed 0)" + (
+        " (left out: 1 of the run's validation images)"
+    )
+    calibration.check_disjoint(paths, list(held.paths), from_run=True)  # now disjoint
+    few, said = qi.calibration_images(model, None, 8, held_out=held)
+    assert len(few) == 8 and said.startswith("8 of run run's")
+
+
+def test_data_in_the_runs_training_split_blames_neither_calib_nor_the_user(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    """--data given, no --calib: calibration is the run's training split; --data images among
+    it are refused, naming where the calibration came from and what to do."""
+    run = _run_with_a_photo_in_both_splits(small_digits, tmp_path)
+    model = run / "model" / "model.onnx"
+    held = qi.eval_images(model, str(run.parent / "data"), [f"digit_{d}" for d in range(10)])
+    assert held.source == "data"
+    paths, _ = qi.calibration_images(model, None, 50, held_out=held)
+    with pytest.raises(InputError) as exc:
+        calibration.check_disjoint(paths, list(held.paths), from_run=True)
+    msg = str(exc.value)
+    assert "--data image(s) are also images of the run's training split" in msg
+    assert "--calib images" not in msg and "Give --data images the run was not trained" in msg
+    with pytest.raises(InputError, match=r"are also --calib images"):
+        calibration.check_disjoint(paths, list(held.paths))
 
 
 def _images(source: str = "run") -> qi.EvalImages:

@@ -91,9 +91,13 @@ def shared_files(
     return [(by_digest[d], name) for name, d in held_out if d in by_digest]
 
 
-def check_disjoint(calib: Sequence[Path], held_out: Sequence[Path]) -> None:
-    """Refuse held-out images that are also calibration images (same bytes, whatever the
-    name): the agreement would be measured on what int8 was fitted to.
+def check_disjoint(
+    calib: Sequence[Path], held_out: Sequence[Path], *, from_run: bool = False
+) -> None:
+    """Refuse held-out images (``--data``) that are also calibration images (same bytes,
+    whatever the name): the agreement would be measured on what int8 was fitted to.
+    ``from_run``: zoo chose the calibration images (the run's training split, no ``--calib``),
+    so the message must not blame a ``--calib`` the user did not give.
 
     Raises:
         InputError: naming up to three of the shared files and how many there are.
@@ -104,9 +108,17 @@ def check_disjoint(calib: Sequence[Path], held_out: Sequence[Path]) -> None:
     if shared:
         shown = "; ".join(c if c == h else f"{c} = {h}" for c, h in shared[:3])
         raise InputError(
-            f"{len(shared)} --data image(s) are also --calib images ({shown}): "
-            "an agreement must be measured on held-out images. Give --data and --calib "
-            "disjoint folders (different source photos, not just different files)."
+            f"{len(shared)} --data image(s) are also "
+            + (
+                "images of the run's training split, which zoo calibrates on without --calib "
+                f"({shown}): an agreement must be measured on held-out images. Give --data "
+                "images the run was not trained on (different source photos, not just "
+                "different files), or --calib a folder disjoint from --data."
+                if from_run
+                else f"--calib images ({shown}): an agreement must be measured on held-out "
+                "images. Give --data and --calib disjoint folders (different source photos, "
+                "not just different files)."
+            )
         )
 
 

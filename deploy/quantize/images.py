@@ -4,7 +4,7 @@ the validation (judged) or training (calibrated) split of the run the model belo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -72,39 +72,60 @@ def calibration_images(
     with a description.
 
     When int8 is judged on the run's own validation images (``held_out``, chosen by zoo, not
-    by the user) and ``--calib`` is the folder the run was trained on, those images are left
-    out of the calibration, and the description says how many: the user's natural
-    ``--calib ./my-data`` then works, and the agreement is still measured on held-out images.
+    by the user), calibration images with the same bytes as one of them are left out, and
+    the description says how many: ``--calib`` the folder the run was trained on (the user's
+    natural ``--calib ./my-data``) works, so does a run whose folder holds a photo twice (one
+    copy in each split), and the agreement is still measured on held-out images.
     A ``--data`` the user gave is checked instead (:func:`check_disjoint` refuses overlap).
 
     Raises:
         InputError: neither (or no images in ``calib``, or none left once the held-out
             images are left out).
     """
+    judged = held_out.paths if held_out is not None and held_out.source == "run" else ()
     if calib is not None:
-        judged_paths = held_out.paths if held_out is not None and held_out.source == "run" else ()
-        paths = real_images(calib, limit=limit + len(judged_paths))
+        paths = real_images(calib, limit=limit + len(judged))
         if not paths:
             raise InputError(f"No images found for calibration in {calib}.")
-        if not judged_paths:
-            return paths, f"{len(paths)} images of {calib}"
-        judged = {file_digest(p) for p in judged_paths}
-        kept = [p for p in paths if file_digest(p) not in judged]
-        if not kept:
-            raise InputError(
-                f"Every image of --calib {calib} is one of the run's validation images int8 "
-                "is judged on: give --calib other images like them (or omit it: zoo then "
-                "calibrates on the run's training split)."
-            )
-        left_out = len(paths) - len(kept)
-        kept = kept[:limit]
-        note = f" (left out: {left_out} of the run's validation images)" if left_out else ""
-        return kept, f"{len(kept)} images of {calib}{note}"
-    run = find_run(model)
-    if run is None:
-        raise InputError("--mode static needs --calib DIR with representative real images.")
-    imgs = run_validation_images(run, limit=limit, split="train")
-    return list(imgs.paths), imgs.describe()
+        unjudged = _without(paths, judged)
+        kept = unjudged[:limit]
+        describe = f"{len(kept)} images of {calib}"
+        where = f"--calib {calib}"
+        fix = (
+            "give --calib other images like them (or omit it: zoo then calibrates on the "
+            "run's training split)"
+        )
+    else:
+        run = find_run(model)
+        if run is None:
+            raise InputError("--mode static needs --calib DIR with representative real images.")
+        imgs = run_validation_images(run, limit=limit + len(judged), split="train")
+        paths = list(imgs.paths)
+        unjudged = _without(paths, judged)
+        kept = unjudged[:limit]
+        label = dict(zip(imgs.paths, imgs.labels, strict=True))
+        describe = replace(imgs, paths=tuple(kept), labels=tuple(label[p] for p in kept)).describe()
+        where = f"run {run.name}'s training split"
+        fix = (
+            "its folder holds the same photos more than once: give --calib DIR with other "
+            "images like them"
+        )
+    if not kept:
+        raise InputError(
+            f"Every image of {where} is one of the run's validation images int8 is judged "
+            f"on: {fix}."
+        )
+    left_out = len(paths) - len(unjudged)
+    note = f" (left out: {left_out} of the run's validation images)" if left_out else ""
+    return kept, describe + note
+
+
+def _without(paths: list[Path], judged: tuple[Path, ...]) -> list[Path]:
+    """``paths`` less those with the same bytes as one of ``judged`` (whatever their name)."""
+    if not judged:
+        return paths
+    digests = {file_digest(p) for p in judged}
+    return [p for p in paths if file_digest(p) not in digests]
 
 
 def labels_for(images: list[Path], classes: list[str]) -> np.ndarray | None:

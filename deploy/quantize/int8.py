@@ -130,7 +130,7 @@ def quantize(
             model, o.calib, o.calib_size, held_out=images
         )
         if not images.proves_nothing:
-            check_disjoint(calib_imgs, list(images.paths))
+            check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
         if engine == "ort":
             calibration = default_calibration(o.method, o.per_channel)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
