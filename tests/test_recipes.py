@@ -168,12 +168,18 @@ def test_combinations_a_recipe_cannot_honour_are_refused(kw: dict[str, Any], say
         ({"random_erasing": 1.5}, "--random-erasing 1.5 is out of range: it must be in [0, 1]"),
         (
             {"mixup": -1.0},
-            "--mixup -1.0 is out of range: it must be finite and ≥ 0 (0: off; 0.2-0.8).",
+            "--mixup -1.0 is out of range: it must be finite and ≥ 0 (usually 0.2-0.8; 0 is off).",
         ),
-        ({"ema_decay": 1.0}, "--ema-decay 1.0 is out of range: it must be in (0, 1) (0.9998)."),
+        (
+            {"ema_decay": 1.0},
+            "--ema-decay 1.0 is out of range: it must be in (0, 1) (usually 0.9998).",
+        ),
         ({"cutmix": float("inf")}, "--cutmix inf is out of range: it must be finite and ≥ 0"),
         ({"layer_decay": 0.0}, "--layer-decay 0.0 is out of range: it must be in (0, 1]"),
-        ({"lr": 0.0}, "--lr 0.0 is out of range: it must be finite and above 0 (1e-3 with AdamW"),
+        (
+            {"lr": 0.0},
+            "--lr 0.0 is out of range: it must be finite and above 0 (usually 1e-3 with AdamW",
+        ),
         ({"weight_decay": -0.1}, "--weight-decay -0.1 is out of range: it must be finite and ≥ 0"),
         ({"label_smoothing": 1.0}, "--label-smoothing 1.0 is out of range: it must be in [0, 1)"),
         ({"val_fraction": 0.0}, "--val-fraction 0.0 is out of range: it must be in (0, 1)"),

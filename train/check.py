@@ -13,7 +13,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from zoo.images import open_image
 from zoo.system import available_cpus, cache_home
@@ -93,6 +93,14 @@ def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
         return FileCheck(
             str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
         )
+    except UnidentifiedImageError:  # its message names a BytesIO object's address
+        kind = (
+            "empty file"
+            if path.stat().st_size == 0
+            else "UnidentifiedImageError: not a format PIL reads (JPEG, PNG, WebP, BMP, TIFF, "
+            "GIF, ...)"
+        )
+        return FileCheck(str(path), False, error=kind)
     except Exception as exc:  # PIL raises many types for broken files; all mean "unreadable"
         kind = "empty file" if path.stat().st_size == 0 else f"{type(exc).__name__}: {exc}"
         return FileCheck(str(path), False, error=kind)

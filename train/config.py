@@ -182,7 +182,7 @@ class TrainConfig:
 class Bounds:
     """The numbers an option may take: finite, from ``low`` to ``high`` (``None``: no end;
     ``*_open``: that end itself refused), whole numbers only with ``whole``; ``hint`` gives
-    usual values for the message."""
+    usual values for the message (``in [0, 1) (usually 0.1)``)."""
 
     low: float | None = None
     high: float | None = None
@@ -222,7 +222,7 @@ class Bounds:
         else:
             where = "any"
         kind = "a whole number" if self.whole else ("finite and" if hi is None else "")
-        usual = f" ({self.hint})" if hint and self.hint else ""
+        usual = f" (usually {self.hint})" if hint and self.hint else ""
         return " ".join(filter(None, [kind, where])) + usual
 
 
@@ -244,15 +244,15 @@ BOUNDS: dict[str, Bounds] = {
     "clip_grad_norm": Bounds(0, low_open=True, hint="1.0"),
     "val_fraction": Bounds(0, 1, low_open=True, high_open=True, hint="0.2"),
     "num_workers": whole(0),
-    "random_erasing": Bounds(0, 1, hint="a probability per image; 0.25"),
-    "mixup": Bounds(0, hint="0: off; 0.2-0.8"),
-    "cutmix": Bounds(0, hint="0: off; 1.0"),
+    "random_erasing": Bounds(0, 1, hint="0.25: a probability per image"),
+    "mixup": Bounds(0, hint="0.2-0.8; 0 is off"),
+    "cutmix": Bounds(0, hint="1.0; 0 is off"),
     "ema_decay": Bounds(0, 1, low_open=True, high_open=True, hint="0.9998"),
     "layer_decay": Bounds(0, 1, low_open=True, hint="0.65-0.85"),
     "patience": whole(1),
     "save_every_steps": whole(1),
     "top_k_checkpoints": whole(0),
-    "acceptance": Bounds(0, 1, low_open=True, hint="the share of validation images accepted"),
+    "acceptance": Bounds(0, 1, low_open=True, hint="0.95: the share of validation images accepted"),
     "max_nonfinite": whole(1),
     "max_rollbacks": whole(0),
     "image_size": whole(1),
