@@ -95,6 +95,8 @@ def test_a_tied_extension_ships_the_earlier_epoch_and_says_so(tied_run: dict) ->
         "epoch 2/2:" in second.stderr
         and "(ties the best, epoch 1: the earlier epoch is kept)" in second.stderr
     )
+    # counted as the epoch lines count: one epoch done, the second next (not "at epoch 1")
+    assert f"resumed {run} after 1 of 2 epochs (global step" in second.stderr, second.stderr
     assert (
         f"done: shipped epoch 1 (val/acc {acc}; epoch 2 tied and the earlier epoch is kept)"
         in second.stderr
@@ -106,6 +108,25 @@ def test_a_resumed_runs_time_counts_its_earlier_epochs(tied_run: dict) -> None:
     not the last process's alone."""
     timing = json.loads((tied_run["run"] / "report.json").read_text())["timing"]
     assert len(timing["epochs"]) == 2 and timing["total_s"] >= sum(timing["epochs"]), timing
+
+
+def test_a_taken_name_gets_a_new_folder_and_says_so(tied_run: dict, four_digits: Path) -> None:
+    """``--name tie`` again: the first run is kept, the new one is ``tie-2``, and the output
+    says so (with how to continue the first) instead of silently writing elsewhere."""
+    run = tied_run["run"]
+    again = zoo_here("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+                     "--epochs", "1", "--runs", str(run.parent), "--name", "tie", *SMALL,
+                     cwd=run.parent)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert (run.parent / "tie-2" / "model" / "model.safetensors").is_file()
+    assert (
+        f"note: {run} is another run, so this one is {run.parent / 'tie-2'} "
+        f"(--resume {run} continues that one instead)"
+    ) in again.stderr, again.stderr
+    first = zoo_here("finetune", "simple_cnn", "--data", str(four_digits), "--weights", "none",
+                     "--epochs", "1", "--runs", str(run.parent), "--name", "fresh", *SMALL,
+                     cwd=run.parent)  # fmt: skip
+    assert first.returncode == 0 and "is another run" not in first.stderr, first.stderr
 
 
 # ---- lr-find: a curve that has not turned -----------------------------------------------

@@ -239,10 +239,16 @@ def restore(parts: RunParts, saved: dict[str, Any], where: str) -> None:
         s.step_in_epoch = min(parts.steps_per_epoch, round(seen / (batch * comm.world)))
         say(
             f"warning: this run was saved with {saved_world} process(es) and resumes with "
-            f"{comm.world}: the rest of epoch {s.epoch} is reshuffled across ranks, so the "
+            f"{comm.world}: the rest of epoch {s.epoch + 1} is reshuffled across ranks, so the "
             "result is not bitwise equal to an uninterrupted run"
         )
+    # epochs counted from 1, as the epoch lines count them: "epoch 4/10" is the fourth
+    within = (
+        f", in epoch {s.epoch + 1} at step {s.step_in_epoch}/{parts.steps_per_epoch}"
+        if s.step_in_epoch
+        else ""
+    )
     say(
-        f"resumed {where} at epoch {s.epoch}, step {s.step_in_epoch}/{parts.steps_per_epoch} "
+        f"resumed {where} after {s.epoch} of {parts.cfg.epochs} epochs{within} "
         f"(global step {s.global_step})"
     )

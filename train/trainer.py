@@ -155,6 +155,12 @@ def _open_run(
         }
         path = comm.share(lambda: str(publish_run_dir(cfg, files)))
         run = RunDir(Path(path), top_k=cfg.top_k_checkpoints)
+        if cfg.name and run.path.name != cfg.name:  # --name taken: said, never silent
+            taken = Path(cfg.runs_root) / cfg.name
+            say(
+                f"note: {taken} is another run, so this one is {run.path} (--resume {taken} "
+                "continues that one instead)"
+            )
     return run, estimate
 
 
