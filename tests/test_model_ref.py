@@ -260,9 +260,46 @@ def test_a_plain_file_is_refused_with_the_way_to_convert_it(cwd: Path) -> None:
     with pytest.raises(ModelRefError) as err:
         ModelRef.parse("./weights.pt")
     assert (
-        "Model './weights.pt' is a file; give its model folder, an .onnx file, or convert a "
-        "checkpoint with `zoo convert FILE --arch ARCH`. "
+        "Model './weights.pt' is a file; give its model folder or an .onnx file; a PyTorch "
+        "checkpoint (.pth, .pt, .safetensors weights) becomes a model folder with "
+        "`zoo convert FILE --arch ARCH -o DIR`. "
     ) in str(err.value)
+
+
+def test_a_torch_program_is_told_apart_from_a_checkpoint(cwd: Path) -> None:
+    """Real files as PyTorch writes them: a TorchScript archive named .pt (PyTorch's docs'
+    name) and a torch.export .pt2 are exports zoo's commands do not run, so the way back is the
+    folder they came from or an .onnx export, not ``zoo convert``; a state dict named .pt is a
+    checkpoint to convert; a model folder's weights file points at its folder."""
+    import torch
+
+    net = torch.nn.Linear(2, 1)
+    torch.jit.save(torch.jit.script(net), cwd / "scripted.pt")
+    torch.export.save(torch.export.export(net, (torch.zeros(1, 2),)), cwd / "exported.pt2")
+    torch.save(net.state_dict(), cwd / "state.pt")
+    (cwd / "folder").mkdir()
+    (cwd / "folder" / "model.safetensors").write_bytes(b"x")
+    (cwd / "folder" / "config.json").write_text("{}")
+
+    def said(name: str) -> str:
+        with pytest.raises(ModelRefError) as err:
+            ModelRef.parse(f"./{name}")
+        return str(err.value)
+
+    for name, what, fmt in (
+        ("scripted.pt", "a TorchScript program", "torchscript"),
+        ("exported.pt2", "a torch.export program", "pt2"),
+    ):
+        assert (
+            f"is a file; it is {what} (what `zoo export --format {fmt}` writes), which zoo's "
+            "commands do not run: give the run or model folder it was exported from, or its "
+            ".onnx export (`zoo export RUN` writes one)."
+        ) in said(name)
+        assert "zoo convert" not in said(name)
+    assert "`zoo convert FILE --arch ARCH -o DIR`" in said("state.pt")
+    assert f"give the model folder holding it: {Path('folder')}." in said(
+        "folder/model.safetensors"
+    )
 
 
 def test_a_folder_holding_an_ir_alone_is_that_ir(cwd: Path) -> None:

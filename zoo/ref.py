@@ -213,6 +213,39 @@ def _parse_prefixed(s: str) -> ModelRef:
     return ModelRef("hf", repo, rev or None, text=s)
 
 
+_PROGRAMS = {
+    ".pt2": ("a torch.export program", "pt2"),
+    ".ts": ("a TorchScript program", "torchscript"),
+    ".torchscript": ("a TorchScript program", "torchscript"),
+}
+
+
+def _file_hint(p: Path) -> str:
+    """What to give instead of the file ``p`` (not .onnx/.xml): an export zoo's runtimes do not
+    run is told apart from a checkpoint to convert (by suffix, or for ``.pt`` by the archive's
+    member names: TorchScript's zip holds ``code/``; nothing is unpickled)."""
+    import zipfile
+
+    program = _PROGRAMS.get(p.suffix.lower())
+    if program is None and zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as z:
+            if any("/code/" in name for name in z.namelist()):
+                program = ("a TorchScript program", "torchscript")
+    if program is not None:
+        what, fmt = program
+        return (
+            f"it is {what} (what `zoo export --format {fmt}` writes), which zoo's commands do "
+            "not run: give the run or model folder it was exported from, or its .onnx export "
+            "(`zoo export RUN` writes one)"
+        )
+    if p.suffix.lower() == ".safetensors" and (p.parent / "config.json").is_file():
+        return f"give the model folder holding it: {p.parent}"
+    return (
+        "give its model folder or an .onnx file; a PyTorch checkpoint (.pth, .pt, "
+        ".safetensors weights) becomes a model folder with `zoo convert FILE --arch ARCH -o DIR`"
+    )
+
+
 def _parse_path(s: str, *, text: str) -> ModelRef:
     from zoo.system import expand_home
 
@@ -230,11 +263,7 @@ def _parse_path(s: str, *, text: str) -> ModelRef:
     if not p.exists():
         raise ModelRefError(text, "does not exist (no such run or model folder)")
     if not p.is_dir():
-        raise ModelRefError(
-            text,
-            "is a file; give its model folder, an .onnx file, or convert a checkpoint "
-            "with `zoo convert FILE --arch ARCH`",
-        )
+        raise ModelRefError(text, f"is a file; {_file_hint(p)}")
     ir = p / "model.xml"  # a folder written by zoo export --format openvino
     if ir.is_file() and not (p / "config.json").exists() and not (p / "model").is_dir():
         return ModelRef("openvino", str(ir), text=text)
