@@ -147,6 +147,12 @@ def test_a_run_whose_validation_images_were_unreadable_evaluates_reports_and_exp
     assert e.returncode == 0, e.stderr
     assert f"{readable_val - 1} images" in e.stdout
     assert "1 of the run's val images are no longer on disk" in e.stderr
+    shutil.rmtree(data / "val")  # every validation image gone: nothing to evaluate, said
+    gone = zoo_here("eval", str(run))
+    assert gone.returncode == 1 and (
+        f"run {run} has {len(split['val'])} val images in split.json, but none exist under "
+        f"{data} any more: pass --data DIR"
+    ) in " ".join(gone.stderr.split()), gone.stderr
     again = zoo_here("finetune", "--resume", str(run / "model"))
     assert again.returncode == 1 and f"resume the run: zoo finetune --resume {run}" in (
         again.stderr.replace("\n", " ")

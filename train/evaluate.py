@@ -20,7 +20,7 @@ from zoo.errors import DataError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
-from zoo.run_images import SPLIT_FILE, find_run
+from zoo.run_images import SPLIT_FILE, find_run, still_on_disk
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
@@ -82,36 +82,20 @@ def evaluate_with(
         model.train(was_training)
 
 
-def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, bool]:
-    """The folder's splits, and whether they are the run's own (else a scan of ``data``):
-    the run's own for a run, its model folder or a file in them (:func:`find_run`)."""
+def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, Path | None]:
+    """The folder's splits, and the run when they are the run's own (else a scan of ``data``
+    and None): the run's own for a run, its model folder or a file in them (:func:`find_run`)."""
     ref = ModelRef.parse(model_arg)
     run = find_run(ref.path) if ref.is_path else None
     if run is not None:
         saved = Splits.from_json(json.loads((run / SPLIT_FILE).read_text()))
         if data is None or Path(data).resolve() == saved.root:
-            return saved, True
+            return saved, run
     if data is None:
         raise DataError(
             f"{model_arg} belongs to no run folder (one with a {SPLIT_FILE}): pass --data DIR."
         )
-    return scan(data), False
-
-
-def _on_disk(items: list[tuple[str, str]], root: Path, split: str) -> tuple[list[Any], int]:
-    """The run's ``split`` images still under ``root``, and how many are gone (moved or
-    deleted since the run), as ``zoo export``'s gate counts them.
-
-    Raises:
-        DataError: none of them is there any more.
-    """
-    kept = [it for it in items if (root / it[0]).is_file()]
-    if items and not kept:
-        raise DataError(
-            f"none of the run's {len(items)} {split} images exists under {root} any more: "
-            "pass --data DIR with images like the run's."
-        )
-    return kept, len(items) - len(kept)
+    return scan(data), None
 
 
 @dataclass
@@ -157,8 +141,8 @@ def evaluate_split(
     model = create_model(model_arg).to(dev)
     score: Forward = forward or model
     info = info_of(model)
-    splits, own = _splits_for(model_arg, data)
-    if splits.layout == "flat" and not own and split == "val":
+    splits, own_run = _splits_for(model_arg, data)
+    if splits.layout == "flat" and own_run is None and split == "val":
         split = "all"  # a folder the model never trained on: every image is held out
     if split not in splits.files and split != "all":
         raise DataError(f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)}).")
@@ -172,8 +156,9 @@ def evaluate_split(
     if not items:
         raise DataError(f"The {split!r} split of {splits.root} holds no images.")
     missing = 0
-    if own:
-        items, missing = _on_disk(items, splits.root, split)
+    if own_run is not None:
+        kept = still_on_disk(items, splits.root, split, own_run)
+        items, missing = kept, len(items) - len(kept)
     unknown = sorted({c for _, cls in items for c in cls.split(MULTI_SEP) if c not in index})
     if unknown:
         raise DataError(

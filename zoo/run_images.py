@@ -83,12 +83,7 @@ def run_validation_images(
         rows = [(str(rel), str(label)) for rel, label in doc["splits"].get(split, [])]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{run / SPLIT_FILE} cannot be read ({exc}): pass --data DIR.") from exc
-    present = [(root / rel, label) for rel, label in rows if (root / rel).is_file()]
-    if not present:
-        raise DataError(
-            f"run {run} has {len(rows)} {split} images in {SPLIT_FILE}, but none exist under "
-            f"{root} any more: pass --data DIR with images like the run's."
-        )
+    present = [(root / rel, label) for rel, label in still_on_disk(rows, root, split, run)]
     random.Random(seed).shuffle(present)
     chosen = present if limit is None else present[:limit]
     return RunImages(
@@ -99,6 +94,24 @@ def run_validation_images(
         seed=seed,
         split=split,
     )
+
+
+def still_on_disk(
+    rows: list[tuple[str, str]], root: Path, split: str, run: Path
+) -> list[tuple[str, str]]:
+    """The (relative path, label) ``rows`` of ``run``'s ``split`` whose file is still under
+    ``root`` (images moved or deleted since the run are left out: callers count them).
+
+    Raises:
+        DataError: rows were given and none of them is there any more.
+    """
+    kept = [(rel, label) for rel, label in rows if (root / rel).is_file()]
+    if rows and not kept:
+        raise DataError(
+            f"run {run} has {len(rows)} {split} images in {SPLIT_FILE}, but none exist under "
+            f"{root} any more: pass --data DIR with images like the run's."
+        )
+    return kept
 
 
 def images_for(
