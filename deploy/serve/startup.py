@@ -19,7 +19,8 @@ from zoo.errors import InputError
 from zoo.system import available_cpus
 
 
-def _family(host: str) -> socket.AddressFamily:
+def address_family(host: str) -> socket.AddressFamily:
+    """IPv6 for a host written with colons (::1, ::), else IPv4."""
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
@@ -40,7 +41,7 @@ def listen(host: str, port: int) -> socket.socket:
         InputError: the address cannot be bound (the port in use, an address not here).
     """
     try:
-        sock = socket.create_server((host, port), family=_family(host), backlog=2048)
+        sock = socket.create_server((host, port), family=address_family(host), backlog=2048)
     except OSError as exc:
         raise _taken("--port", host, port, exc) from None
     sock.set_inheritable(True)
@@ -56,7 +57,7 @@ def check_grpc_port(host: str, port: int) -> None:
     """
     if not port:  # 0: any free port
         return
-    with socket.socket(_family(host)) as probe:
+    with socket.socket(address_family(host)) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
         try:
             probe.bind((host, port))

@@ -47,6 +47,7 @@ from zoo.deploy.serve.config import ServeConfig
 from zoo.deploy.serve.metrics import MULTIPROC_ENV
 from zoo.deploy.serve.relay import MODEL_PREFIX, Peers
 from zoo.deploy.serve.startup import (
+    address_family,
     check_grpc_port,
     graceful_server,
     log_model,
@@ -166,7 +167,7 @@ def _reserve_grpc(host: str, port: int) -> socket.socket:
         InputError: the port is in use.
     """
     check_grpc_port(host, port)
-    hold = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    hold = socket.socket(address_family(host))
     hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     hold.bind((host, port))
     return hold
