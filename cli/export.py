@@ -24,13 +24,29 @@ from zoo.deploy.choices import (
     KServeRuntime,
     Precision,
 )
-from zoo.deploy.export.options import ExportOptions, option_defaults
+from zoo.deploy.export.options import ExportOptions, applies_to, option_defaults
 
-# Every default and check lives in ExportOptions; only the help text and spelling live here.
+# Every default and check lives in ExportOptions (which --format uses which option:
+# OPTION_FORMATS, whose formats each help text names); only the help text and spelling live here.
 D = option_defaults()
+A = applies_to
+
+
+def typed_options(ctx: typer.Context) -> frozenset[str]:
+    """The options typed on the command line, even at their default value, as
+    :class:`ExportOptions` names them (``--format``: ``format``; ``--register``: ``register``)."""
+    names = {"fmt": "format", "register_name": "register"}
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}
+    # by name: typer's click is its own copy, its ParameterSource not click.core's
+    return frozenset(
+        names.get(name, name)
+        for name, source in sources.items()
+        if source is not None and source.name != "DEFAULT"
+    )
 
 
 def export_cmd(
+    ctx: typer.Context,
     model: ModelArg,
     fmt: Annotated[Format, choice(Format, "--format", "-f", help="output format")] = D["format"],
     output: Annotated[
@@ -38,8 +54,9 @@ def export_cmd(
         typer.Option(
             "-o",
             "--output",
-            help="output file (triton: repository folder; openvino: IR folder; kserve: the "
-            "manifest, its Triton repository beside it)",
+            help="output: onnx a .onnx file; torchscript .ts, .pt or .torchscript; pt2 .pt2; "
+            "triton a repository folder; openvino an IR folder; kserve the .yaml manifest, its "
+            "Triton repository beside it",
         ),
     ] = D["output"],
     static_batch: Annotated[
@@ -47,45 +64,58 @@ def export_cmd(
         typer.Option(
             "--static-batch",
             min=1,
-            help="onnx: fix the batch at N (predict/serve pad and chunk to it); default: dynamic",
+            help=f"{A('static_batch')}: fix the batch at N (predict/serve pad and chunk to "
+            "it); default: dynamic",
         ),
     ] = D["static_batch"],
     dynamic_batch: Annotated[
         bool,
         typer.Option(
             "--dynamic-batch",
-            help="onnx: the default (a batch axis proven at 1, 2, 5); kept for old scripts",
+            help=f"{A('dynamic_batch')}: the default (a batch axis proven at 1, 2, 5); kept "
+            "for old scripts (openvino/triton/kserve: always dynamic)",
         ),
     ] = D["dynamic_batch"],
     dynamic_size: Annotated[
-        bool, typer.Option("--dynamic-size", help="dynamic H/W, proven at 2 resolutions")
+        bool,
+        typer.Option(
+            "--dynamic-size", help=f"{A('dynamic_size')}: dynamic H/W, proven at 2 resolutions"
+        ),
     ] = D["dynamic_size"],
-    opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the tested one)")] = D[
-        "opset"
-    ],
+    opset: Annotated[
+        int | None, typer.Option(help=f"{A('opset')}: ONNX opset (default: the tested one)")
+    ] = D["opset"],
     exporter: Annotated[
-        Exporter, choice(Exporter, "--exporter", help="ONNX exporter (auto: dynamo, then legacy)")
+        Exporter,
+        choice(
+            Exporter,
+            "--exporter",
+            help=f"{A('exporter')}: ONNX exporter (auto: dynamo, then legacy)",
+        ),
     ] = D["exporter"],
-    jit: Annotated[JitMode, choice(JitMode, "--jit", help="torchscript: how to build")] = D["jit"],
+    jit: Annotated[JitMode, choice(JitMode, "--jit", help=f"{A('jit')}: how to build")] = D["jit"],
     data: Annotated[
         str | None,
         typer.Option(
             "--data",
-            help="real images for the prediction check (default: the bundled photos, and for "
-            "a run a seeded 64 of its validation images)",
+            help=f"{A('data')}: real images for the prediction check (default: the bundled "
+            "photos, and for a run a seeded 64 of its validation images)",
         ),
     ] = D["data"],
-    allow_mismatch: Annotated[bool, typer.Option(help="write the file even when parity fails")] = D[
-        "allow_mismatch"
-    ],
-    max_batch: Annotated[int, typer.Option(help="triton: max_batch_size")] = D["max_batch"],
+    allow_mismatch: Annotated[
+        bool,
+        typer.Option(help=f"{A('allow_mismatch')}: write the file even when parity fails"),
+    ] = D["allow_mismatch"],
+    max_batch: Annotated[
+        int, typer.Option(help=f"{A('max_batch')}: the largest batch (Triton's max_batch_size)")
+    ] = D["max_batch"],
     precision: Annotated[
         Precision,
         choice(
             Precision,
             "--precision",
             help="onnx fp32|fp16: weights and compute (inputs/outputs fp32); openvino "
-            "fp32|bf16|int8: the inference precision, set explicitly",
+            "fp32|bf16|int8: the inference precision, set explicitly; others: fp32 only",
         ),
     ] = D["precision"],
     calib: Annotated[
@@ -107,15 +137,16 @@ def export_cmd(
     slim: Annotated[
         bool,
         typer.Option(
-            "--slim", help="onnx: simplify the graph with onnxslim; the checks judge the result"
+            "--slim",
+            help=f"{A('slim')}: simplify the graph with onnxslim; the checks judge the result",
         ),
     ] = D["slim"],
     embed_preprocessing: Annotated[
         bool,
         typer.Option(
             "--embed-preprocessing",
-            help="onnx/triton: the graph takes uint8 NHWC pixels of any size and resizes, "
-            "crops and normalises them itself; parity judged from pixels to logits",
+            help=f"{A('embed_preprocessing')}: the graph takes uint8 NHWC pixels of any size "
+            "and resizes, crops and normalises them itself; parity judged from pixels to logits",
         ),
     ] = D["embed_preprocessing"],
     fp16_io: Annotated[
@@ -147,8 +178,9 @@ def export_cmd(
         typer.Option(
             "--register",
             metavar="NAME",
-            help="a run trained with --track mlflow: register the exported file as a version "
-            "of MLflow model NAME, its lineage tagged (run, data fingerprint, parent weights)",
+            help=f"{A('register')}, a run trained with --track mlflow: register the exported "
+            "file as a version of MLflow model NAME, its lineage tagged (run, data fingerprint, "
+            "parent weights)",
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -156,8 +188,6 @@ def export_cmd(
     """Export a model; checks the graph and proves parity with PyTorch (exit 1 on a breach)."""
     from zoo.cli import tracking
     from zoo.deploy.export.run import run_export
-
-    tracked = tracking.tracked(model, register=register_name, fmt=fmt)  # checked first
 
     options = ExportOptions(
         model=model,
@@ -182,7 +212,9 @@ def export_cmd(
         kserve_runtime=kserve_runtime,
         storage_uri=storage_uri,
         image=image,
+        given=typed_options(ctx),
     )
+    tracked = tracking.tracked(model, register=register_name, fmt=fmt)  # before any work
     result = run_export(options)
     if as_json:
         print_json(result.to_dict())

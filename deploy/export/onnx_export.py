@@ -149,6 +149,7 @@ def export_onnx(
     exporter: Exporter = "auto",
     data: str | None = None,
     allow_mismatch: bool = False,
+    mismatch_hint: str = "--allow-mismatch writes it anyway",
     model: nn.Module | None = None,
     weights: str | None = None,
     slim: bool = False,
@@ -181,6 +182,8 @@ def export_onnx(
             run or its model folder, a seeded sample of the run's own validation images
             (:func:`zoo.deploy.export.parity.gate_images`; the report's ``images`` names them).
         opset, exporter, allow_mismatch, model, weights: see ``zoo export --help``.
+        mismatch_hint: what the parity error offers instead (a format that takes no
+            ``--allow-mismatch`` names another way).
 
     Returns:
         What was written and the evidence: lint findings, parity report, attempts.
@@ -332,7 +335,7 @@ def export_onnx(
             raise ParityError(
                 f"Exported {name} does not match PyTorch: "
                 + "; ".join(parity.failures())
-                + ". Nothing was written; --allow-mismatch writes it anyway."
+                + f". Nothing was written; {mismatch_hint}."
             )
         graph = onnx.load(str(tmp))
         set_metadata(graph, export_metadata(info, ref, result, weights_sha))

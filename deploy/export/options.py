@@ -1,13 +1,15 @@
 """``zoo export``'s options: :class:`ExportOptions`, the one place their defaults and checks
 live, and the choices made from them before anything is loaded (the variant a run's export
-goes to, the output path).
+goes to, the output path). :data:`OPTION_FORMATS` says which ``--format`` uses which option and
+:data:`OUTPUT_SUFFIXES` what each format's ``-o`` is named: an option the format would ignore,
+or an output named as another format's, is refused before any work.
 
 Nothing here imports torch, numpy or onnx: the CLI reads the defaults at start-up.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +27,12 @@ from zoo.deploy.choices import (
     KServeRuntime,
     Precision,
 )
-from zoo.errors import ChoiceError, UsageError
+from zoo.errors import ChoiceError, InputError, UsageError
 
 if TYPE_CHECKING:
     from zoo.ref import ModelRef
 
-_EXTENSIONS = {
+_EXTENSIONS = {  # of the default output's name (:func:`default_output`)
     "onnx": ".onnx",
     "torchscript": ".ts",
     "pt2": ".pt2",
@@ -38,6 +40,123 @@ _EXTENSIONS = {
     "openvino": "",
     "kserve": ".isvc.yaml",
 }
+
+OUTPUT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "onnx": (".onnx",),  # how zoo predict, serve, quantize and bench know an ONNX file (zoo.ref)
+    "torchscript": (".ts", ".pt", ".torchscript"),  # zoo's; PyTorch's docs'; Ultralytics'
+    "pt2": (".pt2",),  # torch.export.save's own
+    "triton": (),  # a folder: the model repository
+    "openvino": (),  # a folder: model.xml and model.bin
+    "kserve": (".yaml", ".yml"),  # the InferenceService manifest (default NAME.isvc.yaml)
+}
+"""The suffixes ``-o`` may end in, per ``--format`` (the first: the one to suggest); ``()``: a
+folder, whose name may not end in a file's suffix (:data:`_FILE_SUFFIXES`)."""
+
+_WRITES = {
+    "onnx": "an ONNX file",
+    "torchscript": "a TorchScript file",
+    "pt2": "a torch.export archive",
+    "triton": "a Triton model repository, a folder",
+    "openvino": "an OpenVINO IR folder (model.xml and model.bin)",
+    "kserve": "an InferenceService manifest, a YAML file (its Triton repository beside it)",
+}
+_IR_FILES = (".xml", ".bin")  # what an OpenVINO IR folder holds
+_FILE_SUFFIXES = frozenset(s for each in OUTPUT_SUFFIXES.values() for s in each) | set(_IR_FILES)
+
+
+@dataclass(frozen=True)
+class Uses:
+    """Which ``--format`` values use one ``zoo export`` option (a row of
+    :data:`OPTION_FORMATS`).
+
+    Attributes:
+        flag: the option as typed.
+        formats: the formats whose export the option changes.
+        implied: formats that always do what ``value`` of the option says: there the option is
+            accepted with that value (it changes nothing and says nothing false), refused
+            with any other.
+        value: what ``implied`` formats always do.
+        condition: the rest of its condition, said in the refusal and checked on its own.
+        why: what ``--format FMT`` does with it, said in the refusal.
+        note: said after the refusal (``{fmt}``: the format).
+    """
+
+    flag: str
+    formats: tuple[Format, ...]
+    implied: tuple[Format, ...] = ()
+    value: object = None
+    condition: str = ""
+    why: str = "ignores it"
+    note: str = ""
+
+    def refusal(self, fmt: str) -> str:
+        """The usage error's message for ``--format fmt``."""
+        uses = _either(self.formats) + (f" {self.condition}" if self.condition else "")
+        why = self.why
+        if fmt in self.implied:
+            said = self.flag if self.value is True else f"{self.flag} {self.value}"
+            if self.value is False:
+                said = "--no-" + self.flag.removeprefix("--")
+            why = f"always does what {said} says"
+        return (
+            f"{self.flag} applies to --format {uses}, not {fmt!r} (--format {fmt} {why}): "
+            f"drop {self.flag}, or use --format {uses}" + self.note.format(fmt=fmt)
+        )
+
+
+def _either(items: tuple[str, ...]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+_FROM_ONNX: tuple[Format, ...] = ("onnx", "openvino", "triton", "kserve")  # an ONNX export inside
+_FP32_ONLY: tuple[Format, ...] = ("torchscript", "pt2", "triton", "kserve")  # no other precision
+# never write what fails parity (torchscript/pt2: ParityError; triton/kserve: the ONNX gate's)
+_GATE_NEVER_WAIVED: tuple[Format, ...] = ("torchscript", "pt2", "triton", "kserve")
+
+OPTION_FORMATS: dict[str, Uses] = {
+    "static_batch": Uses("--static-batch", ("onnx",)),
+    # the batch is dynamic by default; the formats built from the ONNX export all have one
+    "dynamic_batch": Uses("--dynamic-batch", ("onnx",), implied=_FROM_ONNX[1:], value=True),
+    "dynamic_size": Uses("--dynamic-size", ("onnx",)),
+    "opset": Uses("--opset", ("onnx", "triton", "kserve")),  # openvino: the tested opset
+    "exporter": Uses("--exporter", ("onnx",), implied=_FROM_ONNX[1:], value="auto"),
+    "jit": Uses("--jit", ("torchscript",)),  # pt2: torch.export
+    "data": Uses("--data", _FROM_ONNX),  # torchscript, pt2: compared with eager on seeded noise
+    "allow_mismatch": Uses(
+        "--allow-mismatch", ("onnx", "openvino"), implied=_GATE_NEVER_WAIVED, value=False
+    ),
+    "max_batch": Uses("--max-batch", ("triton", "kserve")),
+    "precision": Uses("--precision", ("onnx", "openvino"), implied=_FP32_ONLY, value="fp32"),
+    "calib": Uses(
+        "--calib", ("openvino",), condition="--precision int8", note=" (ONNX int8: zoo quantize)"
+    ),
+    "min_agreement": Uses("--min-agreement", ("openvino",), condition="--precision bf16 or int8"),
+    "slim": Uses("--slim", ("onnx",)),
+    "embed_preprocessing": Uses("--embed-preprocessing", ("onnx", "triton", "kserve")),
+    "fp16_io": Uses("--fp16-io", ("onnx",), condition="--precision fp16"),
+    "kserve_runtime": Uses("--kserve-runtime", ("kserve",)),
+    "storage_uri": Uses("--storage-uri", ("kserve",)),
+    "image": Uses("--image", ("kserve",), condition="--kserve-runtime zoo"),
+    # the CLI's (zoo.cli.tracking): it registers the one file written
+    "register": Uses(
+        "--register",
+        ("onnx", "torchscript", "pt2"),
+        why="writes no single model file to register",
+        note=" (register the ONNX file: zoo export RUN --register NAME, then export --format "
+        "{fmt} without --register)",
+    ),
+}
+"""Which ``--format`` uses which option: one given to a format that neither uses it
+(``formats``) nor always does what its value says (``implied``) is a usage error naming the
+option, the format and the formats that use it. Options not here apply to every format (the
+model, ``--format``, ``-o``, ``--weights``, ``--json``). Keys: :class:`ExportOptions`' fields,
+and ``register`` (the CLI's ``--register``, which only ``given`` can name)."""
+
+
+def applies_to(name: str) -> str:
+    """``onnx/triton/kserve``: the formats option ``name`` applies to, for its help text."""
+    return "/".join(OPTION_FORMATS[name].formats)
 
 
 def export_variant_name(
@@ -112,11 +231,17 @@ class ExportOptions:
             ``pvc://…``); default the ``file://`` URI of the one written beside the manifest.
         image: kserve, runtime ``zoo``: the container image; default
             :data:`zoo.deploy.export.kserve.DEFAULT_IMAGE`.
+        given: the options typed (the CLI's: field names, and ``register``), so that one
+            typed at its default value is judged as given; an option that differs from its
+            default is given anyway.
 
     Raises:
         ChoiceError: an unknown ``format``, ``exporter``, ``jit``, ``precision`` or
             ``kserve_runtime``.
-        UsageError: options that contradict each other or the format, quoting the option.
+        UsageError: options that contradict each other; one the format does not use
+            (:data:`OPTION_FORMATS`); ``output`` named as another format's
+            (:data:`OUTPUT_SUFFIXES`). Each quotes the option.
+        InputError: ``output`` is a folder where the format writes a file.
     """
 
     model: str
@@ -141,6 +266,7 @@ class ExportOptions:
     kserve_runtime: KServeRuntime = "triton"
     storage_uri: str | None = None
     image: str | None = None
+    given: frozenset[str] = field(default=frozenset(), compare=False, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         ChoiceError.check("format", self.format, FORMATS)
@@ -148,7 +274,8 @@ class ExportOptions:
         ChoiceError.check("jit", self.jit, JIT_MODES)
         ChoiceError.check("precision", self.precision, PRECISIONS)
         ChoiceError.check("kserve_runtime", self.kserve_runtime, KSERVE_RUNTIMES)
-        fmt = self.format
+        self._check_formats()
+        self._check_output()
         if self.static_batch is not None and self.static_batch < 1:
             raise UsageError(
                 f"{self.static_batch}: use a batch size of 1 or more", param_hint="--static-batch"
@@ -159,14 +286,8 @@ class ExportOptions:
                 "by default, pass only --static-batch N to fix it",
                 param_hint="--static-batch",
             )
-        for given, flag in (
-            (self.static_batch is not None, "--static-batch"),
-            (self.slim, "--slim"),
-        ):
-            if given and fmt != "onnx":
-                raise UsageError(f"{flag} applies to --format onnx, not {fmt!r}", param_hint=flag)
         self._check_precision()
-        if self.fp16_io and (fmt != "onnx" or self.precision != "fp16" or self.embed_preprocessing):
+        if self.fp16_io and (self.precision != "fp16" or self.embed_preprocessing):
             raise UsageError(
                 "--fp16-io needs --format onnx and --precision fp16, without --embed-preprocessing",
                 param_hint="--fp16-io",
@@ -174,6 +295,57 @@ class ExportOptions:
         if self.embed_preprocessing:
             self._check_embedded()
         self._check_kserve()
+
+    def _check_formats(self) -> None:
+        """Each option given (typed, or other than its default) is one ``format`` uses, or
+        one whose value it always honours (:data:`OPTION_FORMATS`)."""
+        given = self.given | {
+            f.name
+            for f in fields(self)
+            if f.default is not MISSING and getattr(self, f.name) != f.default
+        }
+        for name, uses in OPTION_FORMATS.items():
+            if name not in given or self.format in uses.formats:
+                continue
+            if self.format in uses.implied and getattr(self, name, None) == uses.value:
+                continue
+            raise UsageError(uses.refusal(self.format), param_hint=uses.flag)
+
+    def _check_output(self) -> None:
+        """``output`` is named as ``format`` writes it (:data:`OUTPUT_SUFFIXES`): a file with
+        one of its suffixes, or a folder not named as a file."""
+        out, fmt = self.output, self.format
+        if out is None:  # default_output names it right
+            return
+        suffixes, suffix = OUTPUT_SUFFIXES[fmt], out.suffix
+        known = suffix.lower() in _FILE_SUFFIXES
+        theirs = tuple(f for f, each in OUTPUT_SUFFIXES.items() if f != fmt and suffix in each)
+        whose = (
+            f" ({suffix} is --format {_either(theirs)}'s)"
+            if theirs
+            else f" ({suffix} is a file in an OpenVINO IR folder)"
+            if suffix.lower() in _IR_FILES
+            else ""
+        )
+        if suffixes and out.is_dir():
+            raise InputError(
+                f"-o {out} is a folder; --format {fmt} writes {_WRITES[fmt]}: name a "
+                f"{suffixes[0]} file (e.g. -o {out / ('model' + suffixes[0])})."
+            )
+        if suffixes and suffix not in suffixes:
+            named = out.with_suffix(suffixes[0]) if known else Path(f"{out}{suffixes[0]}")
+            raise UsageError(
+                f"-o {out}: --format {fmt} writes {_WRITES[fmt]}, named "
+                f"{_either(suffixes)}{whose}: e.g. -o {named}",
+                param_hint="--output",
+            )
+        if not suffixes and known:
+            folder = f"{out.with_suffix('')}" + ("_openvino" if fmt == "openvino" else "")
+            raise UsageError(
+                f"-o {out}: --format {fmt} writes {_WRITES[fmt]}, not a {suffix} file{whose}: "
+                f"name a folder, e.g. -o {folder}",
+                param_hint="--output",
+            )
 
     def _check_precision(self) -> None:
         """``precision``, ``calib`` and ``min_agreement`` for the chosen ``format``."""
@@ -192,14 +364,14 @@ class ExportOptions:
                 "the model will see, not the --data images the gate judges it on",
                 param_hint="--calib",
             )
-        if self.calib is not None and not int8_ir:
+        if self.calib is not None and not int8_ir:  # the format: OPTION_FORMATS
             raise UsageError(
                 "--calib applies to --format openvino --precision int8 (ONNX int8: zoo quantize)",
                 param_hint="--calib",
             )
         if agree is not None and not 0 < agree <= 1:
             raise UsageError("give a share in (0, 1], e.g. 0.98", param_hint="--min-agreement")
-        if agree is not None and (fmt != "openvino" or precision == "fp32"):
+        if agree is not None and precision == "fp32":  # the format: OPTION_FORMATS
             raise UsageError(
                 "--min-agreement applies to --format openvino --precision bf16 or int8 (fp32 "
                 "must agree on every image)",
@@ -207,17 +379,7 @@ class ExportOptions:
             )
 
     def _check_kserve(self) -> None:
-        """``kserve_runtime``, ``storage_uri`` and ``image``: for ``--format kserve`` only."""
-        given = (
-            (self.kserve_runtime != "triton", "--kserve-runtime"),
-            (self.storage_uri is not None, "--storage-uri"),
-            (self.image is not None, "--image"),
-        )
-        for was_given, flag in given:
-            if was_given and self.format != "kserve":
-                raise UsageError(
-                    f"{flag} applies to --format kserve, not {self.format!r}", param_hint=flag
-                )
+        """``storage_uri`` and ``image`` (``--format kserve``'s: :data:`OPTION_FORMATS`)."""
         uri = self.storage_uri
         if uri is not None and "://" not in uri[1:]:
             raise UsageError(
@@ -233,13 +395,8 @@ class ExportOptions:
             )
 
     def _check_embedded(self) -> None:
-        """``embed_preprocessing``: a format that carries it, a dynamic batch and size."""
-        if self.format not in ("onnx", "triton", "kserve"):
-            raise UsageError(
-                "--embed-preprocessing applies to --format onnx, triton or kserve, "
-                f"not {self.format!r}",
-                param_hint="--embed-preprocessing",
-            )
+        """``embed_preprocessing``: a dynamic batch and size (its formats:
+        :data:`OPTION_FORMATS`)."""
         fixed = (
             (self.static_batch is not None, "--static-batch"),
             (self.dynamic_size, "--dynamic-size"),
@@ -271,7 +428,20 @@ class ExportOptions:
 
 def option_defaults() -> dict[str, Any]:
     """Each option's default: the CLI's options read theirs from here."""
-    return {f.name: f.default for f in fields(ExportOptions) if f.default is not MISSING}
+    return {
+        f.name: f.default
+        for f in fields(ExportOptions)
+        if f.default is not MISSING and f.metadata.get("cli", True)
+    }
 
 
-__all__ = ["ExportOptions", "default_output", "export_variant_name", "option_defaults"]
+__all__ = [
+    "OPTION_FORMATS",
+    "OUTPUT_SUFFIXES",
+    "ExportOptions",
+    "Uses",
+    "applies_to",
+    "default_output",
+    "export_variant_name",
+    "option_defaults",
+]

@@ -114,6 +114,8 @@ def export_triton(
             data=data,
             weights=weights,
             embed_preprocessing=embed_preprocessing,
+            mismatch_hint="a Triton repository holds only a graph that matches (--format onnx "
+            "--allow-mismatch writes the ONNX file anyway, to inspect)",
         )
         meta = read_metadata(onnx_path)
         name = name or f"{meta['arch']}.{meta['tag']}".replace(":", "_").replace("/", "_")
