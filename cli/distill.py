@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from zoo.calibration import RejectMode
 from zoo.cli.common import choice, err
 from zoo.cli.train_options import (
     FIELD,
@@ -113,6 +114,27 @@ def distill_cmd(
             f"the teacher (with --qat: {_spelled(UNLABELLED_QAT_DEFAULTS)} where not typed)",
         ),
     ] = False,
+    reject: Annotated[
+        RejectMode | None,
+        choice(
+            RejectMode,
+            "--reject",
+            help="the threshold below which predict and serve answer 'unknown' (images from "
+            "outside the classes), fitted on validation at the end as zoo finetune --reject "
+            "does: default the teacher's own rule (its score, refitted on this run's weights; "
+            "none where the teacher has none); off: never",
+        ),
+    ] = None,
+    acceptance: Annotated[
+        float | None,
+        typer.Option(
+            **in_range(
+                "acceptance",
+                "the share of validation images the rejection threshold accepts (default: the "
+                "teacher's)",
+            )
+        ),
+    ] = None,
     teacher_logits: Annotated[
         TeacherLogits,
         choice(
@@ -202,6 +224,19 @@ def distill_cmd(
         assert teacher is not None
         ref = ModelRef.parse(teacher)  # a folder made absolute: a resume finds it from anywhere
         where = str(ref.path.resolve()) if ref.is_path else teacher
+    if where is not None and (reject is None or acceptance is None):
+        # the teacher's rejection rule, refitted on this run's weights, where not typed
+        from zoo.calibration import DEFAULT_ACCEPTANCE
+        from zoo.train.distill import teacher_rejection
+
+        rule = teacher_rejection(where)
+        if reject is None:
+            params["reject"] = rule.score if rule is not None else "off"
+        if acceptance is None:
+            params["acceptance"] = rule.acceptance if rule is not None else DEFAULT_ACCEPTANCE
+    for k in ("reject", "acceptance"):  # --resume: the run's own
+        if params[k] is None:
+            del params[k]
     if qat and where is not None:  # the student is the teacher; --qat's own defaults
         params["model"] = where
         defaults = QAT_DEFAULTS | (UNLABELLED_QAT_DEFAULTS if unlabelled else {})

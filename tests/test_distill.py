@@ -245,7 +245,10 @@ def test_unlabelled_images_take_the_teachers_answers_then_the_run_exports(
     split = json.loads((run / "split.json").read_text())
     classes = json.loads((teacher / "classes.json").read_text())
     assert split["layout"] == "teacher" and split["classes"] == classes
-    assert sorted(len(v) for v in split["splits"].values()) == [24, 96]  # seeded 20 % val
+    # the flat folder links the teacher's own images: the split is the teacher's (its 20
+    # validation images, 2 a class, stay validation), not a fresh seeded 24 of the 120
+    assert sorted(len(v) for v in split["splits"].values()) == [20, 100]
+    assert "split lined up with the teacher's (run t)" in d.stderr
     # each label is the teacher's own answer
     model = create_model(str(teacher))
     tf = eval_transform(model.zoo_info)  # type: ignore[arg-type]

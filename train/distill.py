@@ -12,12 +12,23 @@ once, through its own eval transform, and the logits are kept on disk
 (:mod:`zoo.train.teacher_cache`); with random augmentation the teacher must judge the view the
 student trains on, so it runs on every batch (``online``), on the student's input mapped to the
 teacher's normalisation, channels and size.
+
+Two things follow the teacher when it is a run (a fine-tuned model folder): its split and its
+rejection rule. A new run's split is lined up with the teacher's (:func:`line_up_split`): the
+images the teacher trained on train, the ones it held out validate, so the student's val acc and
+the teacher-vs-student table are measured on images neither learned. Its rejection rule
+(``unknown`` below a score, :class:`~zoo.calibration.Rejection`) is refitted on the distilled
+weights at the end: ``zoo distill`` asks for the same score and acceptance by default
+(:func:`teacher_rejection`), and the run's finishing step fits it as ``zoo finetune --reject``
+does; ``--qat`` included, whose weights move through int8 rounding.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,11 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.calibration import Rejection
 from zoo.errors import CheckpointError, DataError, InputError
 from zoo.factory import create_model, info_of, require_weights, resolve, weight_source
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
 from zoo.registry import Entry
+from zoo.run_images import SPLIT_FILE, find_run
 from zoo.train.config import DistillConfig, TrainConfig
 from zoo.train.console import say
 from zoo.train.teacher_cache import store_path, teacher_logits
@@ -91,11 +104,15 @@ def random_views(cfg: TrainConfig) -> list[str]:
 def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Teacher]:
     """``cfg.distill`` checked and decided: the teacher resolved, its classes compared with the
     data's, its weights' sha256 recorded and where its logits come from (``cached`` or
-    ``online``) chosen from the resolved augmentation.
+    ``online``) chosen from the resolved augmentation. A new run's ``splits`` are lined up
+    with the teacher run's, in place (:func:`line_up_split`; the caller writes them to the
+    run's ``split.json``), and what becomes of the teacher's rejection rule is said.
 
     Raises:
         InputError: T or α out of range, ``--multi-label`` or ``--cache-features``, the teacher's
             classes are not the data's, or ``cached`` logits asked with random training views.
+        DataError: every image of the data was in the teacher's training split (none is left
+            to validate on), or the teacher run's ``split.json`` cannot be read.
         CheckpointError: a resumed run whose teacher's weights changed since it started.
         UnknownModelError / ModelRefError / ArtifactError / weights errors: the teacher does
             not resolve or its weights are unavailable.
@@ -167,7 +184,163 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
         f"alpha {d.alpha:g}; teacher logits {logits} ({why})"
         + ("; labels: the teacher's top-1 answers (--unlabelled)" if d.unlabelled else "")
     )
+    run = teacher_run(teacher)
+    if run is not None and not cfg.resume:  # a resumed run keeps the split.json it started with
+        line_up_split(splits, run, d.kind)
+    say_rejection(cfg, info.calibration.reject if info.calibration is not None else None)
     return replace(d, logits=logits, teacher_sha256=digest), teacher
+
+
+def teacher_rejection(teacher: str) -> Rejection | None:
+    """The rejection rule the teacher ships (``unknown`` below a score; None: it has none, as a
+    registry entry): ``zoo distill``'s default ``--reject`` and ``--acceptance`` are its
+    score and acceptance, refitted on the distilled weights at the end of the run.
+
+    Raises:
+        UnknownModelError / ModelRefError / ArtifactError: the teacher does not resolve.
+    """
+    calibration = resolve(teacher)[0].info.calibration
+    return calibration.reject if calibration is not None else None
+
+
+def say_rejection(cfg: TrainConfig, theirs: Rejection | None) -> None:
+    """Say, at the start, what the run's model will do about images from outside the classes
+    where the teacher answers ``unknown`` for them: the same rule refitted, another one, or
+    none (a warning)."""
+    from zoo.train.calibrate import score_kind
+
+    d = cfg.distill
+    if theirs is None or d is None:
+        return
+    rule = (
+        f"'unknown' below {theirs.score} {theirs.threshold:.4g}, accepting "
+        f"{theirs.acceptance:.0%} of its validation images"
+    )
+    ours = score_kind(cfg.reject)
+    if not ours:
+        say(
+            f"warning: the teacher answers {rule}, but this run fits no rejection rule "
+            "(--reject off): its model will answer every image with one of the classes. Drop "
+            "--reject off to refit the teacher's rule on this run, or fit one afterwards: "
+            f"zoo calibrate RUN --reject {theirs.score}"
+        )
+    elif (ours, cfg.acceptance) == (theirs.score, theirs.acceptance):
+        say(
+            f"{d.kind}: refits the teacher's rejection rule ({ours}, accepting "
+            f"{cfg.acceptance:.0%} of the validation images) on this run's weights at the end; "
+            f"the teacher's: {rule} (--reject off: none)"
+        )
+    else:
+        say(
+            f"{d.kind}: fits the rejection rule asked ({ours}, accepting {cfg.acceptance:.0%} "
+            f"of the validation images) at the end; the teacher's: {rule}"
+        )
+
+
+def teacher_run(teacher: Teacher) -> Path | None:
+    """The run the teacher's model folder belongs to (None: a registry entry, or a model
+    folder of no run)."""
+    folder = teacher[1]
+    return find_run(folder) if folder is not None else None
+
+
+def real_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Each path with its symlinks resolved (folders resolved once each; a file only where it
+    is a link itself): the identity of an image whichever folder names it."""
+    folders: dict[str, str] = {}
+    out = []
+    for p in paths:
+        head, name = os.path.split(os.fspath(p))
+        real = folders.get(head)
+        if real is None:
+            real = folders[head] = os.path.realpath(head)
+        path = os.path.join(real, name)
+        out.append(os.path.realpath(path) if os.path.islink(path) else path)
+    return out
+
+
+def teacher_split(run: Path) -> dict[str, set[str]]:
+    """The teacher run's images by split (``train``, ``val``, any ``test``), as
+    :func:`real_paths`, from its ``split.json``.
+
+    Raises:
+        DataError: the file cannot be read.
+    """
+    where = run / SPLIT_FILE
+    try:
+        doc = json.loads(where.read_text())
+        root = Path(doc["root"])
+        return {
+            split: set(real_paths(root / rel for rel, _ in found))
+            for split, found in doc["splits"].items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(
+            f"The teacher run's {where} cannot be read ({e}): it names the images the teacher "
+            "trained on, which the distillation keeps out of its validation split. Restore the "
+            "file (a copy of the teacher run, or the teacher fine-tuned again)."
+        ) from e
+
+
+def line_up_split(splits: Splits, run: Path, kind: str = "distill") -> None:
+    """Line ``splits`` up with the teacher run's, in place: an image the teacher trained on
+    goes to ``train``, one it held out (its ``val`` or ``test``) leaves ``train`` for ``val``;
+    images it never saw keep their seeded split. So no validation image of the run was in the
+    teacher's training split, and the teacher's validation images stay validation images.
+
+    Raises:
+        DataError: no validation image left (the teacher trained on every image of the data),
+            or the teacher's ``split.json`` cannot be read.
+    """
+    theirs = teacher_split(run)
+    trained = theirs.get("train", set())
+    held = set().union(*(found for split, found in theirs.items() if split != "train"))
+    placed: dict[str, list[tuple[int, tuple[str, str]]]] = {"train": [], "val": []}
+    placed.update({split: [] for split in splits.files})
+    moved = {"train": 0, "val": 0}  # into train (the teacher trained on it), into val (held out)
+    shared = position = 0
+    for split, found in splits.files.items():
+        reals = real_paths(splits.root / rel for rel, _ in found)
+        for row, real in zip(found, reals, strict=True):
+            to = split
+            if real in trained:
+                to = "train"
+            elif real in held and split == "train":
+                to = "val"
+            shared += real in trained or real in held
+            if to != split:
+                moved[to] += 1
+            placed[to].append((position, row))
+            position += 1
+    total = position
+    where = f"run {run.name}"
+    if not shared:
+        say(
+            f"{kind}: none of the {total} images of {splits.root} is in the teacher's split "
+            f"({where}, {run / SPLIT_FILE}): this run's own seeded split stands (copies of the "
+            "teacher's images under another path are not recognised)"
+        )
+        return
+    if not placed["val"]:
+        raise DataError(
+            f"The teacher ({where}) trained on every image of {splits.root}, so none is left "
+            "for validation: the val acc would be measured on images the teacher learned. Give "
+            "--data the folder the teacher was trained on (its validation images were held "
+            "out; the teacher run's split.json names them), or add images it has not seen."
+        )
+    if moved["train"] or moved["val"]:
+        splits.files = {split: [row for _, row in sorted(rows)] for split, rows in placed.items()}
+    said = (
+        f"{moved['train']} it trained on moved out of validation, {moved['val']} it held out "
+        "moved out of training"
+        if moved["train"] or moved["val"]
+        else "none had to move"
+    )
+    say(
+        f"{kind}: split lined up with the teacher's ({where}): {shared} of the {total} images "
+        f"are in its split and take the side it gave them ({said}); validation: "
+        f"{len(splits.files['val'])} images, none in the teacher's training split"
+    )
 
 
 def teacher_digest(teacher: Teacher) -> str:
@@ -314,6 +487,7 @@ class Distiller:
     pre: Preprocessing  # the teacher's eval preprocessing
     adapt: Callable[[torch.Tensor], torch.Tensor]  # the student's batch → the teacher's input
     cached: torch.Tensor | None  # (train images, classes) by training index; None: online
+    teacher_run: Path | None = None  # the run the teacher comes from (its split.json)
 
     @classmethod
     def build(
@@ -334,7 +508,7 @@ class Distiller:
             cached = cached_teacher_logits(model, pre, d.teacher_sha256, paths, device)
         else:
             say_if_views_shrink(student, pre)
-        return cls(d, model, pre, view_adapter(student, pre), cached)
+        return cls(d, model, pre, view_adapter(student, pre), cached, teacher_run(teacher))
 
     def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The teacher's logits of a training batch: ``x`` (the student's view, after any
@@ -370,6 +544,14 @@ class Distiller:
                 x = torch.stack([transform(open_image(p)) for p, _ in chunk]).to(device)
                 pred = self.teacher(x).argmax(1).cpu()
                 correct += int((pred == torch.tensor([int(y) for _, y in chunk])).sum())
+        seen = None  # how many of the validation images the teacher trained on (None: unknown)
+        if self.teacher_run is not None:
+            try:
+                trained = teacher_split(self.teacher_run).get("train", set())
+            except DataError:  # gone since the start: the count is unknown, not a failed run
+                trained = None
+            if trained is not None:
+                seen = sum(p in trained for p in real_paths(p for p, _ in val))
         return DistillSummary(
             teacher=ModelSide.of(self.cfg.teacher, self.teacher, correct / max(1, len(val))),
             student=ModelSide.of(model, student, student_acc),
@@ -379,6 +561,8 @@ class Distiller:
             val_images=len(val),
             qat=self.cfg.qat,
             unlabelled=self.cfg.unlabelled,
+            teacher_split=str(self.teacher_run) if self.teacher_run is not None else None,
+            val_seen_by_teacher=seen,
         )
 
 
@@ -414,6 +598,8 @@ class DistillSummary:
     val_images: int
     qat: bool = False  # the student's accuracy is through int8 rounding (--qat)
     unlabelled: bool = False  # the labels are the teacher's answers: val acc is agreement
+    teacher_split: str | None = None  # the teacher run whose split.json the split lines up with
+    val_seen_by_teacher: int | None = None  # validation images in its training split (None: ?)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -425,6 +611,8 @@ class DistillSummary:
             "alpha": self.alpha,
             "teacher_logits": self.logits,
             "val_images": self.val_images,
+            "teacher_split": self.teacher_split,
+            "val_seen_by_teacher": self.val_seen_by_teacher,
             "latency": "not measured here: zoo export each model, then zoo bench (ONNX Runtime)",
         }
 
@@ -439,6 +627,8 @@ class DistillSummary:
             val_images=d["val_images"],
             qat=d.get("qat", False),
             unlabelled=d.get("labels") == "teacher",
+            teacher_split=d.get("teacher_split"),
+            val_seen_by_teacher=d.get("val_seen_by_teacher"),
         )
 
     def lines(self) -> list[str]:
@@ -446,11 +636,19 @@ class DistillSummary:
         t, s = self.teacher, self.student
         names = [Path(m).name if "/" in m else m for m in (t.model, s.model)]  # a run: its name
         width = max(*map(len, names), 7)
+        seen = self.val_seen_by_teacher
+        among = (
+            ""
+            if seen is None
+            else ", none in the teacher's training split"
+            if seen == 0
+            else f", {seen} in the teacher's training split"
+        )
         return [
             f"{'':9}{'teacher':>{width}}  {'student':>{width}}",
             f"{'model':9}{names[0]:>{width}}  {names[1]:>{width}}",
             f"{'val acc':9}{t.val_acc:>{width}.4f}  {s.val_acc:>{width}.4f}"
-            f"   ({self.val_images} validation images"
+            f"   ({self.val_images} validation images{among}"
             + (", labelled by the teacher: acc is agreement with it)" if self.unlabelled else ")"),
             f"{'params':9}{t.params:>{width},}  {s.params:>{width},}"
             f"   (student {s.params / max(1, t.params):.2f}× the teacher)",
@@ -474,8 +672,14 @@ __all__ = [
     "Teacher",
     "kd_loss",
     "label_by_teacher",
+    "line_up_split",
     "random_views",
+    "real_paths",
     "resolve_teacher",
     "say_if_views_shrink",
+    "say_rejection",
+    "teacher_rejection",
+    "teacher_run",
+    "teacher_split",
     "view_adapter",
 ]
