@@ -7,7 +7,6 @@ Adding a command group is a one-file change: a new module in this package with a
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import pkgutil
 import sys
@@ -86,14 +85,23 @@ _register_all()
 _usage_errors_exit_2(app)
 
 
-def main() -> None:
-    """Console-script entry point: known errors → message on stderr, exit 1 (usage errors
-    exit 2 inside the command, :class:`_Command`)."""
+@app.callback()
+def _configure_logging() -> None:
+    """Before any command (not for ``zoo --help``, whose start-up is measured: importing
+    :mod:`logging` is a tenth of it): WARNING and above on stderr, DEBUG with ZOO_DEBUG=1."""
+    import logging
+
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+
+
+def main() -> None:
+    """Console-script entry point: known errors → message on stderr, exit 1 (usage errors
+    exit 2 inside the command, :class:`_Command`)."""
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         app()
     except ZooError as exc:

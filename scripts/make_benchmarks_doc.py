@@ -822,7 +822,18 @@ def cli_startup(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             fmt(row["ratio_vs_typer_rich"]),
             fmt(row["peak_rss_mib_max"], 1),
         )
-    return [f"{r['rounds']} rounds, the order of the commands alternating.", "", *t.lines(out), ""]
+    compiled = (
+        " zoo's packages byte-compiled first, as `pip install` does (with PYTHONDONTWRITEBYTECODE"
+        " set, an edited module would otherwise be compiled again at every start)."
+        if r.get("byte_compiled")
+        else ""
+    )
+    return [
+        f"{r['rounds']} rounds, the order of the commands alternating.{compiled}",
+        "",
+        *t.lines(out),
+        "",
+    ]
 
 
 def quickstart(name: str, d: dict[str, Any], out: Doc) -> list[str]:

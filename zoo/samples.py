@@ -3,7 +3,6 @@ image-folder data set (scikit-learn's 1,797 handwritten digits)."""
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
@@ -16,8 +15,8 @@ Example = Literal["digits", "photos"]
 
 def sample_image_paths() -> list[Path]:
     """Paths of the bundled sample images: a tabby cat (chelsea) and a cup of coffee."""
-    root = files("zoo") / "sample_images"
-    return [Path(str(root / f)) for f in SAMPLE_IMAGES.values()]
+    root = Path(__file__).parent / "sample_images"  # package data, installed beside this file
+    return [root / f for f in SAMPLE_IMAGES.values()]
 
 
 def write_digits_folder(out: str | Path, *, size: int = 32, per_class: int | None = None) -> Path:

@@ -14,7 +14,6 @@ default, a local store in the working folder; ``MLFLOW_EXPERIMENT_NAME`` /
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from collections.abc import Mapping
@@ -109,6 +108,8 @@ def client(uri: str | None = None) -> MlflowClient:
     """
     for name, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    import logging  # here: the CLI's start-up does not pay for it
+
     # urllib3 logs each retry as a WARNING with its traceback-like text; our one line says it
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
