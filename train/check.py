@@ -93,16 +93,16 @@ def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
         return FileCheck(
             str(path), True, width=im.width, height=im.height, mode=im.mode, sha256=digest
         )
-    except UnidentifiedImageError:  # its message names a BytesIO object's address
+    except Exception as exc:  # PIL raises many types for broken files; all mean "unreadable"
         kind = (
             "empty file"
             if path.stat().st_size == 0
+            # PIL's message names a BytesIO object's address: say what it means instead
             else "UnidentifiedImageError: not a format PIL reads (JPEG, PNG, WebP, BMP, TIFF, "
             "GIF, ...)"
+            if isinstance(exc, UnidentifiedImageError)
+            else f"{type(exc).__name__}: {exc}"
         )
-        return FileCheck(str(path), False, error=kind)
-    except Exception as exc:  # PIL raises many types for broken files; all mean "unreadable"
-        kind = "empty file" if path.stat().st_size == 0 else f"{type(exc).__name__}: {exc}"
         return FileCheck(str(path), False, error=kind)
 
 
