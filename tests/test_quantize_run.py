@@ -151,6 +151,50 @@ def test_a_photo_in_both_splits_is_left_out_of_the_calibration(
     assert len(few) == 8 and said.startswith("8 of run run's")
 
 
+def test_calibration_from_calib_leaves_the_judged_images_out_and_refuses_when_none_is_left(
+    small_digits: Path, tmp_path: Path
+) -> None:
+    """--calib the folder the run was trained on: its validation images (and copies) are left
+    out and counted; a --calib or a training split holding nothing else is refused, naming it
+    and what to do."""
+    run = _run_with_a_photo_in_both_splits(small_digits, tmp_path)
+    model = run / "model" / "model.onnx"
+    held = qi.eval_images(model, None, [f"digit_{d}" for d in range(10)])
+    data = run.parent / "data"
+    paths, said = qi.calibration_images(model, str(data), 1000, held_out=held)
+    n_all = len(list(data.rglob("*.png")))
+    # the validation images, and the training copy of the photo held twice
+    assert len(paths) == n_all - len(held.paths) - 1
+    left_out = f"(left out: {len(held.paths) + 1} of the run's validation images)"
+    assert said == f"{len(paths)} images of {data} {left_out}"
+    few, said = qi.calibration_images(model, str(data), 5, held_out=held)
+    assert len(few) == 5 and said.startswith(f"5 images of {data} (left out: ")
+    only_val = tmp_path / "only_val"
+    only_val.mkdir()
+    for i, p in enumerate(held.paths):
+        shutil.copy(p, only_val / f"{i}.png")
+    with pytest.raises(InputError) as exc:
+        qi.calibration_images(model, str(only_val), 8, held_out=held)
+    assert str(exc.value) == (
+        f"Every image of --calib {only_val} is one of the run's validation images int8 is judged "
+        "on: give --calib other images like them (or omit it: zoo then calibrates on the run's "
+        "training split)."
+    )
+    doc = json.loads((run / "split.json").read_text())
+    val = {rel for rel, _ in doc["splits"]["val"]}
+    doc["splits"]["train"] = [[rel, "digit_3"] for rel in sorted(val)[:1]]  # a val image
+    (run / "split.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError) as exc:
+        qi.calibration_images(model, None, 8, held_out=held)
+    assert str(exc.value) == (
+        "Every image of run run's training split is one of the run's validation images int8 is "
+        "judged on: its folder holds the same photos more than once: give --calib DIR with "
+        "other images like them."
+    )
+    with pytest.raises(InputError, match=r"^--mode static needs --calib DIR"):
+        qi.calibration_images(tmp_path / "no_run.onnx", None, 8, held_out=held)
+
+
 def test_data_in_the_runs_training_split_blames_neither_calib_nor_the_user(
     small_digits: Path, tmp_path: Path
 ) -> None:
@@ -163,11 +207,25 @@ def test_data_in_the_runs_training_split_blames_neither_calib_nor_the_user(
     paths, _ = qi.calibration_images(model, None, 50, held_out=held)
     with pytest.raises(InputError) as exc:
         calibration.check_disjoint(paths, list(held.paths), from_run=True)
-    msg = str(exc.value)
-    assert "--data image(s) are also images of the run's training split" in msg
-    assert "--calib images" not in msg and "Give --data images the run was not trained" in msg
-    with pytest.raises(InputError, match=r"are also --calib images"):
+    digest = calibration.file_digest
+    shared = calibration.shared_files(
+        [(str(p), digest(p)) for p in paths], [(str(p), digest(p)) for p in held.paths]
+    )
+    shown = "; ".join(c if c == h else f"{c} = {h}" for c, h in shared[:3])
+    assert len(shared) > 3 and shown.count("; ") == 2  # three named, of more
+    assert str(exc.value) == (
+        f"{len(shared)} --data image(s) are also images of the run's training split, which zoo "
+        f"calibrates on without --calib ({shown}): an agreement must be measured on held-out "
+        "images. Give --data images the run was not trained on (different source photos, not "
+        "just different files), or --calib a folder disjoint from --data."
+    )
+    with pytest.raises(InputError) as exc:
         calibration.check_disjoint(paths, list(held.paths))
+    assert str(exc.value) == (
+        f"{len(shared)} --data image(s) are also --calib images ({shown}): an agreement must be "
+        "measured on held-out images. Give --data and --calib disjoint folders (different "
+        "source photos, not just different files)."
+    )
 
 
 def _images(source: str = "run") -> qi.EvalImages:
