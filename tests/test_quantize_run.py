@@ -149,6 +149,9 @@ def test_a_photo_in_both_splits_is_left_out_of_the_calibration(
     calibration.check_disjoint(paths, list(held.paths), from_run=True)  # now disjoint
     few, said = qi.calibration_images(model, None, 8, held_out=held)
     assert len(few) == 8 and said.startswith("8 of run run's")
+    # the limit counts kept images: the copy left out does not make the sample one short
+    most, said = qi.calibration_images(model, None, n_train - 1, held_out=held)
+    assert len(most) == n_train - 1 and said.startswith(f"{n_train - 1} of run run's")
 
 
 def test_calibration_from_calib_leaves_the_judged_images_out_and_refuses_when_none_is_left(
@@ -169,6 +172,21 @@ def test_calibration_from_calib_leaves_the_judged_images_out_and_refuses_when_no
     assert said == f"{len(paths)} images of {data} {left_out}"
     few, said = qi.calibration_images(model, str(data), 5, held_out=held)
     assert len(few) == 5 and said.startswith(f"5 images of {data} (left out: ")
+    most, _ = qi.calibration_images(model, str(data), len(paths), held_out=held)
+    # the limit counts kept images, after the held-out ones are left out (the one extra copy of
+    # a held-out photo takes a place of its own)
+    assert len(most) == len(paths) - 1 and set(most) < set(paths)
+    fresh = tmp_path / "fresh"
+    shutil.copytree(data / "digit_5", fresh / "digit_5")
+    for p in held.paths:  # none of the validation images: nothing to leave out
+        if p.parent.name == "digit_5":
+            (fresh / "digit_5" / p.name).unlink()
+    fresh_paths, said = qi.calibration_images(model, str(fresh), 1000, held_out=held)
+    assert said == f"{len(fresh_paths)} images of {fresh}"  # nothing left out: nothing said
+    (fresh / "empty").mkdir()
+    with pytest.raises(InputError) as exc:
+        qi.calibration_images(model, str(fresh / "empty"), 8, held_out=held)
+    assert str(exc.value) == f"No images found for calibration in {fresh / 'empty'}."
     only_val = tmp_path / "only_val"
     only_val.mkdir()
     for i, p in enumerate(held.paths):

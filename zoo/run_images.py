@@ -43,12 +43,14 @@ class RunImages:
     seed: int = DEFAULT_SEED
     split: str = "val"
 
-    def describe(self) -> str:
-        """For reports: which images, e.g. ``64 of run digits's 359 validation images (seed 0)``."""
-        of = f"{len(self.paths)} of" if len(self.paths) < self.total else "all"
+    def describe(self, count: int | None = None) -> str:
+        """For reports: which images, e.g. ``64 of run digits's 359 validation images (seed 0)``
+        (``count``: the first ``count`` of them, those a caller kept)."""
+        n = len(self.paths) if count is None else count
+        of = f"{n} of" if n < self.total else "all"
         kind = "validation" if self.split == "val" else self.split
         return f"{of} run {self.run.name}'s {self.total} {kind} images" + (
-            f" (seed {self.seed})" if len(self.paths) < self.total else ""
+            f" (seed {self.seed})" if n < self.total else ""
         )
 
 

@@ -4,7 +4,7 @@ the validation (judged) or training (calibrated) split of the run the model belo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -103,8 +103,7 @@ def calibration_images(
         paths = list(imgs.paths)
         unjudged = _without(paths, judged)
         kept = unjudged[:limit]
-        label = dict(zip(imgs.paths, imgs.labels, strict=True))
-        describe = replace(imgs, paths=tuple(kept), labels=tuple(label[p] for p in kept)).describe()
+        describe = imgs.describe(len(kept))
         where = f"run {run.name}'s training split"
         fix = (
             "its folder holds the same photos more than once: give --calib DIR with other "
