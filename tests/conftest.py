@@ -266,6 +266,15 @@ def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def digits16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """100 real digits (10 per class) as 16 px PNGs: for the tests that train several tiny runs
+    (teacher, student, QAT) in one module."""
+    from zoo.samples import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("d16") / "digits", size=16, per_class=10)
+
+
+@pytest.fixture(scope="session")
 def four_digits(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four of the real digit classes (1, 3, 7, 8: 120 images), for tests that start many
     training processes: few images to load and a small confusion plot keep each one short."""

@@ -19,20 +19,12 @@ QUIET = ["--num-workers", "0", "--no-progress", "--no-report"]
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """100 real digits (10 per class) as 16 px PNGs."""
-    from zoo.samples import write_digits_folder
-
-    return write_digits_folder(tmp_path_factory.mktemp("d") / "digits", size=16, per_class=10)
-
-
-@pytest.fixture(scope="module")
-def teacher(digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def teacher(digits16: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A simple_cnn fine-tuned one epoch on the digits with an msp rejection rule, seed 1."""
     from zoo.train.trainer import fit
 
     cfg = TrainConfig(
-        "simple_cnn", str(digits), epochs=1, augment=False, seed=1, reject="msp",
+        "simple_cnn", str(digits16), epochs=1, augment=False, seed=1, reject="msp",
         runs_root=str(tmp_path_factory.mktemp("teacher")), name="t", num_workers=0,
         progress=False,
     )  # fmt: skip
@@ -52,7 +44,7 @@ def rule_of(run: Path) -> dict[str, object] | None:
 
 
 def test_the_teachers_rejection_rule_is_refitted_by_qat_and_by_a_student(
-    teacher: Path, digits: Path, tmp_path: Path
+    teacher: Path, digits16: Path, tmp_path: Path
 ) -> None:
     """The teacher answers 'unknown' below an msp threshold: the --qat run (the same model,
     trained through int8) and a distilled student each ship the same kind of rule at the same
@@ -60,7 +52,7 @@ def test_the_teachers_rejection_rule_is_refitted_by_qat_and_by_a_student(
     drops it, with a warning that names the teacher's rule."""
     theirs = rule_of(teacher)
     assert theirs is not None and theirs["score"] == "msp"
-    common = ["--data", str(digits), "--epochs", "1", "--runs", str(tmp_path), *QUIET]
+    common = ["--data", str(digits16), "--epochs", "1", "--runs", str(tmp_path), *QUIET]
     for name, how in (("q", ["--qat"]), ("s", ["--student", "mlp"])):
         d = zoo_here("distill", str(teacher), *how, "--name", name, *common)
         assert d.returncode == 0, d.stderr
@@ -90,7 +82,7 @@ def test_the_teachers_rejection_rule_is_refitted_by_qat_and_by_a_student(
 
 
 def test_the_split_is_the_teachers_so_validation_images_are_unseen_by_it(
-    teacher: Path, digits: Path, tmp_path: Path
+    teacher: Path, digits16: Path, tmp_path: Path
 ) -> None:
     """The teacher split the digits with seed 1; a distill run with seed 0 keeps the teacher's
     training images in training and its validation images in validation, says so, and its
@@ -98,10 +90,10 @@ def test_the_split_is_the_teachers_so_validation_images_are_unseen_by_it(
     t_train, t_val = rows(teacher, "train"), rows(teacher, "val")
     from zoo.train.data import scan
 
-    fresh = scan(digits, val_fraction=0.2, seed=0)
+    fresh = scan(digits16, val_fraction=0.2, seed=0)
     fresh_val = {str(p) for p, _ in fresh.samples("val")}
     assert fresh_val & t_train  # the seeded split alone would validate on trained images
-    common = ["--data", str(digits), "--epochs", "1", "--runs", str(tmp_path), *QUIET]
+    common = ["--data", str(digits16), "--epochs", "1", "--runs", str(tmp_path), *QUIET]
     for name, how in (("s", ["--student", "mlp"]), ("q", ["--qat"])):
         d = zoo_here("distill", str(teacher), *how, "--name", name, *common)
         assert d.returncode == 0, d.stderr

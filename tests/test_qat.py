@@ -24,11 +24,8 @@ QUIET = {"num_workers": 0, "progress": False}
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """100 real digits (10 per class) as 16 px PNGs."""
-    from zoo.samples import write_digits_folder
-
-    return write_digits_folder(tmp_path_factory.mktemp("d") / "digits", size=16, per_class=10)
+def digits(digits16: Path) -> Path:
+    return digits16
 
 
 @pytest.fixture(scope="module")
