@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from zoo.calibration import (
     DEFAULT_ACCEPTANCE,
-    DEFAULT_SCORE,
     REJECT_MODES,
     Calibration,
     Rejection,
+    score_kind,
 )
 from zoo.errors import InputError
 from zoo.train.calibration import ece_of
@@ -98,12 +98,6 @@ def fit_rejection(
     s = probe.scores(logits.double().cpu().numpy(), temperature, knn)
     cut = acceptance_cut(s, acceptance)
     return Rejection(score=kind, threshold=cut, acceptance=acceptance)  # type: ignore[arg-type]
-
-
-def score_kind(reject: str) -> str:
-    """The score a ``--reject`` mode fits (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`;
-    ``off``: none, the empty string)."""
-    return "" if reject == "off" else DEFAULT_SCORE if reject == "auto" else reject
 
 
 def fit_calibration(
@@ -286,6 +280,5 @@ __all__ = [
     "fit_calibration",
     "fit_rejection",
     "fit_temperature",
-    "score_kind",
     "val_logits",
 ]

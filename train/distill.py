@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.calibration import Rejection
+from zoo.calibration import Rejection, score_kind
 from zoo.errors import CheckpointError, DataError, InputError
 from zoo.factory import create_model, info_of, require_weights, resolve, weight_source
 from zoo.images import open_image
@@ -207,8 +207,6 @@ def say_rejection(cfg: TrainConfig, theirs: Rejection | None) -> None:
     """Say, at the start, what the run's model will do about images from outside the classes
     where the teacher answers ``unknown`` for them: the same rule refitted, another one, or
     none (a warning)."""
-    from zoo.train.calibrate import score_kind
-
     d = cfg.distill
     if theirs is None or d is None:
         return

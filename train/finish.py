@@ -120,7 +120,8 @@ def fit_run_calibration(r: RunResult) -> tuple[Calibration, KnnBank | None]:
     """The shipped weights' temperature (and with ``--reject`` their threshold), fitted on
     the run's validation split, said on stderr; with a ``knn`` rule also its bank of training
     embeddings (:mod:`zoo.train.knn_fit`)."""
-    from zoo.train.calibrate import fit_calibration, score_kind, val_logits
+    from zoo.calibration import score_kind
+    from zoo.train.calibrate import fit_calibration, val_logits
 
     logits, targets = val_logits(r.parts)
     reject = r.cfg.reject if len(logits) else "off"

@@ -44,6 +44,14 @@ DEFAULT_ACCEPTANCE = 0.95
 RejectMode = Literal["off", "auto", "msp", "energy", "knn"]
 """``--reject``: no rejection, the measured default score (:data:`DEFAULT_SCORE`), or a named
 one."""
+
+
+def score_kind(reject: str) -> str:
+    """The score a ``--reject`` mode fits (``auto``: :data:`DEFAULT_SCORE`; ``off``: none, the
+    empty string)."""
+    return "" if reject == "off" else DEFAULT_SCORE if reject == "auto" else reject
+
+
 REJECT_MODES: tuple[str, ...] = ("off", "auto", *SCORE_KINDS)
 UNKNOWN_LABEL = "unknown"
 """The label ``zoo predict`` and ``zoo serve`` answer for a rejected image. A model may have a
@@ -262,5 +270,6 @@ __all__ = [
     "ScoreKind",
     "Verdict",
     "ood_score",
+    "score_kind",
     "softmax",
 ]
