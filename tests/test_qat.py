@@ -8,6 +8,7 @@ uninterrupted run; and the refusals. Real digits, a crnn (conv + BatchNorm) fine
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,17 @@ from torch import nn
 from tests import crash
 from tests.conftest import zoo_here
 from zoo.train.config import TrainConfig
-from zoo.train.qat import OUTPUT, Range, fake_weight, input_ranges, layers, prepare
+from zoo.train.qat import (
+    OUTPUT,
+    Range,
+    activation_ranges,
+    after,
+    fake_weight,
+    fold_batchnorm,
+    layers,
+    output_points,
+    prepare,
+)
 
 QUIET = {"num_workers": 0, "progress": False}
 
@@ -61,13 +72,19 @@ def test_fake_quant_keeps_the_weights_and_passes_gradients(teacher: Path) -> Non
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.inference_mode():
         y32 = model(x)
-    ranges = input_ranges(model, [x[:8], x[8:]])
-    # 2 convs, 2 linear layers, and the logits
-    assert set(ranges) == {n for n, _ in layers(model)} | {OUTPUT}
+    ranges = activation_ranges(model, [x[:8], x[8:]])
+    # the inputs of 2 convs and 2 linear layers; their outputs (after the ReLU each conv's
+    # BatchNorm and the first linear layer are followed by; the logits for the second); the logits
+    assert {n for n, _ in output_points(model)} == {
+        "features.2", "features.6", "classifier.2", "classifier.4"
+    }  # fmt: skip
+    assert set(ranges) == (
+        {n for n, _ in layers(model)} | {after(n) for n, _ in output_points(model)} | {OUTPUT}
+    )
     assert all(r.low <= 0 <= r.high for r in ranges.values())  # zero always representable
     assert prepare(model, ranges) == 4
-    after = model.state_dict()
-    assert list(after) == list(before) and all(torch.equal(before[k], after[k]) for k in before)
+    now = model.state_dict()
+    assert list(now) == list(before) and all(torch.equal(before[k], now[k]) for k in before)
     with torch.inference_mode():
         yq = model(x)
     assert not torch.equal(yq, y32)  # the rounding is there ...
@@ -99,6 +116,8 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     run = tmp_path / "q"
     assert "quantization-aware: teacher" in d.stderr
     assert "qat: 4 conv/linear layers train through int8 rounding" in d.stderr
+    assert "their inputs and 4 outputs uint8" in d.stderr
+    assert "2 BatchNorm folded into their convs and frozen; no dropout" in d.stderr
     assert "zoo quantize RUN/model/model.onnx --engine ort" in d.stderr  # the next step
     config = json.loads((run / "config.json").read_text())
     assert config["distill"]["qat"] is True and config["model"] == str(teacher)
@@ -110,9 +129,12 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
 
     old = load_file(teacher / "model" / "model.safetensors")
     new = load_file(run / "model" / "model.safetensors")
-    for k in old:  # BatchNorm frozen: its statistics are the teacher's; the weights trained
-        if "running_" in k:
-            assert torch.equal(old[k], new[k]), k
+    assert list(new) == list(old)  # the architecture's keys: BatchNorm folded, not removed
+    for k in ("features.1", "features.5"):  # folded into the convs, then frozen
+        assert torch.equal(new[f"{k}.running_mean"], torch.zeros_like(old[f"{k}.running_mean"]))
+        assert torch.equal(
+            new[f"{k}.running_var"], torch.full_like(old[f"{k}.running_var"], 1 - 1e-5)
+        )
     assert not torch.equal(old["features.0.weight"], new["features.0.weight"])
 
     assert zoo_here("export", str(run), "--data", str(digits)).returncode == 0
@@ -186,12 +208,111 @@ def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     assert (config["lr"], config["distill"]["alpha"], config["augment"]) == (1e-5, 1.0, False)
 
 
-def test_batchnorm_stays_in_eval_mode() -> None:
-    from zoo.train.qat import freeze_batchnorm
+def test_folding_batchnorm_keeps_the_function_and_the_keys() -> None:
+    """Folded, each conv holds the weights the exported graph computes, its BatchNorm the
+    identity plus the folded bias: the same outputs, the same state dict keys; folding again
+    changes nothing but float rounding. A conv with a bias, one without, a BatchNorm without
+    affine parameters, and one not after a conv (left alone)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU6(),
+        nn.Conv2d(4, 4, 3, bias=False), nn.BatchNorm2d(4, affine=False),
+        nn.ReLU(), nn.BatchNorm2d(4),
+    )  # fmt: skip
+    for bn in (net[1], net[4], net[6]):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(1e-4, 2.0)  # a tiny variance too, as MobileNetV2 has
+        if bn.affine:
+            bn.weight.data.uniform_(-2, 2)
+            bn.bias.data.uniform_(-1, 1)
+    net.eval()
+    x = torch.rand(2, 3, 9, 9)
+    y = net(x)
+    keys = list(net.state_dict())
+    last = {k: v.clone() for k, v in net[6].state_dict().items()}
+    assert fold_batchnorm(net) == 2
+    torch.testing.assert_close(net(x), y, rtol=1e-5, atol=1e-5)
+    assert list(net.state_dict()) == keys
+    assert torch.equal(net[1].running_mean, torch.zeros(4)) and torch.equal(
+        net[1].weight, torch.ones(4)
+    )
+    assert torch.equal(net[0].bias, torch.zeros(4))  # the bias moved to the BatchNorm
+    assert all(torch.equal(v, net[6].state_dict()[k]) for k, v in last.items())
+    again = {k: v.clone() for k, v in net.state_dict().items()}
+    assert fold_batchnorm(net) == 2
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(v, again[k], rtol=1e-6, atol=0)
 
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
-    freeze_batchnorm(net)
-    assert net[0].training and not net[1].training
+
+def test_mobilenet_v2_fake_quant_rounds_where_onnxruntime_int8_does(
+    mobilenet_weights: Path, tmp_path: Path
+) -> None:
+    """The ImageNet MobileNetV2 at 96 px, on real photo crops: every activation onnxruntime's
+    QDQ quantizes (each conv's output, after the ReLU6 it fuses; each residual sum; the input,
+    the pooled features and the logits) has its twin in the fake quantization, at the same
+    uint8 scale and zero point, and there is none besides. The layers' inputs alone miss the
+    projections' outputs (before each residual sum)."""
+    from onnx import load, numpy_helper
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from skimage import data
+
+    from zoo.factory import create_model
+
+    rng = np.random.default_rng(0)
+    crops = []
+    for name in ("astronaut", "chelsea", "coffee", "rocket"):
+        img = torch.from_numpy(getattr(data, name)()).permute(2, 0, 1).float() / 255
+        for _ in range(3):
+            s = int(min(img.shape[1:]) * rng.uniform(0.5, 1.0))
+            i, j = (int(rng.integers(0, d - s + 1)) for d in img.shape[1:])
+            crops.append(nn.functional.interpolate(img[None, :, i : i + s, j : j + s], size=96)[0])
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    x = (torch.stack(crops) - mean.view(3, 1, 1)) / std.view(3, 1, 1)
+    model = create_model("mobilenet_v2").eval()
+    onnx_path, int8_path = tmp_path / "m.onnx", tmp_path / "m-int8.onnx"
+    torch.onnx.export(
+        model, (x[:1],), str(onnx_path), dynamo=False, input_names=["input"],
+        output_names=["logits"], opset_version=17, dynamic_axes={"input": {0: "b"}},
+    )  # fmt: skip
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"input": x.numpy()}])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantize_static(
+        str(onnx_path), str(int8_path), Reader(), quant_format=QuantFormat.QDQ,
+        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    graph = load(str(int8_path)).graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    quantize = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    # one per conv output and residual sum, the input, the pooled and flattened features and
+    # the logits
+    assert len(quantize) == 52 + 10 + 4
+
+    def levels(pairs: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+        return sorted({(float(f"{s:.4g}"), int(z)) for s, z in pairs})  # float noise aside
+
+    theirs = levels((consts[q.input[1]].item(), consts[q.input[2]].item()) for q in quantize)
+    assert fold_batchnorm(model) == 52
+    points = output_points(model)
+    assert len(points) == 52 + 1 + 10  # each conv, the classifier, the residual sums
+    ranges = activation_ranges(model, [x])
+    ours = levels(r.qparams() for r in ranges.values())
+    assert len(ours) == len(theirs)
+    for (a, za), (b, zb) in zip(ours, theirs, strict=True):
+        assert za == zb and a == pytest.approx(b, rel=1e-3), ((a, za), (b, zb))
+    outputs = {after(n) for n, _ in points}
+    inputs_only = levels(r.qparams() for k, r in ranges.items() if k not in outputs | {OUTPUT})
+    assert len(theirs) - len(inputs_only) >= 10  # what emulating the inputs alone missed
 
 
 def test_a_layer_with_a_forward_of_its_own_is_left_float() -> None:
@@ -206,8 +327,10 @@ def test_a_layer_with_a_forward_of_its_own_is_left_float() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 4, 3), PadFirst(4, 4, 3), nn.Flatten(), nn.Linear(64, 2))
     x = torch.rand(2, 3, 6, 6)
-    ranges = input_ranges(net, [x])
-    assert set(ranges) == {"0", "3", OUTPUT} and own_forward(net) == ["1"]
+    ranges = activation_ranges(net, [x])
+    # its output is still rounded where onnxruntime rounds it
+    assert set(ranges) == {"0", "3", after("0"), after("1"), after("3"), OUTPUT}
+    assert own_forward(net) == ["1"]
     assert prepare(net, ranges) == 2
     assert net(x).shape == (2, 2)  # the padding still happens: 4×4 in, 4×4 out, 64 features
     assert type(net[1]).forward is PadFirst.forward and "forward" not in vars(net[1])

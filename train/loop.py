@@ -18,7 +18,6 @@ from zoo.train.console import say
 from zoo.train.epoch_row import TrainPass
 from zoo.train.evaluate import collect_logits, gather_by_index
 from zoo.train.metrics import summarize, summarize_multilabel
-from zoo.train.qat import freeze_batchnorm
 from zoo.train.recipes import batch_seed
 from zoo.train.resume import own_epoch_stats
 from zoo.train.rng import get_rng_state, set_rng_state
@@ -58,7 +57,7 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> TrainPass | None
     frozen = set_phase(parts.groups, cfg.strategy or "full", cfg.freeze_epochs, s.epoch)
     train_mode(parts.trained, parts.groups, frozen)
     if cfg.distill is not None and cfg.distill.qat:
-        freeze_batchnorm(parts.trained)  # the statistics the exported graph folds in
+        parts.trained.eval()  # BatchNorm folded and frozen, no dropout (train/qat.py)
     parts.train_sampler.set_epoch(s.epoch)
     parts.train_sampler.set_position(s.step_in_epoch)
     if hasattr(parts.train_set, "set_epoch"):
