@@ -334,3 +334,31 @@ def test_a_layer_with_a_forward_of_its_own_is_left_float() -> None:
     assert prepare(net, ranges) == 2
     assert net(x).shape == (2, 2)  # the padding still happens: 4×4 in, 4×4 out, 64 features
     assert type(net[1]).forward is PadFirst.forward and "forward" not in vars(net[1])
+
+
+def test_each_output_point_is_rounded_and_a_reused_relu_is_left_to_its_consumers() -> None:
+    """Prepared, a layer's output (after its fused ReLU) lands on its uint8 grid. A ReLU called
+    twice a pass gets no output range: one range would serve two tensors; the layers after it
+    round their inputs instead. In a ResNet the shortcut's BatchNorm output is rounded."""
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3)).eval()
+    x = torch.randn(3, 3, 8, 8)
+    ranges = activation_ranges(net, [x])
+    prepare(net, ranges)
+    seen: dict[str, torch.Tensor] = {}
+    net[2].register_forward_hook(lambda _m, _x, y: seen.__setitem__("relu", y))
+    with torch.inference_mode():
+        net(x)
+    scale, zero = ranges[after("2")].qparams()
+    levels = seen["relu"] / scale + zero
+    torch.testing.assert_close(levels, levels.round(), rtol=0, atol=1e-3)
+
+    relu = nn.ReLU()
+    shared = nn.Sequential(nn.Conv2d(3, 4, 3), relu, nn.Conv2d(4, 4, 3), relu).eval()
+    ranges = activation_ranges(shared, [x])
+    assert after("1") not in ranges and {"0", "2", after("2"), OUTPUT} <= set(ranges)
+
+    ranges = activation_ranges(resnet18(weights=None).eval(), [torch.randn(2, 3, 64, 64)])
+    assert after("layer2.0.downsample.1") in ranges  # the shortcut's BatchNorm
