@@ -10,6 +10,7 @@ test_serve_fuzz.py."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import threading
 import time
@@ -76,27 +77,34 @@ OPS = "ops-0123456789abcdef-meta+metrics"
 KEY_FILE = f"# keys\n{ALL}\n\n{INFER}  infer   # the app\n{OPS} metadata,metrics\n"
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
+def _save(graph: onnx.GraphProto, path: Path, calibration: dict | None = None) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    set_metadata(model, {"preprocessing": PRE, "class_names": CLASSES})
+    set_metadata(model, {"preprocessing": PRE, "class_names": CLASSES, "calibration": calibration})
     onnx.save(model, str(path))
     return path
 
 
-def float_model(path: Path) -> Path:
-    """input (batch, 3, 4, 4) float -> Flatten -> MatMul W -> logits (batch, 5)."""
+def float_model(path: Path, *, half: bool = False, calibration: dict | None = None) -> Path:
+    """input (batch, 3, 4, 4) float -> Flatten -> MatMul W -> logits (batch, 5); ``half``:
+    a float16 input (an ``--fp16-io`` graph's), cast to float first."""
+    cast = [helper.make_node("Cast", ["input"], ["x"], to=TensorProto.FLOAT)] if half else []
     graph = helper.make_graph(
         [
-            helper.make_node("Flatten", ["input"], ["f"], axis=1),
+            *cast,
+            helper.make_node("Flatten", ["x" if half else "input"], ["f"], axis=1),
             helper.make_node("MatMul", ["f", "W"], ["logits"]),
         ],
         "tiny",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 4, 4])],
+        [
+            helper.make_tensor_value_info(
+                "input", TensorProto.FLOAT16 if half else TensorProto.FLOAT, ["N", 3, 4, 4]
+            )
+        ],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])],
         [numpy_helper.from_array(W, "W")],
     )
-    return _save(graph, path)
+    return _save(graph, path, calibration)
 
 
 def pixel_model(path: Path) -> Path:
@@ -123,21 +131,30 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def serving(
-    path: Path, keys: ApiKeys | None = None, *, loaded: bool = True, **settings: Any
+    path: Path, keys: ApiKeys | None = None, *, hand: str = "loaded", **settings: Any
 ) -> Iterator[tuple[TestClient, Any]]:
     """``path`` served as ``NAME`` by the app under a TestClient (its lifespan run); yields
-    once the model is ready (or has failed to load). ``loaded``: the classifier is loaded
-    here and handed over (the test can then instrument it), as ``zoo serve`` hands it."""
+    once every model is ready (or has failed to load). ``hand``: how the classifier, loaded
+    here (so that the test can instrument it), is handed to the app: ``loaded`` (by name, as
+    ``zoo serve`` hands each model), ``clf`` (the first model), or ``none`` (the app loads
+    it)."""
     cfg = ServeConfig(str(path), NAME, threads=1, **settings)
-    clf = OnnxClassifier(path, threads=1, spin=False) if loaded else None
-    app = create_app(cfg, keys=keys, loaded={NAME: clf} if clf is not None else None)
+    clf = OnnxClassifier(path, threads=1, spin=False) if hand != "none" else None
+    if hand == "clf":
+        app = create_app(cfg, clf, keys)
+    else:
+        app = create_app(cfg, keys=keys, loaded={NAME: clf} if clf is not None else None)
     with TestClient(app, raise_server_exceptions=False) as client:
-        first = app.state.server
-        deadline = time.monotonic() + 60
-        while not (first.ready or first.load_error):
-            assert time.monotonic() < deadline, "the model was neither ready nor failed in 60 s"
-            time.sleep(0.005)
+        wait_for(app)
         yield client, clf
+
+
+def wait_for(app: Any) -> None:
+    """Until every model of the app is ready or has failed to load."""
+    deadline = time.monotonic() + 60
+    while not all(m.ready or m.load_error for m in app.state.models.models.values()):
+        assert time.monotonic() < deadline, "a model was neither ready nor failed in 60 s"
+        time.sleep(0.005)
 
 
 def infer_body(x: np.ndarray, name: str = "input", datatype: str = "FP32", **extra: Any) -> dict:
@@ -178,69 +195,114 @@ def error_of(r: Any) -> str:
 
 
 # ---------------------------------------------------------------- answers and refusals
+LIMIT = 10_485  # max_body_mb=0.01 in bytes, and the largest tensor in elements
+UPLOAD = "multipart body cannot be parsed: missing boundary in the Content-Type (send "
+UPLOAD += "multipart/form-data with a boundary and a 'file' field)"
+LONG = "n" * 600
+
+
+def refusals(x: np.ndarray) -> list[tuple[str, dict[str, Any], int, str, str]]:
+    """(path, request, status, outcome, the error: whole, or its start when it ends in
+    '…') of every bad request the first test sends."""
+    nan = x.copy()
+    nan[0, 0, 0, 0] = np.nan
+    two = infer_body(x)
+    two["inputs"] += infer_body(x, name="other")["inputs"]
+    multipart = {"Content-Type": "multipart/form-data; boundary=zz"}
+    return [
+        ("/v2/models/nope/infer", {"json": infer_body(x)}, 404, "unknown_model",
+         "unknown model 'nope'; this server serves 'm'"),
+        (INFER_PATH, {"content": b"{not json"}, 400, "bad_request",
+         "request body is not valid JSON: …"),
+        (INFER_PATH, {"content": b"x" * LIMIT}, 400, "bad_request",
+         "request body is not valid JSON: …"),  # exactly the limit: read, then judged
+        (INFER_PATH, {"json": infer_body(x, name="x\ny")}, 400, "bad_request",
+         "unknown input 'x\\ny'; the model's input is 'input'"),
+        (INFER_PATH, {"json": infer_body(x, name=LONG)}, 400, "bad_request",
+         f"unknown input '{LONG}'; the model's input is 'input'"),
+        (INFER_PATH, {"json": two}, 400, "bad_request",
+         "this model takes exactly one input ('input'), got 2"),
+        (INFER_PATH, {"json": infer_body(x.astype(np.float64), datatype="FP64")}, 400,
+         "bad_request", "input 'input' must be FP32, got FP64"),
+        (INFER_PATH, {"json": infer_body(np.zeros((2, 3, 4, 5), np.float32))}, 400,
+         "bad_request", "input 'input' has shape [2, 3, 4, 5]; expected [batch, 3, 4, 4]"),
+        (INFER_PATH, {"json": infer_body(np.zeros((5, 3, 4, 4), np.float32))}, 400,
+         "bad_request", "batch of 5 is outside 1..4 (--max-batch)"),
+        (INFER_PATH, binary_infer(nan), 400, "bad_request",
+         "input 'input' contains NaN or infinite values"),
+        (INFER_PATH, {"json": infer_body(x, outputs=[{"name": "nope"}])}, 400,
+         "bad_request", "unknown output 'nope'; the model's outputs are 'logits'"),
+        (INFER_PATH, {"json": {"inputs": [{"name": "input", "shape": [1000, 3, 4, 4],
+                                           "datatype": "FP32", "data": [0.0]}]}},
+         413, "too_large", "input 'input': shape [1000, 3, 4, 4] has 48,000 elements, over "
+         "the limit of 10,485: send smaller batches"),
+        (INFER_PATH, {"content": b"x" * 20_000}, 413, "too_large",
+         "request body of 20,000 bytes is over the 10,485-byte limit"),
+        (INFER_PATH, {"content": b"x" * (LIMIT + 1)}, 413, "too_large",
+         "request body of 10,486 bytes is over the 10,485-byte limit"),
+        (INFER_PATH, {"content": b"{}", "headers": {"Content-Encoding": " GZip "}}, 415,
+         "bad_request", "Content-Encoding 'gzip' is not supported: send the body uncompressed"),
+        (PREDICT_PATH + "?top_k=abc", {"content": png()}, 400, "bad_request",
+         "top_k must be an integer"),
+        (PREDICT_PATH + "?top_k=0", {"content": png()}, 400, "bad_request",
+         "top_k=0: ask for 1 or more classes (default 5)"),
+        (PREDICT_PATH, {"content": b""}, 400, "bad_request",
+         "empty body: send a JPEG/PNG image (raw body or multipart field 'file')"),
+        (PREDICT_PATH, {"content": b"not an image"}, 400, "bad_request", "Cannot decode …"),
+        (PREDICT_PATH, {"content": b"--x", "headers": {"Content-Type": "multipart/form-data"}},
+         400, "bad_request", UPLOAD),
+        (PREDICT_PATH, {"content": iter([b"--zz"]), "headers": multipart}, 400, "bad_request",
+         "multipart uploads need a Content-Length header"),
+        (PREDICT_PATH, {"content": b"x" * 20_000, "headers": multipart}, 413, "too_large",
+         "request body of 20,000 bytes is over the 10,485-byte limit"),
+        (PREDICT_PATH, {"content": b"x" * 20_000}, 413, "too_large",
+         "request body of 20,000 bytes is over the 10,485-byte limit"),
+    ]  # fmt: skip
+
+
 def test_every_refusal_gets_its_status_message_log_line_and_count(
     model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One answer, then every kind of bad request: each gets its 4xx and a JSON error naming
-    what was wrong, one INFO line (a client's newline kept out of it; none for 404, whose
-    paths a scanner walks), and a count under its outcome; the server answers afterwards."""
+    """Answers, then every kind of bad request: each gets its 4xx and a JSON error naming
+    what was wrong, one INFO line (the message as ``repr``, so a client's newline stays out
+    of the log, and cut at 500 characters; none for a 404, whose paths a scanner walks), and
+    a count under its endpoint and outcome; the server answers afterwards."""
     caplog.set_level(logging.INFO, logger="zoo.serve")
     x = RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)
-    with serving(model, max_body_mb=0.01, max_batch=4) as (c, _):  # 10,485 bytes
-        r = c.post(INFER_PATH, json=infer_body(x))
-        assert r.status_code == 200, r.text
-        (out,) = r.json()["outputs"]
+    with serving(model, max_body_mb=0.01, max_batch=4) as (c, _):
+        r = c.post(INFER_PATH, json=infer_body(x, id="req-7"))
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        body = r.json()
+        assert (body["model_name"], body["id"]) == (NAME, "req-7")
+        (out,) = body["outputs"]
         assert (out["name"], out["shape"], out["datatype"]) == ("logits", [2, 5], "FP32")
         want = x.reshape(2, -1) @ W
         np.testing.assert_allclose(np.reshape(out["data"], (2, 5)), want, rtol=1e-5, atol=1e-5)
-        nan = x.copy()
-        nan[0, 0, 0, 0] = np.nan
-        cases: list[tuple[str, dict[str, Any], int, str, str]] = [
-            ("/v2/models/nope/infer", {"json": infer_body(x)}, 404, "unknown_model",
-             "unknown model 'nope'; this server serves 'm'"),
-            (INFER_PATH, {"content": b"{not json"}, 400, "bad_request", "JSON"),
-            (INFER_PATH, {"json": infer_body(x, name="x\ny")}, 400, "bad_request",
-             "unknown input 'x\\ny'; the model's input is 'input'"),
-            (INFER_PATH, {"json": infer_body(x.astype(np.float64), datatype="FP64")}, 400,
-             "bad_request", "input 'input' must be FP32, got FP64"),
-            (INFER_PATH, {"json": infer_body(np.zeros((2, 3, 4, 5), np.float32))}, 400,
-             "bad_request", "input 'input' has shape [2, 3, 4, 5]; expected [batch, 3, 4, 4]"),
-            (INFER_PATH, {"json": infer_body(np.zeros((5, 3, 4, 4), np.float32))}, 400,
-             "bad_request", "batch of 5 is outside 1..4 (--max-batch)"),
-            (INFER_PATH, binary_infer(nan), 400, "bad_request",
-             "input 'input' contains NaN or infinite values"),
-            (INFER_PATH, {"json": infer_body(x, outputs=[{"name": "nope"}])}, 400,
-             "bad_request", "unknown output 'nope'; the model's outputs are 'logits'"),
-            (INFER_PATH, {"content": b"x" * 20_000}, 413, "too_large",
-             "request body of 20,000 bytes is over the 10,485-byte limit"),
-            (INFER_PATH, {"content": iter([b"x" * 6000, b"x" * 6000])}, 413, "too_large",
-             "request body is over the 10,485-byte limit"),
-            (INFER_PATH, {"content": b"{}", "headers": {"Content-Encoding": "gzip"}}, 415,
-             "bad_request", "Content-Encoding 'gzip' is not supported"),
-            (PREDICT_PATH + "?top_k=abc", {"content": png()}, 400, "bad_request",
-             "top_k must be an integer"),
-            (PREDICT_PATH + "?top_k=0", {"content": png()}, 400, "bad_request",
-             "top_k=0: ask for 1 or more classes"),
-            (PREDICT_PATH, {"content": b""}, 400, "bad_request", "empty body"),
-            (PREDICT_PATH, {"content": b"not an image"}, 400, "bad_request", "image"),
-            (PREDICT_PATH, {"content": b"--x", "headers": {"Content-Type": "multipart/form-data"}},
-             400, "bad_request", "missing boundary"),
-            (PREDICT_PATH, {"content": b"x" * 20_000}, 413, "too_large", "20,000 bytes"),
-        ]  # fmt: skip
-        expected: dict[tuple[str, ...], float] = {("infer", "ok"): 1}
-        for path, kwargs, status, outcome, words in cases:
+        huge = np.full((4, 3, 4, 4), 1e5, np.float32)  # a float32 graph takes any finite value
+        r = c.post(INFER_PATH, **binary_infer(huge))  # and the largest batch
+        head = int(r.headers["inference-header-content-length"])
+        assert r.status_code == 200 and json.loads(r.content[:head])["model_name"] == NAME
+        got = np.frombuffer(r.content[head:], np.float32).reshape(4, 5)
+        np.testing.assert_allclose(got, huge.reshape(4, -1) @ W, rtol=1e-4)
+        expected: dict[tuple[str, ...], float] = {("infer", "ok"): 2}
+        for path, kwargs, status, outcome, words in refusals(x):
             caplog.clear()
             r = c.post(path, **kwargs)
             assert r.status_code == status, (path, kwargs.get("json"), r.text)
-            assert words in error_of(r), (words, r.text)
+            message = error_of(r)
+            if words.endswith("…"):
+                assert message.startswith(words[:-1]), (words, message)
+            else:
+                assert message == words
             endpoint = "predict" if "predict" in path else "infer"
             expected[endpoint, outcome] = expected.get((endpoint, outcome), 0) + 1
             lines = [rec.getMessage() for rec in caplog.records if rec.name == "zoo.serve"]
             if status == 404:
                 assert lines == []
             else:
-                assert len(lines) == 1 and f"POST /v2/models/{NAME}/" in lines[0], lines
-                assert f"-> {status}: " in lines[0] and "\n" not in lines[0], lines
+                where = path.split("?")[0]  # the path, without the query
+                assert lines == [f"POST {where} -> {status}: {message[:500]!r}"]
+                assert len(message) < 500 or len(lines[0]) < len(message)
         assert c.post(INFER_PATH, json=infer_body(x)).status_code == 200
         expected["infer", "ok"] += 1
         assert counters(c, "zoo_requests") == {(e, o): n for (e, o), n in expected.items()}
@@ -251,7 +313,7 @@ def test_a_fault_of_ours_is_500_logged_with_its_traceback_and_serving_goes_on(
 ) -> None:
     caplog.set_level(logging.INFO, logger="zoo.serve")
     x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
-    with serving(model) as (c, clf):
+    with serving(model, hand="clf") as (c, clf):
         real = clf.outputs
         clf.outputs = lambda batch: (_ for _ in ()).throw(RuntimeError("boom"))
         caplog.clear()  # the start-up's lines
@@ -337,9 +399,13 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
             (ok[:, :0], "UINT8", "has shape [2, 0, 5, 3]"),
             (np.zeros((1, 7, 6, 3), np.uint8), "UINT8", "6x7 pixels is over the limit of 40"),
             (np.zeros((3, 4, 4, 3), np.uint8), "UINT8", "batch of 3 is outside 1..2"),
+            (np.zeros((1, 1, 101, 3), np.uint8), "UINT8", "The image is 101x1 pixels: its long"),
+            (np.zeros((1, 101, 1, 3), np.uint8), "UINT8", "The image is 1x101 pixels: its long"),
         ]:
             r = c.post(INFER_PATH, json=infer_body(x, datatype=datatype))
             assert r.status_code == 400 and words in error_of(r), (words, r.text)
+        thin = np.zeros((1, 1, 40, 3), np.uint8)  # 40:1, within the aspect limit
+        assert c.post(INFER_PATH, json=infer_body(thin, datatype="UINT8")).status_code == 200
         edge = np.zeros((1, 8, 5, 3), np.uint8)  # exactly 40 pixels: allowed
         assert c.post(INFER_PATH, json=infer_body(edge, datatype="UINT8")).status_code == 200
 
@@ -347,44 +413,186 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
 def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_ready(
     model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Every model endpoint of a model that failed to load answers 503 with the reason,
+    counted under its own endpoint; health says live but not ready; the index says why. A
+    ready model answers each endpoint in JSON, counted likewise."""
     caplog.set_level(logging.INFO, logger="zoo.serve")
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
-    with serving(broken, loaded=False) as (c, _):
+    endpoints = {  # path -> the endpoint it counts under
+        f"/v2/models/{NAME}": "metadata",
+        f"/v2/models/{NAME}/versions/1": "metadata",
+        f"/v2/models/{NAME}/ready": "model_ready",
+        f"/v2/models/{NAME}/config": "config",
+        f"/v2/models/{NAME}/versions/1/config": "config",
+    }
+    x = np.zeros((1, 3, 4, 4), np.float32)
+    with serving(broken, hand="none") as (c, _):
+        caplog.clear()
         assert c.get("/v2/health/live").json() == {"live": True}
         r = c.get("/v2/health/ready")
         assert r.status_code == 503 and r.json() == {"ready": False}
-        for path in (f"/v2/models/{NAME}", f"/v2/models/{NAME}/ready", f"/v2/models/{NAME}/config"):
+        for path in endpoints:
             r = c.get(path)
             assert r.status_code == 503, path
             assert error_of(r).startswith("model is not ready yet: InputError: "), r.text
-        x = np.zeros((1, 3, 4, 4), np.float32)
         r = c.post(INFER_PATH, json=infer_body(x))
         assert r.status_code == 503 and "broken.onnx" in error_of(r)
         (entry,) = c.get("/v2/repository/index").json()
         assert (entry["name"], entry["state"]) == (NAME, "UNAVAILABLE") and entry["reason"]
         assert c.post("/v2/repository/index", json={"ready": True}).json() == []
-        served = [r for r in caplog.records if "->" in r.getMessage()]
-        assert served == []  # a 503 is the server's state, not a client's error: no line
+        assert [r.getMessage() for r in caplog.records] == []  # a state, not a client's error
+        assert counters(c, "zoo_requests") == {
+            ("metadata", "not_ready"): 2,
+            ("model_ready", "not_ready"): 1,
+            ("config", "not_ready"): 2,
+            ("infer", "not_ready"): 1,
+            ("repository_index", "ok"): 2,
+        }
     with serving(model) as (c, _):
         assert c.get("/v2/health/ready").json() == {"ready": True}
-        assert c.get(f"/v2/models/{NAME}/ready").json() == {"name": NAME, "ready": True}
-        for path in (f"/v2/models/{NAME}", f"/v2/models/{NAME}/versions/1"):
-            meta = c.get(path).json()
-            assert meta["name"] == NAME and meta["inputs"][0]["shape"] == [-1, 3, 4, 4]
-        for path in (f"/v2/models/{NAME}/config", f"/v2/models/{NAME}/versions/1/config"):
-            assert c.get(path).json()["max_batch_size"] == 16
+        for path, endpoint in endpoints.items():
+            r = c.get(path)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            if endpoint == "metadata":
+                assert r.json()["name"] == NAME and r.json()["inputs"][0]["shape"] == [-1, 3, 4, 4]
+            elif endpoint == "config":
+                assert r.json()["max_batch_size"] == 16
+            else:
+                assert r.json() == {"name": NAME, "ready": True}
         assert c.post(f"/v2/models/{NAME}/versions/1/infer", json=infer_body(x)).status_code == 200
-        (entry,) = c.post("/v2/repository/index", json={"ready": True}).json()
+        r = c.post("/v2/repository/index", json={"ready": True})
+        assert r.headers["content-type"] == "application/json"
+        (entry,) = r.json()
         assert (entry["name"], entry["state"]) == (NAME, "READY")
         r = c.post("/v2/repository/index", json={"ready": "yes"})
         assert r.status_code == 400 and error_of(r)
         r = c.post("/v2/repository/index", content=b"x" * 5000)
-        assert r.status_code == 413 and "4,096-byte limit" in error_of(r)
-        assert c.get("/v2").json()["name"] == "zoo"
+        assert r.status_code == 413 and error_of(r) == (
+            "request body of 5,000 bytes is over the 4,096-byte limit"
+        )
         page = c.get("/")
-        assert NAME in page.text and page.headers["content-type"].startswith("text/html")
+        assert f'<meta name="zoo-model" content="{NAME}">' in page.text
+        assert "{{MODEL}}" not in page.text and page.headers["content-type"].startswith("text/html")
         assert "security" not in str(c.get("/openapi.json").json())  # no keys: nothing keyed
+        assert c.get("/openapi.json").headers["content-type"] == "application/json"
+        metrics = c.get("/metrics")
+        assert metrics.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert counters(c, "zoo_requests") == {
+            ("metadata", "ok"): 2,
+            ("model_ready", "ok"): 1,
+            ("config", "ok"): 2,
+            ("infer", "ok"): 1,
+            ("repository_index", "ok"): 1,
+            ("repository_index", "bad_request"): 1,
+            ("repository_index", "too_large"): 1,
+        }
+
+
+def test_a_rejection_rule_answers_unknown_or_the_class_with_its_reasons(tmp_path: Path) -> None:
+    """A model with a rejection rule: ``/predict`` adds the label (the best class, or
+    ``unknown`` below the threshold), ``accepted``, the score and the rule."""
+    image = png(seed=5)
+    for threshold, accepted in ((0.0, True), (1.5, False)):  # msp is within (0, 1]
+        rule = {"score": "msp", "threshold": threshold, "acceptance": 0.95}
+        path = float_model(
+            tmp_path / f"rule{threshold}.onnx", calibration={"temperature": 1.0, "reject": rule}
+        )
+        with serving(path) as (c, _):
+            r = c.post(PREDICT_PATH + "?top_k=2", content=image)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            body = r.json()
+            best = body["predictions"][0]
+            assert body["label"] == (best["label"] if accepted else "unknown")
+            assert body["accepted"] is accepted and body["threshold"] == threshold
+            assert body["score_kind"] == "msp" and body["score"] == pytest.approx(best["score"])
+
+
+def test_an_fp16_io_graph_takes_what_float16_holds(tmp_path: Path) -> None:
+    path = float_model(tmp_path / "half.onnx", half=True)
+    edge = np.full((1, 3, 4, 4), 65504.0, np.float32)  # float16's largest: allowed
+    with serving(path) as (c, _):
+        r = c.post(INFER_PATH, json=infer_body(edge / 1e3))
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(
+            np.reshape(r.json()["outputs"][0]["data"], (1, 5)),
+            (edge / 1e3).reshape(1, -1) @ W,
+            rtol=1e-2,
+        )
+        assert c.post(INFER_PATH, json=infer_body(edge)).status_code == 200
+        r = c.post(INFER_PATH, json=infer_body(edge * 1.01))
+        assert r.status_code == 400 and error_of(r) == (
+            "input 'input' has values beyond float16's range (±65504), which this model "
+            "(exported with --fp16-io) takes"
+        )
+
+
+def test_several_models_count_apart_and_an_unknown_name_counts_as_no_model(
+    model: Path,
+) -> None:
+    cfg = ServeConfig(f"a={model}", more_models=(f"b={model}",), threads=2)
+    app = create_app(cfg)
+    x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    with TestClient(app) as c:
+        wait_for(app)
+        assert c.post("/v2/models/a/infer", json=infer_body(x)).status_code == 200
+        for _ in range(2):
+            assert c.post("/v2/models/b/infer", json=infer_body(x)).status_code == 200
+        r = c.post("/v2/models/c/infer", json=infer_body(x))
+        assert r.status_code == 404 and error_of(r) == (
+            "unknown model 'c'; this server serves 'a', 'b'"
+        )
+        assert counters(c, "zoo_requests") == {
+            ("infer", "a", "ok"): 1,
+            ("infer", "b", "ok"): 2,
+            ("infer", "", "unknown_model"): 1,
+        }
+        page = c.get("/").text  # the first model's page
+        assert '<meta name="zoo-model" content="a">' in page and "{{MODEL}}" not in page
+
+
+def request_of(chunks: list[bytes], headers: dict[str, str]) -> Any:
+    """A Starlette request whose body arrives in ``chunks`` (as a server streams it)."""
+    from starlette.requests import Request
+
+    messages = [
+        {"type": "http.request", "body": b, "more_body": i < len(chunks) - 1}
+        for i, b in enumerate(chunks)
+    ]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    return Request(scope, receive)
+
+
+def test_a_body_is_refused_the_moment_it_passes_the_limit() -> None:
+    import asyncio
+
+    from zoo.deploy.serve.inputs import read_body
+    from zoo.errors import PayloadTooLargeError, UnsupportedMediaTypeError
+
+    def read(chunks: list[bytes], headers: dict[str, str] | None = None, limit: int = 10) -> bytes:
+        return asyncio.run(read_body(request_of(chunks, headers or {}), limit))
+
+    assert read([b"12345", b"67890"]) == b"1234567890"  # exactly the limit, in two parts
+    assert read([b"1234567890"], {"Content-Length": "10"}) == b"1234567890"
+    assert read([b"12", b""], {"Content-Encoding": ""}) == b"12"
+    assert read([b"ab"], {"Content-Encoding": "Identity", "Content-Length": "x"}) == b"ab"
+    with pytest.raises(PayloadTooLargeError) as info:
+        read([b"123456", b"78901"])  # each part within it, together over it
+    assert str(info.value) == "request body is over the 10-byte limit"
+    with pytest.raises(PayloadTooLargeError) as info:
+        read([b""], {"Content-Length": "11"})  # refused before anything is read
+    assert str(info.value) == "request body of 11 bytes is over the 10-byte limit"
+    with pytest.raises(UnsupportedMediaTypeError):
+        read([b"x"], {"Content-Encoding": "br"})
 
 
 # ---------------------------------------------------------------- API keys on every route
@@ -459,11 +667,34 @@ def test_every_route_but_health_needs_a_key_granting_its_scope(
             for r in (c.get("/v2/nope", headers=headers), c.get(INFER_PATH, headers=headers)):
                 assert r.status_code == 401 and "www-authenticate" in r.headers, r.text
                 verdict = Verdict.INVALID if headers else Verdict.MISSING
+                refused[verdict.value, "metadata"] += 1  # counted like a route's refusal
                 assert error_of(r) == refusal_message(verdict, "metadata")
+        lines = {  # what each refusal logs: one line, the message as repr
+            ("/v2", None): f"GET /v2 -> 401: {refusal_message(Verdict.MISSING, 'metadata')!r}",
+            ("/metrics", INFER): "GET /metrics -> 403: "
+            + repr(refusal_message(Verdict.FORBIDDEN, "metrics")),
+            ("/v2/nope", None): "GET /v2/nope -> 401: "
+            + repr(refusal_message(Verdict.MISSING, "metadata")),
+            ("/v2/nope", OPS + "x"): "GET /v2/nope -> 401: "
+            + repr(refusal_message(Verdict.INVALID, "metadata")),
+            ("/v2/nope", INFER): "GET /v2/nope -> 404: \"no such path '/v2/nope'; the "
+            'endpoints are listed at /openapi.json"',
+            (INFER_PATH, INFER): f"GET {INFER_PATH} -> 405: 'GET is not allowed on "
+            f"{INFER_PATH}; use POST'",
+        }
+        for (path, key), line in lines.items():
+            caplog.clear()
+            r = c.get(path, headers=bearer(key) if key else {})
+            assert [rec.getMessage() for rec in caplog.records if rec.name == "zoo.serve"] == [line]
+            seen.append(r.text)
         r = c.get("/v2/nope", headers=bearer(INFER))  # a valid key: the path's real answer
         assert r.status_code == 404 and "/openapi.json" in error_of(r)
         r = c.get(INFER_PATH, headers=bearer(INFER))
         assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert error_of(r) == f"GET is not allowed on {INFER_PATH}; use POST"
+        refused["forbidden", "metrics"] += 1  # the refusals logged above
+        refused["missing", "metadata"] += 2
+        refused["invalid", "metadata"] += 1
         got = counters(c, "zoo_auth_refusals")
         assert got == refused  # by (reason, scope)
         doc = c.get("/openapi.json", headers=bearer(OPS)).json()
@@ -605,11 +836,18 @@ def test_only_a_loopback_bind_goes_without_a_key() -> None:
 
 # ---------------------------------------------------------------- settings
 def test_settings_refuse_contradictions_before_anything_loads() -> None:
-    with pytest.raises(UsageError) as info:
-        ServeConfig("a.onnx", name="x", more_models=("b.onnx",))
-    assert str(info.value).startswith("--name names one model, and 2 are served")
-    with pytest.raises(UsageError, match="--ssl-keyfile needs --ssl-certfile"):
-        ServeConfig("a.onnx", ssl_keyfile="k.pem")
+    for settings, hint, message in [
+        ({"name": "x", "more_models": ("b.onnx",)}, "--name",
+         "--name names one model, and 2 are served: name each as NAME=MODEL (e.g. `zoo serve "
+         "cats=runs/cats dogs=runs/dogs`)"),
+        ({"ssl_keyfile": "k.pem"}, "--ssl-certfile",
+         "--ssl-keyfile needs --ssl-certfile (the certificate it belongs to)"),
+        ({"grpc_port": 8000}, "--grpc-port",
+         "--grpc-port 8000 is the HTTP --port too: give gRPC its own port"),
+    ]:  # fmt: skip
+        with pytest.raises(UsageError) as info:
+            ServeConfig("a.onnx", **settings)  # type: ignore[arg-type]
+        assert (str(info.value), info.value.param_hint) == (message, hint)
     assert ServeConfig("a.onnx", ssl_certfile="c.pem", ssl_keyfile="k.pem").tls
     assert ServeConfig("a.onnx", ssl_certfile="c.pem").tls and not ServeConfig("a.onnx").tls
     with pytest.raises(UsageError, match="--grpc-port 8000 is the HTTP --port too"):
@@ -647,7 +885,11 @@ def test_names_references_and_the_thread_budget(
     for bad in ("bad/name=x", "=x", "cats=", "-a=x", ".a=x", "x" * 129 + "=m", "a b=x"):
         with pytest.raises(UsageError) as info:
             split_name(bad)
-        assert str(info.value).startswith(f"{bad!r}: NAME=MODEL needs a name"), bad
+        assert str(info.value) == (
+            f"{bad!r}: NAME=MODEL needs a name of letters, digits, '_', '.' or '-' (starting "
+            "with a letter or digit) and a model after the '='"
+        )
+        assert info.value.param_hint == "MODEL"
     assert thread_shares(None, 1) == [None] and thread_shares(4, 1) == [4]
     assert thread_shares(5, 2) == [3, 2] and thread_shares(7, 3) == [3, 2, 2]
     assert thread_shares(6, 3) == [2, 2, 2] and thread_shares(2, 3) == [1, 1, 1]
@@ -675,6 +917,11 @@ def test_names_references_and_the_thread_budget(
         "two models are named 'a' (a.onnx and x/a.onnx): rename one as NAME=MODEL, e.g. "
         "`a-2=x/a.onnx`"
     )
+    assert info.value.param_hint == "MODEL"
+    with pytest.raises(ValueError, match="zip"):  # a file for each reference, no fewer
+        ServeConfig("a.onnx", more_models=("b.onnx",)).resolved([("/a", "t")])
+    unnamed = ServeConfig("a.onnx").resolved([("/abs/a.onnx", "arch.tag")])
+    assert unnamed.name == "arch.tag" and unnamed.model_path == "/abs/a.onnx"
 
 
 def test_each_model_gets_the_servers_limits_and_runs_without_spinning(model: Path) -> None:

@@ -61,6 +61,7 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
         if verdict in (Verdict.MISSING, Verdict.INVALID):
             message = refusal_message(verdict, "metadata")
             log.info("%s %s -> 401: %r", request.method, request.url.path, message)
+            api.models.families.auth_refusals.labels("metadata", verdict.value).inc()
             return _error(401, message, {"WWW-Authenticate": _challenge(verdict, "metadata")})
     if exc.status_code == 405:
         allowed = exc.headers.get("Allow", "") if exc.headers else ""
