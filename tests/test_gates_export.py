@@ -47,6 +47,13 @@ class Breach(nn.Module):
         return y + 1.0 if torch.onnx.is_in_onnx_export() else y
 
 
+@pytest.fixture(autouse=True)
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test in a folder of its own: a file written under a wrong name (``None``) by
+    one test (or mutant) is never found by the next."""
+    monkeypatch.chdir(tmp_path)
+
+
 def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
@@ -119,18 +126,24 @@ def test_a_dynamic_size_export_of_a_small_model_is_judged_at_sizes_it_can_take(
 
 def test_a_parity_breach_writes_nothing_unless_allowed(tmp_path: Path) -> None:
     out = tmp_path / "m.onnx"
+    breach = Breach()  # one set of random weights: the same failures each time
     out.write_bytes(b"the file already there")
     with pytest.raises(ParityError) as info:
-        export_onnx("mlp", out, exporter="legacy", model=Breach())
+        export_onnx("mlp", out, exporter="legacy", model=breach)
     message = str(info.value)
     assert message.startswith("Exported mlp does not match PyTorch: ")
     assert message.endswith(". Nothing was written; --allow-mismatch writes it anyway.")
     assert out.read_bytes() == b"the file already there" and listing(tmp_path) == ["m.onnx"]
     with pytest.raises(ParityError, match=r"Nothing was written; try another way\.$"):
-        export_onnx("mlp", out, exporter="legacy", model=Breach(), mismatch_hint="try another way")
+        export_onnx("mlp", out, exporter="legacy", model=breach, mismatch_hint="try another way")
     assert out.read_bytes() == b"the file already there"
-    result = export_onnx("mlp", out, exporter="legacy", model=Breach(), allow_mismatch=True)
+    result = export_onnx("mlp", out, exporter="legacy", model=breach, allow_mismatch=True)
     assert result.parity is not None and not result.parity.passed
+    failures = result.parity.failures()
+    assert len(failures) > 1 and message == (
+        f"Exported mlp does not match PyTorch: {'; '.join(failures)}. Nothing was written; "
+        "--allow-mismatch writes it anyway."
+    )
     assert result.attempts[0]["parity_passed"] is False and listing(tmp_path) == ["m.onnx"]
     assert read_metadata(out)["exporter"] == "legacy"  # written, and stamped all the same
 
@@ -140,11 +153,13 @@ def test_a_lint_finding_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
     def lint(graph: Any, *, dynamic_batch: bool, export_batch: int) -> list[str]:
         seen.append((dynamic_batch, export_batch))
-        return ["a Dropout in the graph"]
+        return ["a Dropout in the graph", "a fixed batch"]
 
     monkeypatch.setattr(onnx_export, "lint_graph", lint)
     out = tmp_path / "m.onnx"
-    with pytest.raises(ExportError, match=r"^Graph lint failed for mlp: a Dropout in the graph$"):
+    with pytest.raises(
+        ExportError, match=r"^Graph lint failed for mlp: a Dropout in the graph; a fixed batch$"
+    ):
         export_onnx("mlp", out, exporter="legacy", allow_mismatch=True)
     assert listing(tmp_path) == [] and seen == [(True, EXPORT_BATCH)]
     with pytest.raises(ExportError):
@@ -170,14 +185,16 @@ def test_auto_falls_back_to_the_next_exporter_and_says_why(
     def both_fail(model: Any, args: Any, f: str, **kw: Any) -> Any:
         Path(f).write_bytes(b"half a graph")  # and external data beside it
         Path(f"{f}.weights.data").write_bytes(b"x")
-        raise RuntimeError("no" if kw["dynamo"] else "nor this")
+        raise RuntimeError("no" if kw["dynamo"] else "nor this " + "x" * 1000 + "\nmore")
 
     exporting(monkeypatch, both_fail)
     out.write_bytes(b"old")
     with pytest.raises(ExportError) as info:
         export_onnx("mlp", out)
     assert str(info.value) == (
-        "ONNX export of mlp failed (dynamo: RuntimeError: no; legacy: RuntimeError: nor this)."
+        "ONNX export of mlp failed (dynamo: RuntimeError: no; legacy: RuntimeError: nor this "
+        + "x" * 391  # an exporter's error: its first line, 400 characters at most
+        + ")."
     )
     assert listing(tmp_path) == ["m.onnx"] and out.read_bytes() == b"old"
 
@@ -203,6 +220,104 @@ def test_a_later_failed_attempt_leaves_the_kept_graph_as_it_was_judged(
     assert result.exporter == "dynamo" and result.parity is not None and not result.parity.passed
     assert result.attempts[1] == {"exporter": "legacy", "error": "RuntimeError: broke halfway"}
     assert dims(out) == ["batch", 1, 28, 28] and read_metadata(out)["exporter"] == "dynamo"
+
+
+def as_legacy(model: Any, args: Any, f: str, **kw: Any) -> Any:
+    """The dynamo attempt made by the fast TorchScript-based exporter (a dynamic batch)."""
+    kw = {k: kw[k] for k in ("input_names", "output_names", "opset_version")}
+    axes = {"input": {0: "batch"}, "logits": {0: "batch"}}
+    return REAL_EXPORT(model, args, f, dynamo=False, dynamic_axes=axes, **kw)
+
+
+def test_a_graph_with_lint_findings_gives_way_to_the_next_exporters_clean_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    findings = [["a Dropout in the graph"], []]
+    monkeypatch.setattr(onnx_export, "lint_graph", lambda *a, **k: findings.pop(0))
+    exporting(
+        monkeypatch,
+        lambda m, a, f, **kw: (as_legacy if kw["dynamo"] else REAL_EXPORT)(m, a, f, **kw),
+    )
+    result = export_onnx("mlp", tmp_path / "m.onnx")
+    assert result.exporter == "legacy" and result.lint == [] and findings == []
+    assert [a["lint"] for a in result.attempts] == [["a Dropout in the graph"], []]
+
+
+def test_each_exporter_is_asked_for_the_graph_zoo_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What torch's two exporters are asked for: the input and output names zoo's runtimes
+    read, the opset, one file without external data, and the batch (and with
+    ``dynamic_size`` height and width) as named dynamic axes."""
+    calls: list[dict[str, Any]] = []
+
+    def spy(model: Any, args: Any, f: str, **kw: Any) -> Any:
+        calls.append(dict(kw))
+        if kw["dynamo"]:
+            raise RuntimeError("recorded")  # then the legacy exporter, really
+        return REAL_EXPORT(model, args, f, **kw)
+
+    exporting(monkeypatch, spy)
+    pooled = nn.Sequential(nn.Conv2d(3, 10, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    out = tmp_path / "m.onnx"
+    result = export_onnx(
+        "simple_cnn", out, dynamic_size=True, model=pooled, opset=17, allow_mismatch=True
+    )
+    dynamo, legacy = calls
+    (shapes,) = dynamo.pop("dynamic_shapes")
+    assert {k: (d.__name__, d.min) for k, d in shapes.items()} == {
+        0: ("batch", 1),
+        2: ("height", 16),
+        3: ("width", 16),
+    }
+    names = {"input_names": ["input"], "output_names": ["logits"], "opset_version": 17}
+    assert dynamo == {
+        "dynamo": True, "external_data": False, **names, "optimize": True, "verbose": False,
+    }  # fmt: skip
+    assert legacy == {
+        "dynamo": False,
+        **names,
+        "dynamic_axes": {"input": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}},
+        "do_constant_folding": True,
+    }
+    assert dims(out) == ["batch", 3, "height", "width"] and result.exporter == "legacy"
+    assert not any("legacy TorchScript-based" in w for w in result.attempts[1]["warnings"])
+    calls.clear()
+    export_onnx("mlp", tmp_path / "fixed.onnx", static_batch=2)
+    assert calls[0]["dynamic_shapes"] is None and calls[1]["dynamic_axes"] is None
+    assert dims(tmp_path / "fixed.onnx") == [2, 1, 28, 28]
+
+
+def test_each_variant_is_made_judged_and_stamped(tmp_path: Path) -> None:
+    """``--slim``, ``--precision fp16`` (with ``--fp16-io``) and ``--embed-preprocessing``:
+    each step runs on the file the gate then judges, and the result and the file's
+    metadata say what the graph takes."""
+    model = create_model("mlp").eval()
+    slim = export_onnx("mlp", tmp_path / "slim.onnx", exporter="legacy", model=model, slim=True)
+    assert slim.slim and slim.slim == slim.attempts[0]["slim"]
+    assert read_metadata(tmp_path / "slim.onnx")["slim"] == slim.slim
+    half = export_onnx(
+        "mlp", tmp_path / "half.onnx", exporter="legacy", model=model, precision="fp16",
+        fp16_io=True,
+    )  # fmt: skip
+    assert half.precision == "fp16" and half.fp16_io and half.attempts[0]["fp16"]
+    assert half.parity is not None and half.parity.passed and half.slim is None
+    assert half.parity.tolerances == onnx_export.TOLERANCES["fp16"]
+    meta = read_metadata(tmp_path / "half.onnx")
+    assert meta["precision"] == "fp16" and meta["input"]["dtype"] == "float16"
+    graph = onnx.load(str(tmp_path / "half.onnx"))
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    pixels = export_onnx(
+        "mlp", tmp_path / "pixels.onnx", exporter="legacy", model=model, embed_preprocessing=True
+    )
+    assert pixels.embedded_preprocessing and pixels.attempts[0]["input"]
+    assert pixels.parity is not None and pixels.parity.passed
+    assert read_metadata(tmp_path / "pixels.onnx")["input"] == {
+        "dtype": "uint8", "layout": "NHWC", "preprocessing": "in-graph",
+    }  # fmt: skip
+    assert read_metadata(tmp_path / "slim.onnx")["input"] == {
+        "dtype": "float32", "layout": "NCHW", "preprocessing": "client",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
