@@ -665,8 +665,11 @@ def test_every_route_but_health_needs_a_key_granting_its_scope(
                 refused["forbidden", scope] = refused.get(("forbidden", scope), 0) + 1
         for headers in ({}, bearer("x" * len(ALL))):  # no path exists without a valid key
             for r in (c.get("/v2/nope", headers=headers), c.get(INFER_PATH, headers=headers)):
-                assert r.status_code == 401 and "www-authenticate" in r.headers, r.text
                 verdict = Verdict.INVALID if headers else Verdict.MISSING
+                assert r.status_code == 401, r.text
+                assert r.headers["www-authenticate"] == (
+                    'Bearer realm="zoo", error="invalid_token"' if headers else 'Bearer realm="zoo"'
+                )
                 refused[verdict.value, "metadata"] += 1  # counted like a route's refusal
                 assert error_of(r) == refusal_message(verdict, "metadata")
         lines = {  # what each refusal logs: one line, the message as repr
@@ -707,6 +710,51 @@ def test_every_route_but_health_needs_a_key_granting_its_scope(
     seen += [rec.getMessage() for rec in caplog.records]
     leaked = [s for s in seen for k in GRANTS if k in s]
     assert not leaked, leaked[:3]
+
+
+def test_upload_refusals_say_what_to_send() -> None:
+    from zoo.deploy.serve.inputs import upload_field
+
+    part = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\nok\r\n'
+    body = part + b"--zz--\r\n"
+    assert upload_field(body, b"zz") == b"ok"
+    with pytest.raises(InputError) as info:
+        upload_field(b"no boundary at all" + body, b"zz")
+    message = str(info.value)
+    assert message.startswith("multipart body cannot be parsed: ")
+    assert message.endswith(" (send multipart/form-data with a boundary and a 'file' field)")
+    with pytest.raises(InputError) as info:
+        upload_field(body[:-8], b"zz")
+    assert str(info.value) == (
+        "multipart body ends before its closing boundary: the upload was cut short"
+    )
+    with pytest.raises(InputError) as info:
+        upload_field(part + body, b"zz")
+    assert str(info.value) == (
+        "multipart upload has 2 'file' file parts; this endpoint classifies one image a "
+        "request: send each in a request of its own, or several as one batch to "
+        "/v2/models/NAME/infer"
+    )
+
+
+class BrokenKeys(ApiKeys):
+    """Keys whose check has a bug: an exception outside every endpoint's own guard."""
+
+    def check(self, authorization: str | None, scope: str) -> Verdict:
+        raise RuntimeError("a bug in the key check")
+
+
+def test_a_bug_outside_every_endpoints_guard_is_still_a_json_500(model: Path) -> None:
+    from zoo.deploy.serve.app import HttpApi
+    from zoo.deploy.serve.model import ModelServer
+
+    app = create_app(ServeConfig(str(model), NAME), keys=BrokenKeys(()))
+    r = TestClient(app, raise_server_exceptions=False).get("/v2")
+    assert r.status_code == 500 and r.json() == {
+        "error": "internal error: RuntimeError: a bug in the key check"
+    }
+    one = HttpApi(ModelServer(ServeConfig(str(model), NAME)), keys=None)  # one model, bare
+    assert one.models.names == (NAME,) and one.models.first.name == NAME
 
 
 # ---------------------------------------------------------------- auth, as functions
