@@ -320,30 +320,109 @@ def test_each_variant_is_made_judged_and_stamped(tmp_path: Path) -> None:
     }  # fmt: skip
 
 
+def test_the_source_weights_are_named_by_their_hash(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from zoo.weights import sha256_file
+
+    weights = tmp_path / "w.safetensors"
+    model = create_model("mlp")
+    save_file(model.state_dict(), str(weights))
+    export_onnx("mlp", tmp_path / "w.onnx", exporter="legacy", weights=str(weights))
+    meta = read_metadata(tmp_path / "w.onnx")
+    assert meta["source_weights_sha256"] == sha256_file(weights)  # no hash known: computed
+    x = torch.randn(2, 1, 28, 28)
+    sess = ort.InferenceSession(str(tmp_path / "w.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        want = model.eval()(x).numpy()
+    np.testing.assert_allclose(sess.run(None, {"input": x.numpy()})[0], want, atol=1e-5)
+    export_onnx("mlp", tmp_path / "none.onnx", exporter="legacy")  # random init: no source
+    assert read_metadata(tmp_path / "none.onnx")["source_weights_sha256"] is None
+
+
+@pytest.fixture
+def knn_folder(tmp_path: Path) -> Path:
+    """The MLP's model folder with a ``knn`` rejection rule and its bank (20 rows of the
+    256-wide features the head reads)."""
+    import json
+
+    from zoo.bundle import bundle
+    from zoo.knn import KnnBank
+
+    folder = bundle("mlp", tmp_path / "folder")
+    config = json.loads((folder / "config.json").read_text())
+    rule = {"score": "knn", "threshold": 0.5, "acceptance": 0.95}
+    config["calibration"] = {"temperature": 1.0, "reject": rule}
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = np.random.default_rng(0).standard_normal((20, 256)).astype(np.float32)
+    KnnBank.of(rows, k=3).save(folder)
+    return folder
+
+
+def test_a_knn_rule_is_built_into_the_graph_and_judged_with_it(
+    knn_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zoo.deploy.export.knn as knn_export
+    from zoo.knn import KNN_OUTPUT, KnnBank
+
+    for name, options in [
+        ("dynamic", {}),
+        ("static", {"static_batch": 2}),
+        ("pixels", {"embed_preprocessing": True}),
+    ]:
+        out = tmp_path / f"{name}.onnx"
+        result = export_onnx(str(knn_folder), out, exporter="legacy", **options)
+        knn = result.attempts[0]["knn"]
+        assert (knn["rows"], knn["dim"], knn["k"]) == (20, 256, 3), name
+        assert result.parity is not None and result.parity.passed and result.parity.knn
+        assert result.parity.knn.images > 0 and result.parity.knn.max_abs <= 1e-4
+        outputs = [o.name for o in onnx.load(str(out)).graph.output]
+        assert outputs == ["logits", KNN_OUTPUT], name
+
+    real = knn_export.add_to_graph
+
+    def nudged(model: Any, features: str, bank: KnnBank) -> None:  # another bank's score
+        rows = bank.rows.copy()
+        rows[:, 0] += 0.05
+        real(model, features, KnnBank(rows / np.linalg.norm(rows, axis=1, keepdims=True), bank.k))
+
+    monkeypatch.setattr(knn_export, "add_to_graph", nudged)
+    out = tmp_path / "nudged.onnx"
+    with pytest.raises(ParityError, match=KNN_OUTPUT):
+        export_onnx(str(knn_folder), out, exporter="legacy")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
-    ("options", "words"),
+    ("options", "message"),
     [
         ({"static_batch": 0}, "--static-batch 0: use a batch size of 1 or more."),
-        ({"dynamic_batch": False}, "dynamic_batch=False needs static_batch=N"),
-        ({"opset": MIN_OPSET - 1}, f"--opset {MIN_OPSET - 1} is outside the supported range"),
-        ({"opset": MAX_OPSET + 1}, f"range {MIN_OPSET}–{MAX_OPSET} (default {DEFAULT_OPSET})"),
+        ({"dynamic_batch": False},
+         "dynamic_batch=False needs static_batch=N (the fixed batch size)."),
+        ({"opset": MIN_OPSET - 1}, f"--opset {MIN_OPSET - 1} is outside the supported range "
+         f"{MIN_OPSET}–{MAX_OPSET} (default {DEFAULT_OPSET})."),
+        ({"opset": MAX_OPSET + 1}, f"--opset {MAX_OPSET + 1} is outside the supported range "
+         f"{MIN_OPSET}–{MAX_OPSET} (default {DEFAULT_OPSET})."),
         ({"fp16_io": True}, "--fp16-io makes an fp16 graph's inputs and outputs float16: it "
          "needs --precision fp16."),
         ({"fp16_io": True, "precision": "fp16", "embed_preprocessing": True},
-         "needs --precision fp16 and takes float arrays, not --embed-preprocessing's uint8"),
-        ({"embed_preprocessing": True, "static_batch": 2}, "in a dynamic batch: drop --static-batch."),
-        ({"embed_preprocessing": True, "dynamic_size": True}, "drop --dynamic-size."),
-        ({"exporter": "onnxscript"}, "exporter"),
-        ({"precision": "int8"}, "precision"),
+         "--fp16-io makes an fp16 graph's inputs and outputs float16: it needs --precision "
+         "fp16 and takes float arrays, not --embed-preprocessing's uint8 pixels."),
+        ({"embed_preprocessing": True, "static_batch": 2}, "--embed-preprocessing takes images "
+         "of any size in a dynamic batch: drop --static-batch."),
+        ({"embed_preprocessing": True, "dynamic_size": True}, "--embed-preprocessing takes "
+         "images of any size in a dynamic batch: drop --dynamic-size."),
+        ({"exporter": "onnxscript"}, "exporter 'onnxscript' is not one of auto, dynamo, legacy."),
+        ({"precision": "int8"}, "precision 'int8' is not one of fp32, fp16."),
     ],
 )  # fmt: skip
 def test_contradictory_options_are_refused_before_anything_is_loaded(
-    options: dict[str, Any], words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    options: dict[str, Any], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(onnx_export, "load_for_export", loads)
     with pytest.raises(InputError) as info:
         export_onnx("mlp", tmp_path / "m.onnx", **options)
-    assert words in str(info.value)
+    assert str(info.value) == message
     assert listing(tmp_path) == []
 
 
