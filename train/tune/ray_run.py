@@ -171,8 +171,12 @@ def run_trials(
 
 
 class _Asha(ASHAScheduler):
-    """ASHA, each stop recorded where the stopped trial's actor reads it (before Tune stops
-    the actor: the run then finishes with the epochs it has)."""
+    """ASHA, each stop recorded where the stopped trial's actor reads it; the trial then
+    ends itself: its next step tells the run to stop, and the run finishes with the epochs it
+    has (model folder, report) and reports ``done``. Tune is told to continue, not to stop:
+    an actor that Tune stops gets 10 s to clean up at the experiment's end before it is
+    killed, and a loaded machine's finishing step took longer (the run was left without its
+    report, and the search ended "interrupted")."""
 
     def __init__(self, verdicts: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -180,9 +184,10 @@ class _Asha(ASHAScheduler):
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         action = super().on_trial_result(tune_controller, trial, result)
-        if action == TrialScheduler.STOP:
+        if action == TrialScheduler.STOP and not result.get("done"):
             ray.get(self._verdicts.stop.remote(trial.config["plan"]["trial"]))
-        return action
+            return str(TrialScheduler.CONTINUE)
+        return str(action)
 
 
 class _Keeper(tune.Callback):

@@ -4,13 +4,14 @@
 :class:`~zoo.train.observe.RunObserver`) hands each committed epoch to :meth:`ZooTrial.step`,
 which returns it to Tune as the iteration's result, and waits for Tune's verdict:
 
-- Tune calls ``step`` again: the next epoch trains;
-- the scheduler stopped the trial (ASHA, recorded in :class:`Verdicts` before Tune stops the
-  actor): ``cleanup`` tells the reporter, which raises :class:`~zoo.train.observe.StopRun`,
-  and the run finishes as early stopping does (model folder, report) before the actor goes;
-- the actor is stopped for any other reason (Ctrl-C, the end of the experiment): the thread
-  is left where it waits, at an epoch's commit; ``zoo tune --resume`` continues the run
-  from its ``last.pt``, as a killed search does.
+- Tune calls ``step`` again: the next epoch trains, unless the scheduler stopped the trial
+  (ASHA, recorded in :class:`Verdicts`; Tune is told to continue): then ``step`` tells the
+  reporter, which raises :class:`~zoo.train.observe.StopRun`, the run finishes as early
+  stopping does (model folder, report) and ``step`` reports ``done``;
+- the actor is stopped for any other reason (Ctrl-C, the end of the experiment): ``cleanup``
+  finishes a run the scheduler stopped, else the thread is left where it waits, at an epoch's
+  commit; ``zoo tune --resume`` continues the run from its ``last.pt``, as a killed search
+  does.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class ZooTrial(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         if self.waiting:
-            self.verdicts.put("go")
+            self.verdicts.put("stop" if self._stopped() else "go")
             self.waiting = False
         while True:
             kind, value = self.events.get()
@@ -166,10 +167,14 @@ class ZooTrial(tune.Trainable):
     def load_checkpoint(self, checkpoint: Any) -> None:
         """Never called: a trial resumes from its run folder's ``last.pt``."""
 
+    def _stopped(self) -> bool:
+        """Whether the scheduler stopped this trial."""
+        return bool(ray.get(ray.get_actor(VERDICTS).stopped.remote(self.name)))
+
     def cleanup(self) -> None:
         if not self.waiting:  # finished, failed, or stopped mid-epoch: nothing to hand over
             return
-        if ray.get(ray.get_actor(VERDICTS).stopped.remote(self.name)):
+        if self._stopped():
             self.verdicts.put("stop")  # the run finishes with the epochs it has
             self.thread.join()
         # else: left waiting at its commit; the actor's end ends it (resumable from last.pt)
