@@ -92,11 +92,14 @@ def x_of(seed: int, n: int = 1, size: int = 224) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 3, size, size)).astype(np.float32)
 
 
-def json_infer(x: np.ndarray, name: str = "input", dtype: str = "FP32") -> dict:
+def json_infer(x: np.ndarray, name: str = "input", dtype: str = "FP32", **extra: Any) -> dict:
+    """A v2 JSON inference request of one tensor; ``extra``: more of the request's fields
+    (``id``, ``outputs``)."""
     return {
         "inputs": [
             {"name": name, "shape": list(x.shape), "datatype": dtype, "data": x.ravel().tolist()}
-        ]
+        ],
+        **extra,
     }
 
 

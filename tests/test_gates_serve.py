@@ -27,7 +27,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from tests.serving import binary_infer
+from tests.serving import binary_infer, json_infer
 from zoo.deploy.runtimes.loader import OnnxClassifier
 from zoo.deploy.serve.app import create_app
 from zoo.deploy.serve.auth import (
@@ -157,15 +157,6 @@ def wait_for(app: Any) -> None:
         time.sleep(0.005)
 
 
-def infer_body(x: np.ndarray, name: str = "input", datatype: str = "FP32", **extra: Any) -> dict:
-    return {
-        "inputs": [
-            {"name": name, "shape": list(x.shape), "datatype": datatype, "data": x.ravel().tolist()}
-        ],
-        **extra,
-    }
-
-
 def png(size: tuple[int, int] = (8, 8), seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
     buf = io.BytesIO()
@@ -206,31 +197,31 @@ def refusals(x: np.ndarray) -> list[tuple[str, dict[str, Any], int, str, str]]:
     '…') of every bad request the first test sends."""
     nan = x.copy()
     nan[0, 0, 0, 0] = np.nan
-    two = infer_body(x)
-    two["inputs"] += infer_body(x, name="other")["inputs"]
+    two = json_infer(x)
+    two["inputs"] += json_infer(x, name="other")["inputs"]
     multipart = {"Content-Type": "multipart/form-data; boundary=zz"}
     return [
-        ("/v2/models/nope/infer", {"json": infer_body(x)}, 404, "unknown_model",
+        ("/v2/models/nope/infer", {"json": json_infer(x)}, 404, "unknown_model",
          "unknown model 'nope'; this server serves 'm'"),
         (INFER_PATH, {"content": b"{not json"}, 400, "bad_request",
          "request body is not valid JSON: …"),
         (INFER_PATH, {"content": b"x" * LIMIT}, 400, "bad_request",
          "request body is not valid JSON: …"),  # exactly the limit: read, then judged
-        (INFER_PATH, {"json": infer_body(x, name="x\ny")}, 400, "bad_request",
+        (INFER_PATH, {"json": json_infer(x, name="x\ny")}, 400, "bad_request",
          "unknown input 'x\\ny'; the model's input is 'input'"),
-        (INFER_PATH, {"json": infer_body(x, name=LONG)}, 400, "bad_request",
+        (INFER_PATH, {"json": json_infer(x, name=LONG)}, 400, "bad_request",
          f"unknown input '{LONG}'; the model's input is 'input'"),
         (INFER_PATH, {"json": two}, 400, "bad_request",
          "this model takes exactly one input ('input'), got 2"),
-        (INFER_PATH, {"json": infer_body(x.astype(np.float64), datatype="FP64")}, 400,
+        (INFER_PATH, {"json": json_infer(x.astype(np.float64), dtype="FP64")}, 400,
          "bad_request", "input 'input' must be FP32, got FP64"),
-        (INFER_PATH, {"json": infer_body(np.zeros((2, 3, 4, 5), np.float32))}, 400,
+        (INFER_PATH, {"json": json_infer(np.zeros((2, 3, 4, 5), np.float32))}, 400,
          "bad_request", "input 'input' has shape [2, 3, 4, 5]; expected [batch, 3, 4, 4]"),
-        (INFER_PATH, {"json": infer_body(np.zeros((5, 3, 4, 4), np.float32))}, 400,
+        (INFER_PATH, {"json": json_infer(np.zeros((5, 3, 4, 4), np.float32))}, 400,
          "bad_request", "batch of 5 is outside 1..4 (--max-batch)"),
         (INFER_PATH, binary_infer(nan), 400, "bad_request",
          "input 'input' contains NaN or infinite values"),
-        (INFER_PATH, {"json": infer_body(x, outputs=[{"name": "nope"}])}, 400,
+        (INFER_PATH, {"json": json_infer(x, outputs=[{"name": "nope"}])}, 400,
          "bad_request", "unknown output 'nope'; the model's outputs are 'logits'"),
         (INFER_PATH, {"json": {"inputs": [{"name": "input", "shape": [1000, 3, 4, 4],
                                            "datatype": "FP32", "data": [0.0]}]}},
@@ -270,7 +261,7 @@ def test_every_refusal_gets_its_status_message_log_line_and_count(
     caplog.set_level(logging.INFO, logger="zoo.serve")
     x = RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)
     with serving(model, max_body_mb=0.01, max_batch=4) as (c, _):
-        r = c.post(INFER_PATH, json=infer_body(x, id="req-7"))
+        r = c.post(INFER_PATH, json=json_infer(x, id="req-7"))
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         body = r.json()
         assert (body["model_name"], body["id"]) == (NAME, "req-7")
@@ -303,7 +294,7 @@ def test_every_refusal_gets_its_status_message_log_line_and_count(
                 where = path.split("?")[0]  # the path, without the query
                 assert lines == [f"POST {where} -> {status}: {message[:500]!r}"]
                 assert len(message) < 500 or len(lines[0]) < len(message)
-        assert c.post(INFER_PATH, json=infer_body(x)).status_code == 200
+        assert c.post(INFER_PATH, json=json_infer(x)).status_code == 200
         expected["infer", "ok"] += 1
         assert counters(c, "zoo_requests") == {(e, o): n for (e, o), n in expected.items()}
 
@@ -317,13 +308,13 @@ def test_a_fault_of_ours_is_500_logged_with_its_traceback_and_serving_goes_on(
         real = clf.outputs
         clf.outputs = lambda batch: (_ for _ in ()).throw(RuntimeError("boom"))
         caplog.clear()  # the start-up's lines
-        r = c.post(INFER_PATH, json=infer_body(x))
+        r = c.post(INFER_PATH, json=json_infer(x))
         assert r.status_code == 500 and error_of(r) == "internal error: RuntimeError: boom"
         (rec,) = [rec for rec in caplog.records if rec.name == "zoo.serve"]
         assert rec.levelno == logging.ERROR and rec.exc_info is not None
         assert rec.getMessage() == f"POST {INFER_PATH} failed"
         clf.outputs = real
-        assert c.post(INFER_PATH, json=infer_body(x)).status_code == 200
+        assert c.post(INFER_PATH, json=json_infer(x)).status_code == 200
         assert counters(c, "zoo_requests") == {("infer", "error"): 1, ("infer", "ok"): 1}
 
 
@@ -334,7 +325,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_late_answer_is_504(model: Pa
     x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
     with serving(model, max_queue=0) as (c, _):
         for path, kwargs in [
-            (INFER_PATH, {"json": infer_body(x)}),
+            (INFER_PATH, {"json": json_infer(x)}),
             (PREDICT_PATH, {"content": png()}),
         ]:
             r = c.post(path, **kwargs)
@@ -354,13 +345,13 @@ def test_a_full_queue_is_429_with_retry_after_and_a_late_answer_is_504(model: Pa
 
         clf.outputs = held
         try:
-            r = c.post(INFER_PATH, json=infer_body(x))
+            r = c.post(INFER_PATH, json=json_infer(x))
             assert r.status_code == 504 and "retry-after" not in r.headers
             assert error_of(r) == "request waited more than 50 ms"
         finally:
             release.set()
         clf.outputs = real
-        assert c.post(INFER_PATH, json=infer_body(x)).status_code == 200
+        assert c.post(INFER_PATH, json=json_infer(x)).status_code == 200
         assert counters(c, "zoo_requests") == {("infer", "timeout"): 1, ("infer", "ok"): 1}
 
 
@@ -386,7 +377,7 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
     path = pixel_model(tmp_path / "pixels.onnx")
     ok = np.random.default_rng(1).integers(0, 256, (2, 6, 5, 3), np.uint8)
     with serving(path, max_image_pixels=40, max_batch=2) as (c, _):
-        r = c.post(INFER_PATH, json=infer_body(ok, datatype="UINT8"))
+        r = c.post(INFER_PATH, json=json_infer(ok, dtype="UINT8"))
         assert r.status_code == 200, r.text
         want = ok.astype(np.float32).mean(axis=(1, 2)) @ W_PIXELS
         np.testing.assert_allclose(
@@ -402,12 +393,12 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
             (np.zeros((1, 1, 101, 3), np.uint8), "UINT8", "The image is 101x1 pixels: its long"),
             (np.zeros((1, 101, 1, 3), np.uint8), "UINT8", "The image is 1x101 pixels: its long"),
         ]:
-            r = c.post(INFER_PATH, json=infer_body(x, datatype=datatype))
+            r = c.post(INFER_PATH, json=json_infer(x, dtype=datatype))
             assert r.status_code == 400 and words in error_of(r), (words, r.text)
         thin = np.zeros((1, 1, 40, 3), np.uint8)  # 40:1, within the aspect limit
-        assert c.post(INFER_PATH, json=infer_body(thin, datatype="UINT8")).status_code == 200
+        assert c.post(INFER_PATH, json=json_infer(thin, dtype="UINT8")).status_code == 200
         edge = np.zeros((1, 8, 5, 3), np.uint8)  # exactly 40 pixels: allowed
-        assert c.post(INFER_PATH, json=infer_body(edge, datatype="UINT8")).status_code == 200
+        assert c.post(INFER_PATH, json=json_infer(edge, dtype="UINT8")).status_code == 200
 
 
 def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_ready(
@@ -436,7 +427,7 @@ def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_r
             r = c.get(path)
             assert r.status_code == 503, path
             assert error_of(r).startswith("model is not ready yet: InputError: "), r.text
-        r = c.post(INFER_PATH, json=infer_body(x))
+        r = c.post(INFER_PATH, json=json_infer(x))
         assert r.status_code == 503 and "broken.onnx" in error_of(r)
         (entry,) = c.get("/v2/repository/index").json()
         assert (entry["name"], entry["state"]) == (NAME, "UNAVAILABLE") and entry["reason"]
@@ -460,7 +451,7 @@ def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_r
                 assert r.json()["max_batch_size"] == 16
             else:
                 assert r.json() == {"name": NAME, "ready": True}
-        assert c.post(f"/v2/models/{NAME}/versions/1/infer", json=infer_body(x)).status_code == 200
+        assert c.post(f"/v2/models/{NAME}/versions/1/infer", json=json_infer(x)).status_code == 200
         r = c.post("/v2/repository/index", json={"ready": True})
         assert r.headers["content-type"] == "application/json"
         (entry,) = r.json()
@@ -512,15 +503,15 @@ def test_an_fp16_io_graph_takes_what_float16_holds(tmp_path: Path) -> None:
     path = float_model(tmp_path / "half.onnx", half=True)
     edge = np.full((1, 3, 4, 4), 65504.0, np.float32)  # float16's largest: allowed
     with serving(path) as (c, _):
-        r = c.post(INFER_PATH, json=infer_body(edge / 1e3))
+        r = c.post(INFER_PATH, json=json_infer(edge / 1e3))
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(
             np.reshape(r.json()["outputs"][0]["data"], (1, 5)),
             (edge / 1e3).reshape(1, -1) @ W,
             rtol=1e-2,
         )
-        assert c.post(INFER_PATH, json=infer_body(edge)).status_code == 200
-        r = c.post(INFER_PATH, json=infer_body(edge * 1.01))
+        assert c.post(INFER_PATH, json=json_infer(edge)).status_code == 200
+        r = c.post(INFER_PATH, json=json_infer(edge * 1.01))
         assert r.status_code == 400 and error_of(r) == (
             "input 'input' has values beyond float16's range (±65504), which this model "
             "(exported with --fp16-io) takes"
@@ -535,10 +526,10 @@ def test_several_models_count_apart_and_an_unknown_name_counts_as_no_model(
     x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
     with TestClient(app) as c:
         wait_for(app)
-        assert c.post("/v2/models/a/infer", json=infer_body(x)).status_code == 200
+        assert c.post("/v2/models/a/infer", json=json_infer(x)).status_code == 200
         for _ in range(2):
-            assert c.post("/v2/models/b/infer", json=infer_body(x)).status_code == 200
-        r = c.post("/v2/models/c/infer", json=infer_body(x))
+            assert c.post("/v2/models/b/infer", json=json_infer(x)).status_code == 200
+        r = c.post("/v2/models/c/infer", json=json_infer(x))
         assert r.status_code == 404 and error_of(r) == (
             "unknown model 'c'; this server serves 'a', 'b'"
         )
@@ -624,7 +615,7 @@ def test_every_route_but_health_needs_a_key_granting_its_scope(
     caplog.set_level(logging.DEBUG)
     keys = parse_key_file(KEY_FILE, "keys.txt")
     x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
-    bodies = {"POST": {"json": infer_body(x)}, "GET": {}}
+    bodies = {"POST": {"json": json_infer(x)}, "GET": {}}
     seen: list[str] = []
     with serving(model, keys) as (c, _):
         for path in ("/v2/health/live", "/v2/health/ready"):
