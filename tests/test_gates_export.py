@@ -108,12 +108,6 @@ def test_a_static_batch_is_the_graphs_input(tmp_path: Path) -> None:
     assert torch.equal(x, dummy_input(info_of(create_model("mlp")), EXPORT_BATCH))  # seeded
 
 
-@pytest.mark.xfail(
-    raises=ParityError,
-    strict=True,
-    reason="known bug: the gate checks --dynamic-size at input size - 32 px, which is 0 px "
-    "for a 32 px model (zoo.deploy.export.parity), so no model of 32 px or less passes",
-)
 def test_a_dynamic_size_export_of_a_small_model_is_judged_at_sizes_it_can_take(
     tmp_path: Path,
 ) -> None:
@@ -121,7 +115,21 @@ def test_a_dynamic_size_export_of_a_small_model_is_judged_at_sizes_it_can_take(
     out = tmp_path / "sized.onnx"
     sized = export_onnx("simple_cnn", out, exporter="legacy", dynamic_size=True, model=pooled)
     assert dims(out) == ["batch", 3, "height", "width"] and sized.dynamic_size
-    assert sized.parity is not None and all(d.size > 0 for d in sized.parity.dynamic)
+    assert sized.parity is not None and sized.parity.passed
+    assert [(d.batch, d.size) for d in sized.parity.dynamic][-2:] == [(3, 16), (3, 64)]
+
+
+def test_dynamic_size_on_a_model_whose_layers_fix_the_size_is_refused_before_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exporting(monkeypatch, lambda *a, **kw: pytest.fail("exported a model that cannot be"))
+    out = tmp_path / "m.onnx"
+    with pytest.raises(InputError) as info:
+        export_onnx("mlp", out, exporter="legacy", dynamic_size=True)
+    message = str(info.value)
+    assert message.startswith("mlp itself does not take 14x14 inputs, so its graph cannot ")
+    assert message.endswith("): export it without --dynamic-size, at 28x28.")
+    assert "mat1 and mat2 shapes cannot be multiplied" in message and listing(tmp_path) == []
 
 
 def test_a_parity_breach_writes_nothing_unless_allowed(tmp_path: Path) -> None:

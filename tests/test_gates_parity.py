@@ -4,7 +4,7 @@ The end-to-end export tests (real MobileNetV2, real onnxruntime) live in test_de
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -328,7 +328,7 @@ def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
         (1, 48),
         (2, 48),
         (5, 48),
-        (3, 16),
+        (3, 24),
         (3, 80),
     ]
     assert all(d.passed and d.diff.shape[0] == d.batch for d in r.dynamic)
@@ -339,12 +339,30 @@ def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
     [
         ({}, []),
         ({"dynamic_batch": True, "export_batch": 5}, [(1, 48), (2, 48), (7, 48)]),
-        ({"dynamic_size": True, "export_batch": 2}, [(2, 16), (2, 80)]),
+        ({"dynamic_size": True, "export_batch": 2}, [(2, 24), (2, 80)]),
     ],
 )
 def test_dynamic_shapes_checked(tiny: nn.Module, kw: dict, checked: list) -> None:
     r = _check(tiny, _eager(tiny), **kw)
     assert [(d.batch, d.size) for d in r.dynamic] == checked and r.passed
+
+
+def test_a_wide_input_is_checked_at_its_own_height_and_width(tiny: nn.Module) -> None:
+    wide = replace(INFO, input_size=(3, 48, 64))
+    r = check_parity(
+        tiny, wide, _eager(tiny), export_batch=2, dynamic_batch=True, dynamic_size=True,
+        images=sample_image_paths(),
+    )  # fmt: skip
+    assert [(d.batch, d.size) for d in r.dynamic] == [
+        (1, "48x64"),
+        (2, "48x64"),
+        (5, "48x64"),
+        (3, "24x32"),
+        (3, "80x96"),
+    ]
+    assert [d.diff.shape for d in r.dynamic][-1] == [3, 4] and r.passed
+    assert parity.other_sizes(32, 32) == ((16, 16), (64, 64))
+    assert parity.other_sizes(224, 1) == ((192, 1), (256, 33))
 
 
 def test_tensor_level_sees_the_noise_row(tiny: nn.Module) -> None:
@@ -401,7 +419,7 @@ def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.
     assert r.tensors is not None and r.predictions is not None
     assert r.tensors.passed and r.predictions.passed and not r.passed
     failed = [d for d in r.dynamic if not d.passed]
-    assert [(d.batch, d.size) for d in failed] == [(1, 48), (5, 48), (3, 16), (3, 80)]
+    assert [(d.batch, d.size) for d in failed] == [(1, 48), (5, 48), (3, 24), (3, 80)]
     assert all(d.diff.max_abs == float("inf") for d in failed)
     err = failed[0].error
     assert err is not None and err.startswith(
@@ -410,6 +428,10 @@ def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.
     assert len(err) == 300 and "second line" not in err
     assert r.dynamic[1].passed and "error" not in r.dynamic[1].to_dict()
     assert r.to_dict()["dynamic"][0]["error"] == err
+    assert (
+        r.failures()[0]
+        == f"dynamic check failed at batch 1, size 48: the graph rejected it ({err})"
+    )
 
 
 def test_a_runtime_wrong_at_one_resolution_is_caught(tiny: nn.Module) -> None:

@@ -27,6 +27,7 @@ from zoo.deploy.export.parity import (
     check_embedded_parity,
     check_parity,
     gate_images,
+    other_sizes,
 )
 from zoo.deploy.export.result import ExportResult
 from zoo.errors import ChoiceError, ExportError, InputError, ParityError
@@ -50,6 +51,22 @@ def atomic_output(out: Path) -> Iterator[Path]:
     finally:  # external data an exporter may have written beside the temporary file
         for stray in out.parent.glob(f".{out.name}.*.data"):
             stray.unlink(missing_ok=True)
+
+
+def _refuse_a_fixed_size(model: nn.Module, info: ModelInfo, name: str) -> None:
+    """--dynamic-size on a model whose own layers fix the input size (a flatten into a linear
+    layer): say so before exporting, not as a parity failure of the graph."""
+    c, h, w = info.input_size
+    for hi, wi in other_sizes(h, w):
+        try:
+            with torch.inference_mode():
+                model(torch.zeros(1, c, hi, wi))
+        except Exception as exc:  # the model's own error says which layer
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise InputError(
+                f"{name} itself does not take {hi}x{wi} inputs, so its graph cannot have a "
+                f"dynamic size ({first}): export it without --dynamic-size, at {h}x{w}."
+            ) from exc
 
 
 def load_for_export(
@@ -93,7 +110,8 @@ def _onnx_once(
     with warnings.catch_warnings(record=True) as w, torch.no_grad():
         warnings.simplefilter("always")
         if exporter == "dynamo":
-            dims = {k: torch.export.Dim(v, min=1 if k == 0 else 16) for k, v in axes.items()}
+            low = dict(enumerate((1, 1, *(min(16, o) for o in other_sizes(*x.shape[2:])[0]))))
+            dims = {k: torch.export.Dim(v, min=low[k]) for k, v in axes.items()}
             torch.onnx.export(
                 model,
                 (x,),
@@ -234,6 +252,8 @@ def export_onnx(
     src_model, info, weights_sha = load_for_export(ref, weights)
     model = model if model is not None else src_model
     model.eval()  # always export the inference graph
+    if dynamic_size:
+        _refuse_a_fixed_size(model, info, name)
     images = gate_images(ref, data)
     # a knn rule: the export builds its score into the graph, so the file needs nothing beside it
     bank = rule_bank(info.calibration, info.multi_label, lambda: ref.model_folder)

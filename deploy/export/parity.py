@@ -54,6 +54,16 @@ from zoo.preprocess import preprocess
 from zoo.transforms import eval_transform
 
 
+def other_sizes(height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two resolutions a ``--dynamic-size`` graph is proven at, as ``(H, W)``: each side
+    32 px smaller (at most halved, so a 32 px model is checked at 16 px) and 32 px larger."""
+
+    def smaller(side: int) -> int:
+        return max(side // 2, side - 32, 1)
+
+    return (smaller(height), smaller(width)), (height + 32, width + 32)
+
+
 def check_parity(
     model: torch.nn.Module,
     info: ModelInfo,
@@ -74,7 +84,7 @@ def check_parity(
         export_batch: the batch size the graph was exported with (a fixed-batch graph is fed
             padded chunks of it).
         dynamic_batch: also check batch sizes 1, 2 and an odd one.
-        dynamic_size: also check two other resolutions (±32 px).
+        dynamic_size: also check two other resolutions (:func:`other_sizes`).
         images: real images for the tensor and prediction checks (:func:`gate_images`, which
             the report names, or plain paths).
         tolerances: the bounds of every level (:data:`FP16` for an fp16 graph).
@@ -115,20 +125,22 @@ def check_parity(
         preprocessing_max_abs=float(np.abs(torch_x.numpy() - base).max()),
     )
     # 3. dynamic proven
-    c, h = info.input_size[0], info.input_size[1]
+    c, h, w = info.input_size
     shapes = []
     if dynamic_batch:
-        shapes += [(b, h) for b in (1, 2, 5 if export_batch != 5 else 7)]
+        shapes += [(b, (h, w)) for b in (1, 2, 5 if export_batch != 5 else 7)]
     if dynamic_size:
-        shapes += [(export_batch if not dynamic_batch else 3, s) for s in (h - 32, h + 32)]
+        shapes += [(export_batch if not dynamic_batch else 3, hw) for hw in other_sizes(h, w)]
     rng = np.random.default_rng(1)
     dynamic = []
-    for b, s in shapes:
-        xi = rng.standard_normal((b, c, s, s), np.float32)
+    for b, (hi, wi) in shapes:
+        xi = rng.standard_normal((b, c, hi, wi), np.float32)
+        size = hi if hi == wi else f"{hi}x{wi}"
+        want = eager(xi)  # the model itself takes it: export_onnx refuses one that does not
         try:
-            dynamic.append(DynamicCheck(b, s, compare(eager(xi), run(xi), **tol)))
+            dynamic.append(DynamicCheck(b, size, compare(want, run(xi), **tol)))
         except Exception as exc:  # onnxruntime rejects a shape the graph baked in
-            dynamic.append(DynamicCheck.rejected(b, s, exc))
+            dynamic.append(DynamicCheck.rejected(b, size, exc))
     return ParityReport(tolerances, tensors, predictions, tuple(dynamic), gate.sources)
 
 
@@ -223,6 +235,7 @@ __all__ = [
     "check_parity",
     "compare",
     "gate_images",
+    "other_sizes",
     "prediction_check",
     "real_images",
 ]

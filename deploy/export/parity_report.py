@@ -221,7 +221,8 @@ class ParityReport:
                 + (f"; images: {self.describe_images()})" if self.images else ")")
             )
         out += [
-            f"dynamic check failed at batch {d.batch}, size {d.size}: max abs {d.diff.max_abs:.3g}"
+            f"dynamic check failed at batch {d.batch}, size {d.size}: "
+            + (f"the graph rejected it ({d.error})" if d.error else f"max abs {d.diff.max_abs:.3g}")
             for d in self.dynamic
             if not d.passed
         ]
