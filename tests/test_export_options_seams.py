@@ -277,3 +277,14 @@ def test_the_users_commands_are_refused_before_any_export(cwd: Path) -> None:
         r = _export("--format", "onnx", "-o", "model.onnx", *args)
         assert r.exit_code == 2 and f"{args[0]} applies to --format" in _said(r), r.output
     assert not list(cwd.iterdir())
+
+
+def test_dynamic_size_on_a_model_of_a_fixed_size_exits_1_naming_the_size(cwd: Path) -> None:
+    """Unpatched, as typed: simple_cnn's head is a linear layer over its 32 px features, so
+    its graph cannot take other sizes. Refused before export (exit 1), nothing written."""
+    r = _export("--dynamic-size", "-o", "m.onnx")
+    assert r.exit_code == 1 and isinstance(r.exception, InputError), r.output
+    said = str(r.exception)
+    assert "simple_cnn does not take 16x16 inputs (mat1 and mat2 shapes cannot be" in said
+    assert "export it without --dynamic-size, at 32x32." in said
+    assert not list(cwd.iterdir())

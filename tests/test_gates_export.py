@@ -127,9 +127,46 @@ def test_dynamic_size_on_a_model_whose_layers_fix_the_size_is_refused_before_exp
     with pytest.raises(InputError) as info:
         export_onnx("mlp", out, exporter="legacy", dynamic_size=True)
     message = str(info.value)
-    assert message.startswith("mlp itself does not take 14x14 inputs, so its graph cannot ")
-    assert message.endswith("): export it without --dynamic-size, at 28x28.")
-    assert "mat1 and mat2 shapes cannot be multiplied" in message and listing(tmp_path) == []
+    assert message.startswith("mlp does not take 14x14 inputs (mat1 and mat2 shapes cannot be")
+    assert message.endswith(
+        "), one of the two sizes --dynamic-size proves a graph at (14x14 and 60x60, width x "
+        "height): export it without --dynamic-size, at 28x28."
+    )
+    assert listing(tmp_path) == []
+
+
+class SizeBound(nn.Module):
+    """Takes sizes up to its own, and says nothing when it refuses a larger one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] > 28:
+            raise ValueError()
+        return x.mean((2, 3)).repeat(1, 10)
+
+
+def test_a_refusal_at_the_larger_size_without_a_message_is_named_by_its_type(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(InputError, match=r"^mlp does not take 60x60 inputs \(ValueError\), one"):
+        export_onnx("mlp", tmp_path / "m.onnx", dynamic_size=True, model=SizeBound())
+    assert listing(tmp_path) == []
+
+
+def test_a_dynamo_graph_of_a_small_model_may_take_the_sizes_it_is_checked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dynamo's lower bound on H/W is 16 px, or lower where the gate checks a smaller side."""
+    seen: list[dict[str, Any]] = []
+
+    def spy(model: Any, args: Any, f: str, **kw: Any) -> Any:
+        seen.append(kw["dynamic_shapes"][0])
+        raise RuntimeError("recorded")
+
+    exporting(monkeypatch, spy)
+    pooled = nn.Sequential(nn.Conv2d(1, 10, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    with pytest.raises(ExportError):
+        export_onnx("mlp", tmp_path / "m.onnx", exporter="dynamo", dynamic_size=True, model=pooled)
+    assert {k: d.min for k, d in seen[0].items()} == {0: 1, 2: 14, 3: 14}
 
 
 def test_a_parity_breach_writes_nothing_unless_allowed(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_report_failures_name_each_broken_level() -> None:
     assert r.failures() == [
         "tensors differ: max abs 0.25, max rel 1.5, cosine 0.900000",
         "top-1 agreement 50.0% on 4 real images (needs 100.0%)",
-        "dynamic check failed at batch 5, size 192: max abs 0.125",
+        "dynamic check failed at batch 5, 192 px: max abs 0.125",
     ]
     d = r.to_dict()
     assert d["passed"] is False and d["tolerances"]["atol"] == 1e-4
@@ -328,7 +328,7 @@ def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
         (1, 48),
         (2, 48),
         (5, 48),
-        (3, 24),
+        (3, 16),
         (3, 80),
     ]
     assert all(d.passed and d.diff.shape[0] == d.batch for d in r.dynamic)
@@ -339,7 +339,7 @@ def test_faithful_runtime_passes_all_three_levels(tiny: nn.Module) -> None:
     [
         ({}, []),
         ({"dynamic_batch": True, "export_batch": 5}, [(1, 48), (2, 48), (7, 48)]),
-        ({"dynamic_size": True, "export_batch": 2}, [(2, 24), (2, 80)]),
+        ({"dynamic_size": True, "export_batch": 2}, [(2, 16), (2, 80)]),
     ],
 )
 def test_dynamic_shapes_checked(tiny: nn.Module, kw: dict, checked: list) -> None:
@@ -349,20 +349,32 @@ def test_dynamic_shapes_checked(tiny: nn.Module, kw: dict, checked: list) -> Non
 
 def test_a_wide_input_is_checked_at_its_own_height_and_width(tiny: nn.Module) -> None:
     wide = replace(INFO, input_size=(3, 48, 64))
+    shapes: list[tuple[int, ...]] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        shapes.append(x.shape)
+        return _eager(tiny)(x)
+
     r = check_parity(
-        tiny, wide, _eager(tiny), export_batch=2, dynamic_batch=True, dynamic_size=True,
+        tiny, wide, run, export_batch=2, dynamic_batch=True, dynamic_size=True,
         images=sample_image_paths(),
     )  # fmt: skip
     assert [(d.batch, d.size) for d in r.dynamic] == [
-        (1, "48x64"),
-        (2, "48x64"),
-        (5, "48x64"),
-        (3, "24x32"),
-        (3, "80x96"),
+        (1, "64x48"),  # width x height
+        (2, "64x48"),
+        (5, "64x48"),
+        (3, "32x16"),
+        (3, "96x80"),
     ]
-    assert [d.diff.shape for d in r.dynamic][-1] == [3, 4] and r.passed
-    assert parity.other_sizes(32, 32) == ((16, 16), (64, 64))
-    assert parity.other_sizes(224, 1) == ((192, 1), (256, 33))
+    assert shapes[-2:] == [(3, 3, 16, 32), (3, 3, 80, 96)] and r.passed
+    assert r.dynamic[-1].where == "batch 3, 96x80"
+
+
+def test_the_other_sizes_are_32_px_away_and_never_below_half() -> None:
+    assert parity.other_sizes(224, 224) == ((192, 192), (256, 256))
+    assert parity.other_sizes(48, 47) == ((16, 23), (80, 79))
+    assert parity.other_sizes(32, 28) == ((16, 14), (64, 60))
+    assert parity.other_sizes(1, 2) == ((1, 1), (33, 34))
 
 
 def test_tensor_level_sees_the_noise_row(tiny: nn.Module) -> None:
@@ -419,7 +431,7 @@ def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.
     assert r.tensors is not None and r.predictions is not None
     assert r.tensors.passed and r.predictions.passed and not r.passed
     failed = [d for d in r.dynamic if not d.passed]
-    assert [(d.batch, d.size) for d in failed] == [(1, 48), (5, 48), (3, 24), (3, 80)]
+    assert [(d.batch, d.size) for d in failed] == [(1, 48), (5, 48), (3, 16), (3, 80)]
     assert all(d.diff.max_abs == float("inf") for d in failed)
     err = failed[0].error
     assert err is not None and err.startswith(
@@ -429,8 +441,7 @@ def test_a_static_graph_fails_the_dynamic_level_with_the_runtime_error(tiny: nn.
     assert r.dynamic[1].passed and "error" not in r.dynamic[1].to_dict()
     assert r.to_dict()["dynamic"][0]["error"] == err
     assert (
-        r.failures()[0]
-        == f"dynamic check failed at batch 1, size 48: the graph rejected it ({err})"
+        r.failures()[0] == f"dynamic check failed at batch 1, 48 px: the graph rejected it ({err})"
     )
 
 
@@ -441,7 +452,7 @@ def test_a_runtime_wrong_at_one_resolution_is_caught(tiny: nn.Module) -> None:
 
     r = _check(tiny, wrong_when_large, dynamic_size=True)
     assert [d.passed for d in r.dynamic] == [True, False]
-    assert r.failures() == ["dynamic check failed at batch 2, size 80: max abs 1"]
+    assert r.failures() == ["dynamic check failed at batch 2, 80 px: max abs 1"]
 
 
 def test_the_report_is_reproducible(tiny: nn.Module) -> None:
@@ -578,7 +589,11 @@ def test_embedded_gate_reports_a_shape_the_graph_rejects(tiny: nn.Module) -> Non
     r = parity.check_embedded_parity(tiny, INFO, one_at_a_time, sample_image_paths())
     assert r.tensors is not None and r.tensors.passed and not r.passed
     bad = r.dynamic[0]
-    assert (bad.batch, bad.size, bad.passed) == (3, "one image thrice", False)
+    assert (bad.batch, bad.case, bad.passed) == (3, "one image thrice", False)
+    assert bad.size == "{}x{}".format(*Image.open(sample_image_paths()[0]).size)
+    assert r.failures()[-1].startswith(
+        f"dynamic check failed at batch 3, {bad.size} (one image thrice): the graph rejected it"
+    )
     assert bad.error is not None and bad.error.startswith("Got invalid dimensions for input: (3,")
     assert [d.passed for d in r.dynamic[1:]] == [True, True]
 

@@ -57,15 +57,18 @@ def _refuse_a_fixed_size(model: nn.Module, info: ModelInfo, name: str) -> None:
     """--dynamic-size on a model whose own layers fix the input size (a flatten into a linear
     layer): say so before exporting, not as a parity failure of the graph."""
     c, h, w = info.input_size
-    for hi, wi in other_sizes(h, w):
+    sizes = other_sizes(h, w)
+    for hi, wi in sizes:
         try:
             with torch.inference_mode():
                 model(torch.zeros(1, c, hi, wi))
         except Exception as exc:  # the model's own error says which layer
             first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            both = " and ".join(f"{b}x{a}" for a, b in sizes)
             raise InputError(
-                f"{name} itself does not take {hi}x{wi} inputs, so its graph cannot have a "
-                f"dynamic size ({first}): export it without --dynamic-size, at {h}x{w}."
+                f"{name} does not take {wi}x{hi} inputs ({first}), one of the two sizes "
+                f"--dynamic-size proves a graph at ({both}, width x height): export it "
+                f"without --dynamic-size, at {w}x{h}."
             ) from exc
 
 
@@ -110,7 +113,8 @@ def _onnx_once(
     with warnings.catch_warnings(record=True) as w, torch.no_grad():
         warnings.simplefilter("always")
         if exporter == "dynamo":
-            low = dict(enumerate((1, 1, *(min(16, o) for o in other_sizes(*x.shape[2:])[0]))))
+            (hs, ws), _ = other_sizes(*x.shape[2:])  # dynamo may take what the gate checks
+            low = {0: 1, 2: min(16, hs), 3: min(16, ws)}
             dims = {k: torch.export.Dim(v, min=low[k]) for k, v in axes.items()}
             torch.onnx.export(
                 model,

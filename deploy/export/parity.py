@@ -56,10 +56,11 @@ from zoo.transforms import eval_transform
 
 def other_sizes(height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """The two resolutions a ``--dynamic-size`` graph is proven at, as ``(H, W)``: each side
-    32 px smaller (at most halved, so a 32 px model is checked at 16 px) and 32 px larger."""
+    32 px smaller (halved where that would leave less than 16 px: 16 px for a 32 px model) and
+    32 px larger."""
 
     def smaller(side: int) -> int:
-        return max(side // 2, side - 32, 1)
+        return side - 32 if side >= 48 else max(1, side // 2)
 
     return (smaller(height), smaller(width)), (height + 32, width + 32)
 
@@ -95,6 +96,8 @@ def check_parity(
 
     Raises:
         InputError: an image cannot be opened.
+        Exception: the model itself fails at a checked shape (``export_onnx`` refuses such a
+            model before it exports).
     """
     gate = images if isinstance(images, GateImages) else GateImages.given(images)
     tol = {k: v for k, v in asdict(tolerances).items() if k != "min_agreement"}
@@ -135,7 +138,7 @@ def check_parity(
     dynamic = []
     for b, (hi, wi) in shapes:
         xi = rng.standard_normal((b, c, hi, wi), np.float32)
-        size = hi if hi == wi else f"{hi}x{wi}"
+        size = hi if hi == wi else f"{wi}x{hi}"
         want = eager(xi)  # the model itself takes it: export_onnx refuses one that does not
         try:
             dynamic.append(DynamicCheck(b, size, compare(want, run(xi), **tol)))
@@ -202,12 +205,13 @@ def check_embedded_parity(
     }
     dynamic = []
     for label, ims in cases.items():
+        size = f"{ims[0].size[0]}x{ims[0].size[1]}"
+        want = eager(ims)  # PyTorch takes every case: its transform resizes and crops
         try:
             got = run(np.stack([pixels(im, channels) for im in ims]))
-            size = f"{ims[0].size[0]}x{ims[0].size[1]}"
-            dynamic.append(DynamicCheck(len(ims), size, compare(eager(ims), got, **tol), label))
+            dynamic.append(DynamicCheck(len(ims), size, compare(want, got, **tol), label))
         except Exception as exc:  # the graph rejected a shape it should take
-            dynamic.append(DynamicCheck.rejected(len(ims), label, exc))
+            dynamic.append(DynamicCheck.rejected(len(ims), size, exc, label))
     return ParityReport(tolerances, tensors, predictions, tuple(dynamic), gate.sources)
 
 

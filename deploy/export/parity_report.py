@@ -112,9 +112,10 @@ class PredictionCheck:
 
 @dataclass(frozen=True)
 class DynamicCheck:
-    """One shape the exported side must take: a batch size, a resolution (``224``) or an
-    embedded-preprocessing case's image size (``"261x459"``). A shape it rejected carries the
-    runtime's ``error`` and infinite differences."""
+    """One shape the exported side must take: a batch size and a resolution (``224`` for a
+    square one, else ``"261x459"``: width x height, as PIL and zoo's messages give sizes), with
+    the embedded-preprocessing gate's ``case``. A shape it rejected carries the runtime's
+    ``error`` and infinite differences."""
 
     batch: int
     size: int | str
@@ -126,10 +127,19 @@ class DynamicCheck:
     def passed(self) -> bool:
         return self.diff.passed
 
+    @property
+    def where(self) -> str:
+        """The shape in words: ``batch 3, 192 px`` or ``batch 1, 85x107 (odd portrait)``."""
+        size = f"{self.size} px" if isinstance(self.size, int) else self.size
+        return f"batch {self.batch}, {size}" + (f" ({self.case})" if self.case else "")
+
     @classmethod
-    def rejected(cls, batch: int, size: int | str, exc: Exception) -> DynamicCheck:
+    def rejected(
+        cls, batch: int, size: int | str, exc: Exception, case: str | None = None
+    ) -> DynamicCheck:
         inf = float("inf")
-        return cls(batch, size, TensorDiff([], inf, inf, 0.0, False), error=_first_line(exc))
+        diff = TensorDiff([], inf, inf, 0.0, False)
+        return cls(batch, size, diff, case=case, error=_first_line(exc))
 
     def to_dict(self) -> dict[str, Any]:
         extra = {k: v for k, v in (("case", self.case), ("error", self.error)) if v is not None}
@@ -221,7 +231,7 @@ class ParityReport:
                 + (f"; images: {self.describe_images()})" if self.images else ")")
             )
         out += [
-            f"dynamic check failed at batch {d.batch}, size {d.size}: "
+            f"dynamic check failed at {d.where}: "
             + (f"the graph rejected it ({d.error})" if d.error else f"max abs {d.diff.max_abs:.3g}")
             for d in self.dynamic
             if not d.passed

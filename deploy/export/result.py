@@ -87,8 +87,9 @@ class ExportResult:
             lines.append("parity images: " + p.describe_images())
         for d in p.dynamic:
             lines.append(
-                f"parity dynamic: batch {d.batch}, {d.size}px → max abs {d.diff.max_abs:.2e} "
-                f"{'pass' if d.passed else 'FAIL'}"
+                f"parity dynamic: {d.where} → "
+                + (f"rejected: {d.error}" if d.error else f"max abs {d.diff.max_abs:.2e}")
+                + f" {'pass' if d.passed else 'FAIL'}"
             )
         if p.knn is not None:
             lines.append(p.knn.line())
