@@ -124,6 +124,26 @@ def pixel_model(path: Path) -> Path:
     return _save(graph, path)
 
 
+def free_size_model(path: Path, *, refuses_other_sizes: bool = False) -> Path:
+    """A ``--dynamic-size`` graph: input (batch, 3, H, W), H and W free -> the mean of each
+    channel -> MatMul -> logits (batch, 5). ``refuses_other_sizes``: Flatten -> MatMul W
+    instead, which onnxruntime refuses at any size but 4x4 (a graph that declares a size free
+    and fails at it)."""
+    nodes, weight = (
+        ([helper.make_node("Flatten", ["input"], ["m"], axis=1)], W)
+        if refuses_other_sizes
+        else ([helper.make_node("ReduceMean", ["input"], ["m"], axes=[2, 3], keepdims=0)], W_PIXELS)
+    )
+    graph = helper.make_graph(
+        [*nodes, helper.make_node("MatMul", ["m", "W"], ["logits"])],
+        "tiny_free_size",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, path)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return float_model(tmp_path_factory.mktemp("tiny") / "tiny.onnx")
@@ -399,6 +419,73 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
         assert c.post(INFER_PATH, json=json_infer(thin, dtype="UINT8")).status_code == 200
         edge = np.zeros((1, 8, 5, 3), np.uint8)  # exactly 40 pixels: allowed
         assert c.post(INFER_PATH, json=json_infer(edge, dtype="UINT8")).status_code == 200
+
+
+def test_a_free_size_graph_takes_any_height_and_width_within_the_pixel_limit(
+    tmp_path: Path,
+) -> None:
+    """A ``zoo export --dynamic-size`` graph: its metadata says height and width are free,
+    and tensors of any size within ``--max-image-pixels`` are answered as the graph answers;
+    the channels, an empty side and too many pixels are refused, naming the shape."""
+    path = free_size_model(tmp_path / "free.onnx")
+    rng = np.random.default_rng(2)
+    with serving(path, max_image_pixels=40, max_batch=2) as (c, _):
+        meta = c.get(f"/v2/models/{NAME}").json()
+        assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, -1, -1]}]
+        config = c.get(f"/v2/models/{NAME}/config").json()
+        assert config["input"][0]["dims"] == [3, -1, -1]
+        for shape in [(2, 3, 4, 4), (1, 3, 5, 8), (2, 3, 1, 1), (1, 3, 8, 5), (1, 3, 40, 1)]:
+            x = rng.standard_normal(shape).astype(np.float32)
+            for body in ({"json": json_infer(x)}, binary_infer(x)):
+                r = c.post(INFER_PATH, **body)
+                assert r.status_code == 200, (shape, r.text)
+                got = r.json()["outputs"][0]["data"] if "json" in body else None
+                if got is not None:
+                    want = x.mean(axis=(2, 3)) @ W_PIXELS
+                    np.testing.assert_allclose(
+                        np.reshape(got, (len(x), 5)), want, rtol=1e-4, atol=1e-5
+                    )
+        for x, words in [
+            (np.zeros((1, 2, 4, 4), np.float32),
+             "input 'input' has shape [1, 2, 4, 4]; expected [batch, 3, any, any]"),
+            (np.zeros((1, 3, 4), np.float32),
+             "input 'input' has shape [1, 3, 4]; expected [batch, 3, any, any]"),
+            (np.zeros((1, 3, 0, 4), np.float32),
+             "input 'input' has shape [1, 3, 0, 4]: an empty dimension"),
+            (np.zeros((1, 3, 4, 0), np.float32),
+             "input 'input' has shape [1, 3, 4, 0]: an empty dimension"),
+            (np.zeros((1, 3, 6, 7), np.float32),
+             "input 'input' has shape [1, 3, 6, 7]: 42 pixels a sample, over the limit of 40 "
+             "(--max-image-pixels)"),
+            (np.zeros((3, 3, 2, 2), np.float32), "batch of 3 is outside 1..2 (--max-batch)"),
+        ]:  # fmt: skip
+            r = c.post(INFER_PATH, json=json_infer(x))
+            assert r.status_code == 400 and error_of(r) == words, (words, r.text)
+
+
+def test_a_size_a_free_size_graph_fails_at_is_400_naming_the_export_size(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A graph that declares its height and width free but fails at a size (the runtime's
+    error) has refused the client's size: 400 naming the size it was exported at, with the
+    runtime's first line, and no traceback; at its own size it answers."""
+    path = free_size_model(tmp_path / "refuses.onnx", refuses_other_sizes=True)
+    x = np.random.default_rng(3).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    with serving(path, max_batch=2) as (c, _), caplog.at_level(logging.INFO):
+        r = c.post(INFER_PATH, json=json_infer(x))
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(
+            r.json()["outputs"][0]["data"], (x.reshape(1, -1) @ W)[0], rtol=1e-4, atol=1e-5
+        )
+        other = np.zeros((2, 3, 5, 4), np.float32)
+        r = c.post(INFER_PATH, json=json_infer(other))
+        said = error_of(r)
+        assert r.status_code == 400, r.text
+        assert said.startswith("input 'input' of shape [2, 3, 5, 4]: the graph does not take it (")
+        assert said.endswith("); send [batch, 3, 4, 4], the size it was exported at")
+        assert "\n" not in said and len(said) < 500
+        assert c.post(INFER_PATH, json=json_infer(x)).status_code == 200  # still serving
+    assert not [rec for rec in caplog.records if rec.exc_info], "a client's size is no fault"
 
 
 def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_ready(

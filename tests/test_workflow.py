@@ -3,7 +3,8 @@ command's output the next one's input, and every consumer checked after every pr
 
 finetune → export → quantize (default output) → predict / eval / bench / list / serve the run
 and its int8 variant (with Triton's and KServe's own clients) → resume --extend (the export is
-kept, and read as stale) → export again → bundle → predict the bundle.
+kept, and read as stale) → export again → bundle → predict the bundle; and export
+--dynamic-size → serve (tensors at other sizes, HTTP and gRPC) and predict.
 
 One run on real handwritten digits (scikit-learn's), MobileNetV2 with its real ImageNet weights
 as a linear probe at 32 px: the whole chain costs about a minute on 2 cores.
@@ -16,12 +17,13 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.conftest import run_zoo
-from tests.serving import kserve_infer, kserve_request, server
+from tests.serving import free_port, kserve_infer, kserve_request, server
 
 pytestmark = pytest.mark.usefixtures("mobilenet_weights")
 
@@ -155,3 +157,56 @@ def test_extend_keeps_the_export_and_says_which_epoch_shipped(
     ok("bundle", str(chain.run), str(bundle))
     assert json.loads(ok("predict", str(bundle), str(chain.image), "--json"))
     shutil.rmtree(bundle)
+
+
+def test_a_dynamic_size_export_is_served_at_other_sizes_and_predicts_as_served(
+    chain: Chain, tmp_path: Path
+) -> None:
+    """``zoo export RUN --dynamic-size -o F`` → ``zoo serve F --grpc-port`` → clients that
+    send tensors at sizes other than the export's (one the gate proved, one it did not,
+    non-square), concurrently so that mixed sizes meet in the batcher: every answer is ONNX
+    Runtime's on the same tensor; the metadata says height and width are free. ``zoo predict
+    F`` on the run's image answers as the served upload of that image does."""
+    import asyncio
+
+    import httpx
+    import kserve
+    import onnxruntime as ort
+    import tritonclient.http as th
+
+    graph = tmp_path / "dyn.onnx"
+    said = ok("export", str(chain.run), "--dynamic-size", "-o", str(graph))
+    assert "batch 3, 16 px" in said and "batch 3, 64 px" in said  # the sizes the gate proved
+    sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    sizes = [(32, 32), (16, 16), (48, 64), (32, 32), (40, 24)]  # (height, width)
+    xs = [rng.standard_normal((2, 3, h, w)).astype(np.float32) for h, w in sizes]
+    want = [sess.run(None, {"input": x})[0] for x in xs]
+    predicted = json.loads(ok("predict", str(graph), str(chain.image), "--json"))
+    grpc_port = free_port()
+    with server(graph, "--name", "dyn", "--grpc-port", str(grpc_port)) as (url, _):
+        meta = httpx.get(f"{url}/v2/models/dyn").json()
+        assert meta["inputs"][0]["shape"] == [-1, 3, -1, -1]
+
+        async def concurrently() -> list[Any]:
+            client = kserve.InferenceGRPCClient(f"127.0.0.1:{grpc_port}", retries=0)
+            try:
+                requests = [kserve_request(x, binary=True, model="dyn") for x in xs]
+                return await asyncio.gather(*(client.infer(r) for r in requests))
+            finally:
+                await client.close()
+
+        for res, expected in zip(asyncio.run(concurrently()), want, strict=True):
+            np.testing.assert_allclose(res.outputs[0].as_numpy(), expected, rtol=1e-4, atol=1e-4)
+        triton = th.InferenceServerClient(url.removeprefix("http://"))
+        inp = th.InferInput("input", list(xs[2].shape), "FP32")
+        inp.set_data_from_numpy(xs[2], binary_data=True)
+        got = triton.infer("dyn", [inp]).as_numpy("logits")
+        np.testing.assert_allclose(got, want[2], rtol=1e-4, atol=1e-4)
+        upload = httpx.post(
+            f"{url}/v2/models/dyn/predict",
+            files={"file": (chain.image.name, chain.image.read_bytes(), "image/png")},
+        )
+    assert upload.status_code == 200, upload.text
+    served = upload.json()["predictions"][0]["label"]
+    assert served == predicted[0]["top"][0]["label"], (served, predicted)

@@ -5,6 +5,7 @@ the model's input. Every refusal is an error of :mod:`zoo.errors` the app maps t
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 from python_multipart.exceptions import FormParserError, MultipartParseError
@@ -143,14 +144,16 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
 def check_tensor(
     inputs: list[tuple[str, np.ndarray]],
     clf: Classifier,
-    sample_shape: tuple[int, ...],
+    dims: tuple[int | None, ...],
     *,
     max_batch: int,
     max_image_pixels: int,
 ) -> np.ndarray:
     """The one input tensor of a v2 request, if the model takes it: its name, dtype, shape
-    (``[batch, *sample_shape]``, or any-size uint8 pixels for a graph that preprocesses
-    itself), a batch within ``max_batch``, finite values within the graph's input type.
+    (``[batch, *dims]``, None in ``dims`` taking any size: the height and width of a
+    ``--dynamic-size`` graph, within ``max_image_pixels``; or any-size uint8 pixels for a
+    graph that preprocesses itself), a batch within ``max_batch``, finite values within the
+    graph's input type.
 
     Raises:
         InputError: naming what is wrong and what the model takes.
@@ -166,11 +169,21 @@ def check_tensor(
         return _check_pixels(name, x, clf.pre.channels, max_batch, max_image_pixels)
     if x.dtype != np.float32:
         raise InputError(f"input {name!r} must be FP32, got {datatype_of(x.dtype)}")
-    if x.ndim != 1 + len(sample_shape) or x.shape[1:] != sample_shape:
+    if x.ndim != 1 + len(dims) or any(
+        d is not None and n != d for n, d in zip(x.shape[1:], dims, strict=True)
+    ):
         raise InputError(
             f"input {name!r} has shape {list(x.shape)}; expected [batch, "
-            f"{', '.join(map(str, sample_shape))}]"
+            f"{', '.join('any' if d is None else str(d) for d in dims)}]"
         )
+    if None in dims:  # a --dynamic-size graph's height and width: any size, within limits
+        if 0 in x.shape[1:]:
+            raise InputError(f"input {name!r} has shape {list(x.shape)}: an empty dimension")
+        if (pixels := math.prod(x.shape[2:])) > max_image_pixels:
+            raise InputError(
+                f"input {name!r} has shape {list(x.shape)}: {pixels} pixels a sample, over the "
+                f"limit of {max_image_pixels} (--max-image-pixels)"
+            )
     if not 1 <= len(x) <= max_batch:
         raise InputError(f"batch of {len(x)} is outside 1..{max_batch} (--max-batch)")
     if not np.isfinite(x).all():

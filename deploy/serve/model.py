@@ -31,8 +31,9 @@ from zoo.deploy.serve.protocol import (
     classification,
     triton_config,
 )
-from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError
+from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError, ServerBusyError
 from zoo.images import open_image
+from zoo.tracking import first_line
 
 log = logging.getLogger("zoo.serve")
 
@@ -56,7 +57,10 @@ class ModelServer:
         load_error: why the model failed to load or warm up (then never ready).
         clf: the classifier once ready (None before).
         batcher: the dynamic batcher, from :meth:`start`.
-        sample_shape: one sample's shape as the graph takes it (without the batch).
+        sample_shape: one sample's shape as the graph takes it (without the batch), at the
+            export size: the warm-up's.
+        input_dims: one sample's shape as requests may send it: None where the graph leaves
+            the dimension free (height and width of a ``zoo export --dynamic-size`` graph).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class ModelServer:
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
         self.sample_shape: tuple[int, ...] = ()
+        self.input_dims: tuple[int | None, ...] = ()
         self._loaded = clf
         # its own decoding threads (as many as asyncio's default pool): another model's
         # flood of uploads never queues ahead of this model's
@@ -90,12 +95,14 @@ class ModelServer:
             if clf.embedded:  # pixels of any size: warmed up at the crop size
                 crop = clf.pre.crop_size
                 self.sample_shape = (crop, crop, clf.pre.channels)
+                self.input_dims = (None, None, clf.pre.channels)
             else:
                 sample = [
                     d if isinstance(d, int) else clf.pre.input_size[i - 1]
                     for i, d in enumerate(shape)
                 ][1:]
                 self.sample_shape = tuple(sample)
+                self.input_dims = tuple(d if isinstance(d, int) else None for d in shape[1:])
             dtype = np.uint8 if clf.embedded else np.float32
             for b in sorted({1, self.cfg.max_batch}):
                 clf.run(np.zeros((b, *self.sample_shape), dtype))
@@ -182,9 +189,11 @@ class ModelServer:
             versions=["1"],
             platform="openvino" if clf.runtime == "openvino" else "onnxruntime_onnx",
             inputs=[
-                TensorMetadata(clf.input_name, "UINT8", [-1, -1, -1, clf.pre.channels])
-                if clf.embedded
-                else TensorMetadata(clf.input_name, "FP32", [-1, *self.sample_shape])
+                TensorMetadata(
+                    clf.input_name,
+                    "UINT8" if clf.embedded else "FP32",
+                    [-1, *(-1 if d is None else d for d in self.input_dims)],
+                )
             ],
             outputs=[TensorMetadata(clf.output_name, "FP32", [-1, len(clf.classes) or -1]), *extra],
             parameters={
@@ -219,6 +228,27 @@ class ModelServer:
         assert self.batcher is not None
         return await self.batcher.submit(x, self.cfg.timeout_ms / 1000)
 
+    async def _run_any_size(self, clf: Classifier, x: np.ndarray) -> np.ndarray:
+        """:meth:`run_batched`; a free-size graph that fails at a size other than its export
+        size (warmed up at start) has refused that size: the client's to change, a 400.
+
+        Raises:
+            InputError: the graph failed at a size other than the warm-up's.
+            ServerBusyError / TimeoutError: as :meth:`run_batched`.
+        """
+        try:
+            return await self.run_batched(x)
+        except (ServerBusyError, TimeoutError):
+            raise
+        except Exception as exc:
+            if clf.embedded or x.shape[1:] == self.sample_shape:
+                raise  # the size it was proven and warmed up at: a fault of ours
+            raise InputError(
+                f"input {clf.input_name!r} of shape {list(x.shape)}: the graph does not take "
+                f"it ({first_line(exc)}); send [batch, "
+                f"{', '.join(map(str, self.sample_shape))}], the size it was exported at"
+            ) from exc
+
     async def infer(self, name: str, req: InferRequest) -> list[tuple[OutputSpec, np.ndarray]]:
         """A v2 inference request's outputs (the tensor, or its top-k classification); for a
         model with a rejection rule also :data:`ACCEPTED_OUTPUT` and :data:`SCORE_OUTPUT`
@@ -233,7 +263,7 @@ class ModelServer:
         x = check_tensor(
             req.inputs,
             clf,
-            self.sample_shape,
+            self.input_dims,
             max_batch=self.cfg.max_batch,
             max_image_pixels=self.cfg.max_image_pixels,
         )
@@ -251,7 +281,7 @@ class ModelServer:
                     f"output {spec.name!r} has no classes: ask for classification on "
                     f"{clf.output_name!r}"
                 )
-        y = await self.run_batched(x)
+        y = await self._run_any_size(clf, x)
         rule_scores = clf.judge(y).rule_scores if rule else None  # no softmax without a rule
         return [(spec, self._output(clf, spec, y, rule_scores)) for spec in specs]
 
