@@ -442,6 +442,37 @@ def test_stop_does_not_wait_for_a_loop_that_died() -> None:
     assert isinstance(outcome[1], IndexError)
 
 
+def test_a_costlier_sample_takes_more_of_the_batch_and_of_the_wait() -> None:
+    """With ``cost`` (a ``--dynamic-size`` graph's bigger inputs), ``max_batch`` and the
+    admission's wait count work, not samples: samples of cost 1.5 make batches of two within
+    4, a job that does not fit waits its turn, and what is queued is costed so."""
+    xs = [_samples(10 * i, n) for i, n in enumerate([1, 1, 1, 2, 1])]
+    rec = Recorder()
+
+    async def main() -> list[np.ndarray]:
+        b = DynamicBatcher(
+            rec,
+            max_batch=4,
+            max_delay_ms=0.0,
+            max_queue=16,
+            metrics=ServerMetrics(),
+            cost=lambda x: 1.5 * len(x),
+        )
+        tasks = [asyncio.ensure_future(b.submit(x, 5)) for x in xs]
+        await asyncio.sleep(0)  # queued; the loop is not started
+        b.batch_s = 0.5
+        assert b.expected_wait_s(1.5) == pytest.approx(3 * 0.5)  # 9 + 1.5 of work: 3 batches
+        b.start()
+        out = await asyncio.gather(*tasks)
+        await b.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert rec.batches == [[0, 10], [20, 40], [30, 31]]
+    for x, y in zip(xs, out, strict=True):
+        np.testing.assert_array_equal(y, expected(x))
+
+
 def test_moving_average_moves_a_fifth_of_the_way() -> None:
     assert moving_average(None, 3.0) == 3.0
     assert moving_average(1.0, 2.0) == pytest.approx(1.2)

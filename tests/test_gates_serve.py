@@ -421,20 +421,23 @@ def test_pixels_for_a_graph_that_preprocesses_itself_are_checked(tmp_path: Path)
         assert c.post(INFER_PATH, json=json_infer(edge, dtype="UINT8")).status_code == 200
 
 
-def test_a_free_size_graph_takes_any_height_and_width_within_the_pixel_limit(
+def test_a_free_size_graph_takes_any_height_and_width_as_much_work_as_a_batch(
     tmp_path: Path,
 ) -> None:
-    """A ``zoo export --dynamic-size`` graph: its metadata says height and width are free,
-    and tensors of any size within ``--max-image-pixels`` are answered as the graph answers;
-    the channels, an empty side and too many pixels are refused, naming the shape."""
+    """A ``zoo export --dynamic-size`` graph: its metadata and Triton config say height and
+    width are free, and tensors of any size are answered as the graph answers, up to a
+    request as much work as ``--max-batch`` samples of the export size (a sample of n times
+    its pixels counts n times); the channels and an empty side are refused, naming the
+    shape."""
     path = free_size_model(tmp_path / "free.onnx")
     rng = np.random.default_rng(2)
-    with serving(path, max_image_pixels=40, max_batch=2) as (c, _):
+    with serving(path, max_batch=2) as (c, _):
         meta = c.get(f"/v2/models/{NAME}").json()
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, -1, -1]}]
         config = c.get(f"/v2/models/{NAME}/config").json()
         assert config["input"][0]["dims"] == [3, -1, -1]
-        for shape in [(2, 3, 4, 4), (1, 3, 5, 8), (2, 3, 1, 1), (1, 3, 8, 5), (1, 3, 40, 1)]:
+        # 4x4 is the export size: 2 of them, or one of 32 pixels, are as much as --max-batch 2
+        for shape in [(2, 3, 4, 4), (1, 3, 5, 6), (2, 3, 1, 1), (2, 3, 3, 5), (1, 3, 32, 1)]:
             x = rng.standard_normal(shape).astype(np.float32)
             for body in ({"json": json_infer(x)}, binary_infer(x)):
                 r = c.post(INFER_PATH, **body)
@@ -445,6 +448,9 @@ def test_a_free_size_graph_takes_any_height_and_width_within_the_pixel_limit(
                     np.testing.assert_allclose(
                         np.reshape(got, (len(x), 5)), want, rtol=1e-4, atol=1e-5
                     )
+        over = (
+            "the export size [3, 4, 4], over --max-batch (2): send fewer samples or a smaller size"
+        )
         for x, words in [
             (np.zeros((1, 2, 4, 4), np.float32),
              "input 'input' has shape [1, 2, 4, 4]; expected [batch, 3, any, any]"),
@@ -455,8 +461,9 @@ def test_a_free_size_graph_takes_any_height_and_width_within_the_pixel_limit(
             (np.zeros((1, 3, 4, 0), np.float32),
              "input 'input' has shape [1, 3, 4, 0]: an empty dimension"),
             (np.zeros((1, 3, 6, 7), np.float32),
-             "input 'input' has shape [1, 3, 6, 7]: 42 pixels a sample, over the limit of 40 "
-             "(--max-image-pixels)"),
+             f"input 'input' has shape [1, 3, 6, 7]: as much work as 2.62 samples of {over}"),
+            (np.zeros((2, 3, 5, 4), np.float32),
+             f"input 'input' has shape [2, 3, 5, 4]: as much work as 2.5 samples of {over}"),
             (np.zeros((3, 3, 2, 2), np.float32), "batch of 3 is outside 1..2 (--max-batch)"),
         ]:  # fmt: skip
             r = c.post(INFER_PATH, json=json_infer(x))
@@ -477,15 +484,39 @@ def test_a_size_a_free_size_graph_fails_at_is_400_naming_the_export_size(
         np.testing.assert_allclose(
             r.json()["outputs"][0]["data"], (x.reshape(1, -1) @ W)[0], rtol=1e-4, atol=1e-5
         )
-        other = np.zeros((2, 3, 5, 4), np.float32)
+        other = np.zeros((1, 3, 5, 4), np.float32)
         r = c.post(INFER_PATH, json=json_infer(other))
         said = error_of(r)
         assert r.status_code == 400, r.text
-        assert said.startswith("input 'input' of shape [2, 3, 5, 4]: the graph does not take it (")
+        assert said.startswith("input 'input' of shape [1, 3, 5, 4]: the graph does not take it (")
         assert said.endswith("); send [batch, 3, 4, 4], the size it was exported at")
         assert "\n" not in said and len(said) < 500
         assert c.post(INFER_PATH, json=json_infer(x)).status_code == 200  # still serving
     assert not [rec for rec in caplog.records if rec.exc_info], "a client's size is no fault"
+
+
+def test_a_free_size_graph_failing_at_its_export_size_too_is_a_fault_of_ours(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure at another size is the client's only if the model still answers at its
+    export size: a model that fails there too is a 500 with its traceback; a timeout at
+    another size stays a 504."""
+    caplog.set_level(logging.INFO, logger="zoo.serve")
+    path = free_size_model(tmp_path / "free.onnx")
+    other = np.zeros((1, 3, 5, 5), np.float32)
+    with serving(path, hand="clf", max_batch=2, timeout_ms=50) as (c, clf):
+        real = clf.outputs
+        clf.outputs = lambda batch: (_ for _ in ()).throw(RuntimeError("boom"))
+        caplog.clear()
+        r = c.post(INFER_PATH, json=json_infer(other))
+        assert r.status_code == 500 and error_of(r) == "internal error: RuntimeError: boom"
+        assert [rec for rec in caplog.records if rec.exc_info]
+        clf.outputs = lambda batch: (time.sleep(0.3), real(batch))[1]
+        r = c.post(INFER_PATH, json=json_infer(other))
+        assert r.status_code == 504, r.text
+        clf.outputs = real
+        time.sleep(0.4)  # the slow batch ends
+        assert c.post(INFER_PATH, json=json_infer(other)).status_code == 200
 
 
 def test_a_model_that_cannot_load_is_503_saying_why_and_health_tells_live_from_ready(

@@ -169,6 +169,7 @@ def test_a_dynamic_size_export_is_served_at_other_sizes_and_predicts_as_served(
     F`` on the run's image answers as the served upload of that image does."""
     import asyncio
 
+    import grpc
     import httpx
     import kserve
     import onnxruntime as ort
@@ -188,15 +189,24 @@ def test_a_dynamic_size_export_is_served_at_other_sizes_and_predicts_as_served(
         meta = httpx.get(f"{url}/v2/models/dyn").json()
         assert meta["inputs"][0]["shape"] == [-1, 3, -1, -1]
 
-        async def concurrently() -> list[Any]:
+        async def concurrently() -> tuple[list[Any], str]:
             client = kserve.InferenceGRPCClient(f"127.0.0.1:{grpc_port}", retries=0)
             try:
                 requests = [kserve_request(x, binary=True, model="dyn") for x in xs]
-                return await asyncio.gather(*(client.infer(r) for r in requests))
+                answers = await asyncio.gather(*(client.infer(r) for r in requests))
+                big = np.zeros((1, 3, 160, 160), np.float32)  # 25 samples' work: over 16
+                try:
+                    await client.infer(kserve_request(big, binary=True, model="dyn"))
+                except grpc.aio.AioRpcError as exc:
+                    return answers, f"{exc.code().name}: {exc.details()}"
+                return answers, "OK"
             finally:
                 await client.close()
 
-        for res, expected in zip(asyncio.run(concurrently()), want, strict=True):
+        answers, refused = asyncio.run(concurrently())
+        assert refused.startswith("INVALID_ARGUMENT: input 'input' has shape [1, 3, 160, 160]")
+        assert "as much work as 25 samples of the export size [3, 32, 32]" in refused
+        for res, expected in zip(answers, want, strict=True):
             np.testing.assert_allclose(res.outputs[0].as_numpy(), expected, rtol=1e-4, atol=1e-4)
         triton = th.InferenceServerClient(url.removeprefix("http://"))
         inp = th.InferInput("input", list(xs[2].shape), "FP32")

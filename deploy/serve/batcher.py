@@ -34,6 +34,7 @@ class _Job:
     x: np.ndarray
     future: asyncio.Future[np.ndarray]
     enqueued: float  # the event loop's clock (loop.time()), which also times the delay
+    cost: float  # its work in samples, what max_batch counts (DynamicBatcher's ``cost``)
     cancelled: bool = False
 
 
@@ -46,8 +47,12 @@ class DynamicBatcher:
         max_delay_ms: float,
         max_queue: int,
         metrics: ServerMetrics,
+        cost: Callable[[np.ndarray], float] = len,
     ) -> None:
+        """``cost``: a request's work in samples, what ``max_batch`` counts (by default its
+        samples; a ``--dynamic-size`` graph's bigger inputs count more: ``TensorSpec.cost``)."""
         self.run, self.max_batch, self.max_delay = run, max_batch, max_delay_ms / 1000
+        self.cost = cost
         self.max_queue, self.metrics = max_queue, metrics
         self.queue: deque[_Job] = deque()
         # one thread: one ORT call at a time, always from the same thread
@@ -57,7 +62,7 @@ class DynamicBatcher:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self.batch_s: float | None = None  # seconds per batch: a moving average of those run
-        self._running = 0  # samples in the batch being computed
+        self._running = 0.0  # the work of the batch being computed, in samples
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -69,21 +74,22 @@ class DynamicBatcher:
             self._task.cancel()
         self.executor.shutdown(wait=True)
 
-    def expected_wait_s(self, n: int) -> float | None:
-        """Seconds until ``n`` more samples would be answered: the batches ahead of them (the
-        running one, and the queued samples plus ``n`` in batches of ``max_batch``) times the
-        measured seconds per batch. None before the first batch has run, and 0 when nothing is
-        queued or running: an idle server admits every request, however large or slow."""
+    def expected_wait_s(self, n: float) -> float | None:
+        """Seconds until ``n`` more samples (of work: ``cost``) would be answered: the batches
+        ahead of them (the running one, and the queued work plus ``n`` in batches of
+        ``max_batch``) times the measured seconds per batch. None before the first batch has
+        run, and 0 when nothing is queued or running: an idle server admits every request,
+        however large or slow."""
         if self.batch_s is None:
             return None
-        queued = sum(len(j.x) for j in self.queue if not j.cancelled)
+        queued = sum(j.cost for j in self.queue if not j.cancelled)
         if not queued and not self._running:
             return 0.0
         batches = math.ceil((queued + n) / self.max_batch) + (1 if self._running else 0)
         return batches * self.batch_s
 
-    def admit(self, n: int, timeout_s: float) -> None:
-        """Whether ``n`` more samples would be queued now (checked again by :meth:`submit`;
+    def admit(self, n: float, timeout_s: float) -> None:
+        """Whether ``n`` more samples (of work) would be queued now (checked again by :meth:`submit`;
         asked first by work that costs CPU before it is queued, such as decoding an image).
 
         Raises:
@@ -100,41 +106,43 @@ class DynamicBatcher:
             )
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> np.ndarray:
-        self.admit(len(x), timeout_s)
+        cost = self.cost(x)
+        self.admit(cost, timeout_s)
         loop = asyncio.get_running_loop()
-        job = _Job(x, loop.create_future(), loop.time())
+        job = _Job(x, loop.create_future(), loop.time(), cost)
         self.queue.append(job)
         self.metrics.queue_depth.set(len(self.queue))
         self._idle.clear()
         self._wake.set()
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
-        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+        except asyncio.TimeoutError as exc:  # the builtin TimeoutError only from Python 3.11
             job.cancelled = True  # skipped if still queued; its result is dropped otherwise
-            raise
+            raise TimeoutError(f"waited more than {timeout_s:g} s") from exc  # 3.10: builtin
 
     def _take_batch(self) -> list[_Job]:
-        """FIFO jobs with the first job's sample shape, up to max_batch samples."""
+        """FIFO jobs with the first job's sample shape, up to max_batch samples of work."""
         first = self.queue.popleft()
-        jobs, n, shape = [first], len(first.x), first.x.shape[1:]
+        jobs, n, shape = [first], first.cost, first.x.shape[1:]
         rest: deque[_Job] = deque()
         while self.queue and n < self.max_batch:
             job = self.queue.popleft()
             if job.cancelled:
                 continue
-            if job.x.shape[1:] == shape and n + len(job.x) <= self.max_batch:
+            if job.x.shape[1:] == shape and n + job.cost <= self.max_batch:
                 jobs.append(job)
-                n += len(job.x)
+                n += job.cost
             else:
                 rest.append(job)
         self.queue.extendleft(reversed(rest))
         return jobs
 
     async def _gather(self) -> None:
-        """Wait until max_batch samples are queued or the oldest job has waited max_delay."""
+        """Wait until max_batch samples (of work) are queued or the oldest job has waited
+        max_delay."""
         loop = asyncio.get_running_loop()
         deadline = self.queue[0].enqueued + self.max_delay
-        while sum(len(j.x) for j in self.queue) < self.max_batch:
+        while sum(j.cost for j in self.queue) < self.max_batch:
             self._wake.clear()
             try:  # woken by the next submit, not by polling
                 await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
@@ -170,7 +178,7 @@ class DynamicBatcher:
 
     async def _run_jobs(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         t0, n = loop.time(), sum(len(j.x) for j in jobs)
-        self._running = n
+        self._running = sum(j.cost for j in jobs)
         try:  # the batch is assembled in the worker: a copy of megabytes stays off the loop
             y = await loop.run_in_executor(self.executor, self._run_batch, [j.x for j in jobs])
         except Exception as exc:  # one bad request must not poison the others: retry alone
@@ -182,7 +190,7 @@ class DynamicBatcher:
                 jobs[0].future.set_exception(exc)
             return
         finally:
-            self._running = 0
+            self._running = 0.0
         seconds = loop.time() - t0
         self.batch_s = moving_average(self.batch_s, seconds)
         self.metrics.compute_seconds.observe(seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from python_multipart.exceptions import FormParserError, MultipartParseError
@@ -141,19 +142,42 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
     return b"".join(files[0])
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a v2 request's tensor may be, one sample's shape without the batch: ``dims`` as
+    requests may send it (None: any size, the height and width of a ``--dynamic-size`` graph)
+    and ``export``, the shape the graph was exported, proven and warmed up at."""
+
+    dims: tuple[int | None, ...]
+    export: tuple[int, ...]
+
+    @property
+    def free(self) -> bool:
+        """Some dimension takes any size."""
+        return None in self.dims
+
+    def cost(self, x: np.ndarray) -> float:
+        """``x``'s work in samples at the export size, what ``--max-batch`` counts: a sample
+        with n times the export size's values counts n times, a smaller one once (it still
+        takes a slot of the batch)."""
+        if not self.free:
+            return float(len(x))
+        return len(x) * max(1.0, x[0].size / math.prod(self.export))
+
+
 def check_tensor(
     inputs: list[tuple[str, np.ndarray]],
     clf: Classifier,
-    dims: tuple[int | None, ...],
+    spec: TensorSpec,
     *,
     max_batch: int,
     max_image_pixels: int,
 ) -> np.ndarray:
     """The one input tensor of a v2 request, if the model takes it: its name, dtype, shape
-    (``[batch, *dims]``, None in ``dims`` taking any size: the height and width of a
-    ``--dynamic-size`` graph, within ``max_image_pixels``; or any-size uint8 pixels for a
-    graph that preprocesses itself), a batch within ``max_batch``, finite values within the
-    graph's input type.
+    (``[batch, *spec.dims]``, any size where the graph leaves it free, worth at most
+    ``max_batch`` samples of the export size; or any-size uint8 pixels for a graph that
+    preprocesses itself, within ``max_image_pixels``), a batch within ``max_batch``, finite
+    values within the graph's input type.
 
     Raises:
         InputError: naming what is wrong and what the model takes.
@@ -169,6 +193,7 @@ def check_tensor(
         return _check_pixels(name, x, clf.pre.channels, max_batch, max_image_pixels)
     if x.dtype != np.float32:
         raise InputError(f"input {name!r} must be FP32, got {datatype_of(x.dtype)}")
+    dims = spec.dims
     if x.ndim != 1 + len(dims) or any(
         d is not None and n != d for n, d in zip(x.shape[1:], dims, strict=True)
     ):
@@ -176,16 +201,16 @@ def check_tensor(
             f"input {name!r} has shape {list(x.shape)}; expected [batch, "
             f"{', '.join('any' if d is None else str(d) for d in dims)}]"
         )
-    if None in dims:  # a --dynamic-size graph's height and width: any size, within limits
-        if 0 in x.shape[1:]:
-            raise InputError(f"input {name!r} has shape {list(x.shape)}: an empty dimension")
-        if (pixels := math.prod(x.shape[2:])) > max_image_pixels:
-            raise InputError(
-                f"input {name!r} has shape {list(x.shape)}: {pixels} pixels a sample, over the "
-                f"limit of {max_image_pixels} (--max-image-pixels)"
-            )
+    if spec.free and 0 in x.shape[1:]:
+        raise InputError(f"input {name!r} has shape {list(x.shape)}: an empty dimension")
     if not 1 <= len(x) <= max_batch:
         raise InputError(f"batch of {len(x)} is outside 1..{max_batch} (--max-batch)")
+    if (cost := spec.cost(x)) > max_batch:  # a bigger size is more work: bounded as a batch
+        raise InputError(
+            f"input {name!r} has shape {list(x.shape)}: as much work as {cost:.3g} samples of "
+            f"the export size [{', '.join(map(str, spec.export))}], over --max-batch "
+            f"({max_batch}): send fewer samples or a smaller size"
+        )
     if not np.isfinite(x).all():
         raise InputError(f"input {name!r} contains NaN or infinite values")
     if clf.half_io and float(np.abs(x).max()) > HALF_MAX:

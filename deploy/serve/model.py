@@ -18,7 +18,7 @@ from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ModelConfig, ServeConfig, load_served
-from zoo.deploy.serve.inputs import check_tensor
+from zoo.deploy.serve.inputs import TensorSpec, check_tensor
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.protocol import (
     ACCEPTED_OUTPUT,
@@ -57,10 +57,9 @@ class ModelServer:
         load_error: why the model failed to load or warm up (then never ready).
         clf: the classifier once ready (None before).
         batcher: the dynamic batcher, from :meth:`start`.
-        sample_shape: one sample's shape as the graph takes it (without the batch), at the
-            export size: the warm-up's.
-        input_dims: one sample's shape as requests may send it: None where the graph leaves
-            the dimension free (height and width of a ``zoo export --dynamic-size`` graph).
+        tensor: one sample's shape as requests may send it and as the graph was exported
+            (and is warmed up) at; height and width free for a ``zoo export --dynamic-size``
+            graph.
     """
 
     def __init__(
@@ -76,8 +75,7 @@ class ModelServer:
         self.load_error: str | None = None
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
-        self.sample_shape: tuple[int, ...] = ()
-        self.input_dims: tuple[int | None, ...] = ()
+        self.tensor = TensorSpec((), ())
         self._loaded = clf
         # its own decoding threads (as many as asyncio's default pool): another model's
         # flood of uploads never queues ahead of this model's
@@ -94,18 +92,19 @@ class ModelServer:
             shape = clf.input_shape
             if clf.embedded:  # pixels of any size: warmed up at the crop size
                 crop = clf.pre.crop_size
-                self.sample_shape = (crop, crop, clf.pre.channels)
-                self.input_dims = (None, None, clf.pre.channels)
+                self.tensor = TensorSpec(
+                    (None, None, clf.pre.channels), (crop, crop, clf.pre.channels)
+                )
             else:
                 sample = [
                     d if isinstance(d, int) else clf.pre.input_size[i - 1]
                     for i, d in enumerate(shape)
                 ][1:]
-                self.sample_shape = tuple(sample)
-                self.input_dims = tuple(d if isinstance(d, int) else None for d in shape[1:])
+                dims = tuple(d if isinstance(d, int) else None for d in shape[1:])
+                self.tensor = TensorSpec(dims, tuple(sample))
             dtype = np.uint8 if clf.embedded else np.float32
             for b in sorted({1, self.cfg.max_batch}):
-                clf.run(np.zeros((b, *self.sample_shape), dtype))
+                clf.run(np.zeros((b, *self.tensor.export), dtype))
             self.clf = clf
             self.ready = True
             log.info(
@@ -128,6 +127,11 @@ class ModelServer:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("model %r failed to load: %s", self.name, self.load_error)
 
+    def _cost(self, x: np.ndarray) -> float:
+        """A request's work in samples of the export size (pixels a graph that preprocesses
+        itself takes are resized in it: a sample each)."""
+        return float(len(x)) if self.clf is None or self.clf.embedded else self.tensor.cost(x)
+
     def _run(self, x: np.ndarray) -> np.ndarray:
         assert self.clf is not None
         return self.clf.outputs(x)  # the logits (and a kNN score column: Classifier.split)
@@ -140,6 +144,7 @@ class ModelServer:
             max_delay_ms=self.cfg.max_delay_ms,
             max_queue=self.cfg.max_queue,
             metrics=self.metrics,
+            cost=self._cost,
         )
         self.batcher.start()
         threading.Thread(target=self._load, name=f"load-{self.name}", daemon=True).start()
@@ -192,7 +197,7 @@ class ModelServer:
                 TensorMetadata(
                     clf.input_name,
                     "UINT8" if clf.embedded else "FP32",
-                    [-1, *(-1 if d is None else d for d in self.input_dims)],
+                    [-1, *(-1 if d is None else d for d in self.tensor.dims)],
                 )
             ],
             outputs=[TensorMetadata(clf.output_name, "FP32", [-1, len(clf.classes) or -1]), *extra],
@@ -230,10 +235,10 @@ class ModelServer:
 
     async def _run_any_size(self, clf: Classifier, x: np.ndarray) -> np.ndarray:
         """:meth:`run_batched`; a free-size graph that fails at a size other than its export
-        size (warmed up at start) has refused that size: the client's to change, a 400.
+        size, and still answers at that size, has refused the client's size: a 400.
 
         Raises:
-            InputError: the graph failed at a size other than the warm-up's.
+            InputError: the graph failed at another size and answers at the export size.
             ServerBusyError / TimeoutError: as :meth:`run_batched`.
         """
         try:
@@ -241,13 +246,22 @@ class ModelServer:
         except (ServerBusyError, TimeoutError):
             raise
         except Exception as exc:
-            if clf.embedded or x.shape[1:] == self.sample_shape:
-                raise  # the size it was proven and warmed up at: a fault of ours
+            export = self.tensor.export
+            if clf.embedded or x.shape[1:] == export or not await self._answers(export):
+                raise  # failing at the size it was proven and warmed up at: a fault of ours
             raise InputError(
                 f"input {clf.input_name!r} of shape {list(x.shape)}: the graph does not take "
-                f"it ({first_line(exc)}); send [batch, "
-                f"{', '.join(map(str, self.sample_shape))}], the size it was exported at"
+                f"it ({first_line(exc)}); send [batch, {', '.join(map(str, export))}], the "
+                "size it was exported at"
             ) from exc
+
+    async def _answers(self, sample: tuple[int, ...]) -> bool:
+        """Whether the model answers one sample of zeros of this shape now."""
+        try:
+            await self.run_batched(np.zeros((1, *sample), np.float32))
+        except Exception:
+            return False
+        return True
 
     async def infer(self, name: str, req: InferRequest) -> list[tuple[OutputSpec, np.ndarray]]:
         """A v2 inference request's outputs (the tensor, or its top-k classification); for a
@@ -263,7 +277,7 @@ class ModelServer:
         x = check_tensor(
             req.inputs,
             clf,
-            self.input_dims,
+            self.tensor,
             max_batch=self.cfg.max_batch,
             max_image_pixels=self.cfg.max_image_pixels,
         )

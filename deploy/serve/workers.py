@@ -397,7 +397,7 @@ class _Handoff:
             loop.add_reader(conn.fileno(), readable)
             try:
                 await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
-            except TimeoutError:
+            except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
                 return None
             finally:
                 loop.remove_reader(conn.fileno())
