@@ -170,6 +170,39 @@ def test_bench_times_the_variant_as_its_backend(chain: Path) -> None:
     assert rows["ort_int8"]["size_mb"] == round(variant.stat().st_size / 2**20, 2)
 
 
+def test_bench_runs_a_fixed_batch_or_pixels_variant_as_zoo_runs_it(
+    chain: Path, tmp_path: Path
+) -> None:
+    """A variant with an input contract of its own is timed as zoo runs it: a fixed batch of
+    4 padded at batch 1 and 3, while int8 is still quantized from an fp32 export of its own
+    (not from the variant, and not left unexported because the variant took its place); a graph that takes decoded pixels is a row
+    saying why it cannot be timed, not an abort naming a temporary file."""
+    run = tmp_path / "X"
+    shutil.copytree(chain, run)
+    _ok("export", str(run), "--static-batch", "4")
+    _ok("export", str(run), "--embed-preprocessing")
+    r = zoo_here(
+        "bench", str(run), "--variant", "batch4", "--backends", "ort_fp32,ort_int8",
+        "--batch-sizes", "1,3", "--seconds", "0.05", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [(row["backend"], row["batch"], row["status"]) for row in rows] == [
+        ("ort_fp32", 1, "✅"), ("ort_fp32", 3, "✅"), ("ort_int8", 1, "✅"), ("ort_int8", 3, "✅")
+    ], rows  # fmt: skip
+    fixed = run / "model" / "variants" / "batch4.onnx"
+    assert {row["size_mb"] for row in rows[:2]} == {round(fixed.stat().st_size / 2**20, 2)}
+    assert all(row["agreement"] == 1.0 for row in rows[:2])  # padded, not refused or mixed up
+    r = zoo_here(
+        "bench", str(run), "--variant", "pixels", "--backends", "eager", "--seconds", "0.05",
+        "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = {row["backend"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["eager"]["status"] == "✅" and rows["ort_fp32"]["status"] == "❌"
+    assert "pixels.onnx takes decoded uint8 pixels" in rows["ort_fp32"]["reason"]
+
+
 def test_resume_keeps_the_exports_and_they_read_as_stale(
     resumed: tuple[Path, dict[str, str]], small_digits: Path
 ) -> None:

@@ -95,17 +95,20 @@ class _Builder:
         return self._ir[precision]
 
     def onnx_file(self, kind: str) -> Path:
-        if kind not in self._onnx and f"ort_{kind}" in self.prebuilt:
-            self._onnx[kind] = self.prebuilt[f"ort_{kind}"]
+        """The ONNX file of ``kind`` (``fp32``, ``fp16``, ``int8``): the user's
+        (``--variant``), else exported (and quantized) here once."""
+        if f"ort_{kind}" in self.prebuilt:
+            return self.prebuilt[f"ort_{kind}"]
         if kind not in self._onnx:
             from zoo.deploy.export.onnx_export import export_onnx
 
             self.model.cpu()  # exported from this very instance (random init differs each time)
-            fp32 = self.workdir / "fp32.onnx"
-            if "fp32" not in self._onnx:
-                export_onnx(
-                    self.ref, fp32, dynamic_batch=True, weights=self.weights, model=self.model
-                )
+            if kind in ("fp32", "int8"):  # int8 is quantized from this fp32 export, never from
+                fp32 = self.workdir / "fp32.onnx"  # a variant's (fixed batch, pixels in...)
+                if not fp32.exists():
+                    export_onnx(
+                        self.ref, fp32, dynamic_batch=True, weights=self.weights, model=self.model
+                    )
                 self._onnx["fp32"] = fp32
             if kind == "fp16":
                 fp16 = self.workdir / "fp16.onnx"
@@ -124,7 +127,7 @@ class _Builder:
                     calib = str(sample_image_paths()[0].parent)
                 quantize(
                     QuantizeOptions(
-                        fp32,
+                        self.workdir / "fp32.onnx",
                         self.workdir / "int8.onnx",
                         mode="static",
                         calib=calib,
@@ -165,11 +168,31 @@ class _Builder:
                 "int8 QDQ on GPU needs the TensorRT provider (not in this build)"
             )
         path = self.onnx_file(ORT_FILES[backend])
+        size = round(path.stat().st_size / 2**20, 2)
+        if backend in self.prebuilt:  # the user's file: run as zoo runs it (fixed batch...)
+            return self._prebuilt_run(path, device), size
         sess = make_session(path, device=device.type, threads=self.threads)
         name = sess.get_inputs()[0].name
-        return (lambda t: sess.run(None, {name: t.cpu().numpy()})[0]), round(
-            path.stat().st_size / 2**20, 2
-        )
+        return (lambda t: sess.run(None, {name: t.cpu().numpy()})[0]), size
+
+    def _prebuilt_run(self, path: Path, device: torch.device) -> Callable[[torch.Tensor], Any]:
+        """A ``--variant`` file run as ``zoo predict`` and ``zoo serve`` run it: a fixed batch
+        padded and chunked, float16 inputs cast (zoo's classifier, not a bare session).
+
+        Raises:
+            BackendUnavailableError: it takes decoded pixels (``--embed-preprocessing``),
+                which a tensor timing cannot feed.
+        """
+        from zoo.deploy.runtimes.loader import OnnxClassifier
+
+        clf = OnnxClassifier(path, device=device.type, threads=self.threads)
+        if clf.embedded:
+            raise BackendUnavailableError(
+                f"{path.name} takes decoded uint8 pixels (exported with --embed-preprocessing): "
+                "zoo bench times float tensors; time the run's model.onnx, or run this file "
+                "with zoo predict / zoo serve"
+            )
+        return lambda t: clf.run(t.cpu().numpy())
 
 
 def _top1(out: Any) -> Any:
