@@ -203,6 +203,27 @@ def test_bench_runs_a_fixed_batch_or_pixels_variant_as_zoo_runs_it(
     assert "pixels.onnx takes decoded uint8 pixels" in rows["ort_fp32"]["reason"]
 
 
+@pytest.mark.parametrize("engine", ["ort", "nncf"])
+def test_a_fixed_batch_export_quantizes_calibrated_a_full_batch_at_a_time(
+    chain: Path, tmp_path: Path, small_digits: Path, engine: str
+) -> None:
+    """``zoo export RUN --static-batch 4`` → ``zoo quantize variants/batch4.onnx``: the
+    calibration feeds batches of exactly 4 (it fed single images, and onnxruntime refused
+    them with a traceback), and the int8 graph keeps the fixed batch that predict pads to."""
+    import onnx
+
+    run = tmp_path / "X"
+    shutil.copytree(chain, run)
+    _ok("export", str(run), "--static-batch", "4")
+    out = tmp_path / f"q-{engine}.onnx"
+    fixed = run / "model" / "variants" / "batch4.onnx"
+    _ok("quantize", str(fixed), "--engine", engine, "-o", str(out))
+    dim = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_value == 4
+    r = zoo_here("predict", str(out), image(small_digits), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["top"], r.stderr
+
+
 def test_resume_keeps_the_exports_and_they_read_as_stale(
     resumed: tuple[Path, dict[str, str]], small_digits: Path
 ) -> None:

@@ -48,7 +48,7 @@ from zoo.deploy.quantize.verdict import (
     does_not_pay,
     op_counts,
 )
-from zoo.deploy.runtimes.loader import make_session
+from zoo.deploy.runtimes.loader import make_session, static_batch_of
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
@@ -150,7 +150,11 @@ def quantize(
             )
         else:
             batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
-            sess_in = make_session(model).get_inputs()[0].name
+            session = make_session(model)
+            sess_in = session.get_inputs()[0].name
+            fixed = static_batch_of(session)
+            if fixed is not None and fixed > 1:  # --static-batch N: calibrated N at a time
+                batches = _in_batches_of(np.concatenate(batches), fixed)
             if engine == "nncf":
                 from zoo.deploy.quantize.nncf_engine import nncf_quantize
 
@@ -250,6 +254,16 @@ def _seconds_per_image(model: Path, x: np.ndarray, threads: int | None) -> float
     return sorted(times)[2] / len(x)
 
 
+def _in_batches_of(x: np.ndarray, n: int) -> list[np.ndarray]:
+    """``x`` in batches of exactly ``n`` samples, the last padded with copies of its last
+    sample, as :func:`~zoo.deploy.runtimes.classifier.run_padded` feeds a fixed-batch graph
+    (a padded copy weighs that image a little more in the calibration's ranges)."""
+    pad = -len(x) % n
+    if pad:
+        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+    return list(x.reshape(-1, n, *x.shape[1:]))
+
+
 def _measure(
     fp32: Path,
     q: Path,
@@ -266,7 +280,7 @@ def _measure(
     allow_drop: bool,
 ) -> QuantizeReport:
     """Both models on the evaluation images and timed in turn: the report."""
-    from zoo.deploy.runtimes.loader import run_padded, static_batch_of
+    from zoo.deploy.runtimes.loader import run_padded
 
     s32, s8 = make_session(fp32, threads=threads), make_session(q, threads=threads)
     name = s32.get_inputs()[0].name
