@@ -64,6 +64,18 @@ def resumed(chain: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return run, before
 
 
+@pytest.fixture(scope="module")
+def flagged(chain: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the chain's run with the variants whose input contract is their own:
+    ``batch4`` (``--static-batch 4``), ``pixels`` (``--embed-preprocessing``) and ``fp16``
+    (``--precision fp16``)."""
+    run = tmp_path_factory.mktemp("flagged") / "X"
+    shutil.copytree(chain, run)
+    for flags in (("--static-batch", "4"), ("--embed-preprocessing",), ("--precision", "fp16")):
+        _ok("export", str(run), *flags)
+    return run
+
+
 def image(digits: Path) -> str:
     return str(sorted((digits / "digit_3").iterdir())[0])
 
@@ -170,17 +182,12 @@ def test_bench_times_the_variant_as_its_backend(chain: Path) -> None:
     assert rows["ort_int8"]["size_mb"] == round(variant.stat().st_size / 2**20, 2)
 
 
-def test_bench_runs_a_fixed_batch_or_pixels_variant_as_zoo_runs_it(
-    chain: Path, tmp_path: Path
-) -> None:
+def test_bench_runs_a_fixed_batch_or_pixels_variant_as_zoo_runs_it(flagged: Path) -> None:
     """A variant with an input contract of its own is timed as zoo runs it: a fixed batch of
     4 padded at batch 1 and 3, while int8 is still quantized from an fp32 export of its own
     (not from the variant, and not left unexported because the variant took its place); a graph that takes decoded pixels is a row
     saying why it cannot be timed, not an abort naming a temporary file."""
-    run = tmp_path / "X"
-    shutil.copytree(chain, run)
-    _ok("export", str(run), "--static-batch", "4")
-    _ok("export", str(run), "--embed-preprocessing")
+    run = flagged
     r = zoo_here(
         "bench", str(run), "--variant", "batch4", "--backends", "ort_fp32,ort_int8",
         "--batch-sizes", "1,3", "--seconds", "0.05", "--json",
@@ -205,23 +212,55 @@ def test_bench_runs_a_fixed_batch_or_pixels_variant_as_zoo_runs_it(
 
 @pytest.mark.parametrize("engine", ["ort", "nncf"])
 def test_a_fixed_batch_export_quantizes_calibrated_a_full_batch_at_a_time(
-    chain: Path, tmp_path: Path, small_digits: Path, engine: str
+    flagged: Path, tmp_path: Path, small_digits: Path, engine: str
 ) -> None:
     """``zoo export RUN --static-batch 4`` → ``zoo quantize variants/batch4.onnx``: the
     calibration feeds batches of exactly 4 (it fed single images, and onnxruntime refused
     them with a traceback), and the int8 graph keeps the fixed batch that predict pads to."""
     import onnx
 
-    run = tmp_path / "X"
-    shutil.copytree(chain, run)
-    _ok("export", str(run), "--static-batch", "4")
     out = tmp_path / f"q-{engine}.onnx"
-    fixed = run / "model" / "variants" / "batch4.onnx"
+    fixed = flagged / "model" / "variants" / "batch4.onnx"
     _ok("quantize", str(fixed), "--engine", engine, "-o", str(out))
     dim = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0]
     assert dim.dim_value == 4
     r = zoo_here("predict", str(out), image(small_digits), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)[0]["top"], r.stderr
+
+
+KNOWN = "a known seam, found by this stop's audit; its fix touches code every figure imports"
+
+
+@pytest.mark.xfail(strict=True, reason=f"{KNOWN}: cli/eval.py feeds float tensors")
+def test_eval_of_a_pixels_variant_answers_or_refuses_clearly(flagged: Path) -> None:
+    """``zoo eval RUN --variant pixels``: scored, or refused naming the variant (exit 1);
+    today onnxruntime's traceback (float tensors into a uint8 graph)."""
+    r = zoo_here("eval", str(flagged), "--variant", "pixels", "--json")
+    assert r.returncode == 0 or (r.returncode == 1 and "pixels" in r.stderr), r.stderr
+    assert "Traceback" not in r.stderr and "INVALID_ARGUMENT" not in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=f"{KNOWN}: deploy/predict/embeddings.py declares float")
+def test_embeddings_of_an_fp16_variant_are_written(
+    flagged: Path, small_digits: Path, tmp_path: Path
+) -> None:
+    """``zoo predict RUN DIR --variant fp16 --out F --embeddings``: today "onnxruntime cannot
+    load the model" (the added embeddings output is declared float in an fp16 graph)."""
+    out = tmp_path / "p.parquet"
+    folder = str(small_digits / "digit_3")
+    r = zoo_here(
+        "predict", str(flagged), folder, "--variant", "fp16", "--out", str(out), "--embeddings"
+    )
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=f"{KNOWN}: zoo/variants.py builds it from the precision")
+def test_a_variants_refresh_command_keeps_the_flags_it_was_made_with(flagged: Path) -> None:
+    """The "refresh it:" command of a stale ``pixels``/``batch4`` variant must make the same
+    kind of file again; today it drops ``--embed-preprocessing`` and ``--static-batch``."""
+    made = {v.name: v.refresh for v in exports(flagged / "model")}
+    assert "--embed-preprocessing" in made["pixels"], made["pixels"]
+    assert "--static-batch 4" in made["batch4"], made["batch4"]
 
 
 def test_resume_keeps_the_exports_and_they_read_as_stale(
