@@ -178,3 +178,28 @@ def test_a_refusal_tells_the_client_when_to_come_back(tmp_path: Path) -> None:
     resp = asyncio.run(api._guard(request, "infer", busy))
     assert resp.status_code == 429 and resp.headers["retry-after"] == "7"
     assert b"retry later" in resp.body
+
+
+def test_a_free_size_graph_is_batched_by_the_work_of_each_size(tmp_path: Path) -> None:
+    """The server hands its batcher the cost of each request: two 5x6 samples (1.875 samples
+    of the 4x4 export size each) never share a batch of ``--max-batch 2``; two 4x4 ones do."""
+    from tests.test_gates_serve import free_size_model
+
+    path = free_size_model(tmp_path / "free.onnx")
+    shapes: list[tuple[int, ...]] = []
+
+    async def main() -> None:
+        ms = ModelServer(ServeConfig(str(path), NAME, threads=1, max_batch=2))
+        ms.start()
+        while not ms.ready:
+            assert ms.load_error is None, ms.load_error
+            await asyncio.sleep(0.01)
+        assert ms.clf is not None
+        real = ms.clf.outputs
+        ms.clf.outputs = lambda batch: (shapes.append(batch.shape), real(batch))[1]
+        big, small = np.zeros((1, 3, 5, 6), np.float32), np.zeros((1, 3, 4, 4), np.float32)
+        await asyncio.gather(*(ms.run_batched(x) for x in (big, big, small, small)))
+        await ms.stop()
+
+    asyncio.run(main())
+    assert shapes == [(1, 3, 5, 6), (1, 3, 5, 6), (2, 3, 4, 4)]
