@@ -39,11 +39,12 @@ def calibrate_cmd(
         print_json(result.to_dict())
     else:
         out.print(result.line(), markup=False)
-    err.print(
-        f"written to {result.config}; exports made before keep their old calibration: export "
-        "again (zoo export) to carry this one",
-        markup=False,
-    )
+    err.print(f"written to {result.config}", markup=False)
+    from zoo.variants import exports
+
+    for v in exports(result.config.parent):  # predict and serve apply a file's own
+        if v.calibration_stale:
+            err.print(f"warning: {v.warning()}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

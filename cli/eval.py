@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
 from zoo.deploy.index import KNN_K
 from zoo.tta import Tta
+
+if TYPE_CHECKING:
+    from zoo.train.evaluate import Scorer
 
 
 def _knn_bank(model: str, info: Any) -> Any:
@@ -25,22 +28,29 @@ def _knn_bank(model: str, info: Any) -> Any:
     return rule_bank(info.calibration, info.multi_label, lambda: ref.model_folder)
 
 
-def _variant_forward(model: str, variant: str | None) -> tuple[Any, str | None]:
-    """``--variant``: the derived file run by its runtime as the evaluation's forward pass
-    (the same preprocessed batches as the PyTorch model), and its path for the result."""
+def _variant_scorer(model: str, variant: str | None) -> Scorer | None:
+    """``--variant``: the derived file run by its runtime as the evaluation's forward pass, on
+    the batches it takes (:class:`zoo.train.evaluate.Scorer`; None: no variant)."""
     if variant is None:
-        return None, None
+        return None
     import torch
 
     from zoo.deploy.runtimes.loader import load_classifier
+    from zoo.train.evaluate import Scorer
 
     path = with_variant(model, variant)
     clf = load_classifier(path)
+    if clf.embedded:  # decoded pixels, resized by the graph itself: a list of arrays
+
+        def run_pixels(xs: list[Any]) -> torch.Tensor:
+            return torch.from_numpy(clf.split(clf.run_each(xs))[0])
+
+        return Scorer(run_pixels, path, prepare=clf.prepare)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(clf.run(x.cpu().numpy()))
 
-    return forward, path
+    return Scorer(forward, path)
 
 
 def eval_cmd(
@@ -113,14 +123,15 @@ def eval_cmd(
         raise typer.BadParameter("--report-out applies to --report only.")
     if (knn or index is not None) and ood is None:
         raise typer.BadParameter("--knn and --index apply to --ood only.")
-    forward, scored_by = _variant_forward(model, variant)
+    scorer = _variant_scorer(model, variant)
+    scored_by = scorer.name if scorer is not None else None
     if index is not None:  # another model's index is refused before the evaluation
         from zoo.deploy.index.query import check_index
 
         check_index(index, scored_by or model)
     ev = evaluate_split(
         model, data=data, split=split, batch_size=batch_size, device=device,
-        num_workers=num_workers, tta=tta, forward=forward, scored_by=scored_by,
+        num_workers=num_workers, tta=tta, scorer=scorer,
     )  # fmt: skip
     result = ev.result
     separation = None
@@ -138,7 +149,7 @@ def eval_cmd(
             )  # fmt: skip
             more = (ExternalScore("knn", pos, neg),)
         separation = evaluate_ood(
-            ev, ood, forward=forward, batch_size=batch_size, num_workers=num_workers, more=more,
+            ev, ood, scorer=scorer, batch_size=batch_size, num_workers=num_workers, more=more,
             bank=_knn_bank(model, ev.info),
         )  # fmt: skip
         result = {**result, "ood": separation.to_dict()}

@@ -89,7 +89,12 @@ def quantize_cmd(
     threads: int | None = D["threads"],
     output: Annotated[
         Path | None,
-        typer.Option("-o", "--output", help="default: a run's model/variants/int8-MODE.onnx"),
+        typer.Option(
+            "-o",
+            "--output",
+            help="default: a run's model/variants/int8-MODE.onnx (from variants/NAME.onnx: "
+            "variants/NAME-int8-MODE.onnx)",
+        ),
     ] = D["output"],
     as_json: JsonOpt = False,
 ) -> None:

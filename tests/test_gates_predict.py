@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ from zoo.deploy.predict.inputs import expand_glob, iter_inputs
 from zoo.deploy.predict.options import PredictFileOptions
 from zoo.deploy.predict.scoring import Scorer
 from zoo.deploy.predict.store import ChunkStore, columns, digest, format_of
-from zoo.errors import InputError
+from zoo.deploy.runtimes.decisions import Decisions, decision_rule
+from zoo.errors import ArtifactError, InputError
 
 
 @pytest.fixture
@@ -132,19 +134,31 @@ def test_resume_refuses_inputs_that_changed() -> None:
 
 
 def test_scorer_top_k_and_multilabel_decisions() -> None:
+    labels = ("a", "b", "c")
+
+    def rule(found: object) -> Decisions:
+        return decision_rule(found, labels, 4, where="T", fix="F")
+
     s = Scorer(
         prepare=lambda im: np.zeros(1),
         score=lambda x: x,
-        labels=("a", "b", "c"),
+        labels=labels,
         num_classes=4,
         multi_label=True,
-        thresholds=(0.5, 0.9, 0.2, 0.5),
+        decisions=rule([0.5, 0.9, 0.2, 0.5]),
     )
     row = np.array([0.6, 0.8, 0.2, 0.8])
     # ties: the lower index first; a class without a name is named by its index
     assert [(t.label, t.score) for t in s.top(row, 3)] == [("b", 0.8), ("3", 0.8), ("a", 0.6)]
-    assert s.decided(row) == ["a", "c", "3"]  # b is under its own threshold, c reaches its own
-    assert Scorer(**{**s.__dict__, "thresholds": None}).decided(row) == ["a", "b", "3"]
+    assert s.decided(row) == ("a", "c", "3")  # b is under its own threshold, c reaches its own
+    assert replace(s, decisions=rule(None)).decided(row) == ("a", "b", "3")  # 0.5 for each
+    assert replace(s, multi_label=False, decisions=None).decided(row) is None
+    for bad, why in (([0.5, 0.5], "2 values for the model's 4 classes"), ("0.5", "not a list"),
+                     ([0.5, None, 0.5, 0.5], "None, not a finite number"),
+                     ([0.5, float("nan"), 0.5, 0.5], "nan, not a finite number"),
+                     ([0.5, True, 0.5, 0.5], "True, not a finite number")):  # fmt: skip
+        with pytest.raises(ArtifactError, match=rf"^T .*{why}.*; F$"):
+            rule(bad)
 
 
 def test_inputs_are_checked_before_the_job_exists(tree: Path) -> None:

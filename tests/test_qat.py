@@ -8,6 +8,7 @@ uninterrupted run; and the refusals. Real digits, a crnn (conv + BatchNorm) fine
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -138,6 +139,14 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     assert not torch.equal(old["features.0.weight"], new["features.0.weight"])
 
     assert zoo_here("export", str(run), "--data", str(digits)).returncode == 0
+    # the folder and the export say it themselves: a copy outside the run still quantizes
+    # through the rounding it was trained through (not NNCF's own ranges)
+    assert json.loads((run / "model" / "config.json").read_text())["train"]["quantization_aware"]
+    copy = tmp_path / "elsewhere" / "model.onnx"
+    copy.parent.mkdir()
+    shutil.copy(run / "model" / "model.onnx", copy)
+    c = zoo_here("quantize", str(copy), "--calib", str(digits), "--allow-drop", "--json")
+    assert c.returncode == 0 and json.loads(c.stdout)["engine"] == "ort", c.stderr
     q = zoo_here("quantize", str(run / "model" / "model.onnx"), "--allow-drop", "--json")
     assert q.returncode == 0, q.stderr
     # auto picks the rounding the run trained through, and says so

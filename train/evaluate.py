@@ -13,10 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from zoo.device import pick_device
-from zoo.errors import DataError
+from zoo.errors import DataError, UsageError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
@@ -29,6 +29,40 @@ from zoo.tta import VIEWS, check_tta, check_views, views
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Scorer:
+    """A derived file of the evaluated model's folder, run by its runtime in the PyTorch
+    model's place (``zoo eval RUN --variant int8``); the model still gives the class names.
+
+    Attributes:
+        forward: a batch as :meth:`loader` forms it → its logits, ``(N, classes)``.
+        name: the file, named in the result (``scored_by``).
+        prepare: one decoded image as ``forward`` takes it, batched as a list (a graph that
+            resizes decoded pixels itself, ``--embed-preprocessing``: their sizes differ);
+            None: the model's own eval crop, batched as one tensor.
+    """
+
+    forward: Callable[[Any], torch.Tensor]
+    name: str
+    prepare: Callable[[Any], Any] | None = None
+
+    def loader(
+        self, samples: list[tuple[Path, Any]], info: ModelInfo, batch_size: int, num_workers: int
+    ) -> DataLoader[Any]:
+        """The batches of ``samples`` that :attr:`forward` takes."""
+        if self.prepare is None:
+            ds = ImageFolderDataset(samples, eval_transform(info))
+            return DataLoader(ds, batch_size, num_workers=num_workers)
+        pixels = ImageFolderDataset(samples, self.prepare)
+        return DataLoader(pixels, batch_size, num_workers=num_workers, collate_fn=_as_list)
+
+
+def _as_list(items: list[tuple[Any, Any, int]]) -> tuple[list[Any], Any, torch.Tensor]:
+    """A batch of samples that differ in size: the samples as a list, labels collated."""
+    xs, ys, idx = zip(*items, strict=True)
+    return list(xs), default_collate(list(ys)), torch.tensor(idx)
+
+
 def collect_logits(
     forward: Forward, batches: Iterable[Any], device: torch.device, *, channels_last: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,7 +70,8 @@ def collect_logits(
     logits, targets, indices = [], [], []
     with torch.inference_mode():
         for x, y, idx in batches:
-            x = x.to(device, non_blocking=True)
+            if isinstance(x, torch.Tensor):  # (else a list of pixel arrays: Scorer.prepare)
+                x = x.to(device, non_blocking=True)
             if channels_last and x.ndim == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             logits.append(forward(x).float().cpu())
@@ -129,17 +164,18 @@ def evaluate_split(
     device: str,
     num_workers: int,
     tta: str = "none",
-    forward: Forward | None = None,
-    scored_by: str | None = None,
+    scorer: Scorer | None = None,
 ) -> Evaluated:
     """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`).
 
-    ``forward`` scores the batches in place of the PyTorch model (a derived file of the same
-    folder run by its runtime: ``zoo eval RUN --variant int8``); ``scored_by`` names it in the
-    result. The model still gives the class names and preprocessing."""
+    ``scorer`` scores the images in place of the PyTorch model, and is named in the result.
+
+    Raises:
+        UsageError: ``tta`` with a scorer that takes decoded pixels (the views are crops).
+    """
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
-    score: Forward = forward or model
+    score: Forward = scorer.forward if scorer is not None else model
     info = info_of(model)
     splits, own_run = _splits_for(model_arg, data)
     if splits.layout == "flat" and own_run is None and split == "val":
@@ -176,11 +212,18 @@ def evaluate_split(
     summary = summarize_multilabel if info.multi_label else summarize  # (multi-label:
     # thresholds re-tuned on this split, as in training)
     if check_tta(tta) == "none":
-        ds = ImageFolderDataset(samples, eval_transform(info))
-        logits, targets = evaluate_with(
-            model, score, DataLoader(ds, batch_size, num_workers=num_workers), dev
+        batches = (scorer or Scorer(model, model_arg)).loader(
+            samples, info, batch_size, num_workers
         )
+        logits, targets = evaluate_with(model, score, batches, dev)
         extra: dict[str, Any] = {}
+    elif scorer is not None and scorer.prepare is not None:
+        raise UsageError(
+            f"--tta with {scorer.name}: that graph resizes decoded pixels itself, and the "
+            "views are crops of the model's preprocessed image; drop --tta, or evaluate "
+            "model.onnx (the same weights) with it.",
+            param_hint="--tta",
+        )
     else:  # every view in one pass; view 0 is the plain eval crop: the gain, measured
         pre = info.preprocessing()
         check_views(pre, tta)
@@ -209,8 +252,8 @@ def evaluate_split(
     if missing:
         extra["missing"] = missing  # the run's images no longer on disk, left out
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
-    if scored_by is not None:
-        result["scored_by"] = scored_by
+    if scorer is not None:
+        result["scored_by"] = scorer.name
     return Evaluated(model, info, names, samples, logits, targets, result)
 
 

@@ -112,6 +112,9 @@ def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[s
             "seed": r.cfg.seed,
             "world_size": parts.comm.world,
             "recipes": recipes_used(r.cfg),
+            # zoo distill --qat: weights trained through onnxruntime's int8 rounding, which
+            # zoo quantize --engine auto then keeps (in the folder, so a copy keeps it too)
+            "quantization_aware": bool(r.cfg.distill is not None and r.cfg.distill.qat),
         },
     }
 

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch.utils.data import DataLoader
 
 from zoo.calibration import LOGIT_SCORES, Calibration, ood_score
 from zoo.errors import DataError
 from zoo.images import list_images
 from zoo.train.calibrate import acceptance_cut
-from zoo.train.data import ImageFolderDataset
-from zoo.train.evaluate import Evaluated, Forward, evaluate_with
-from zoo.transforms import eval_transform
+from zoo.train.evaluate import Evaluated, Scorer, evaluate_with
 
 if TYPE_CHECKING:
     from zoo.knn import KnnBank
@@ -128,10 +125,10 @@ def separation(
 
 
 def folder_logits(
-    ev: Evaluated, folder: Path, *, forward: Forward | None, batch_size: int, num_workers: int
+    ev: Evaluated, folder: Path, *, scorer: Scorer | None, batch_size: int, num_workers: int
 ) -> np.ndarray:
     """The logits of every image under ``folder`` (any layout), by the evaluated model (or
-    ``forward``: a variant of it).
+    ``scorer``: a variant of it).
 
     Raises:
         DataError: the folder is missing or holds no images.
@@ -143,11 +140,10 @@ def folder_logits(
     paths = list_images(folder)
     if not paths:
         raise DataError(f"--ood {folder} holds no images (.jpg, .png, …).")
-    ds = ImageFolderDataset([(p, 0) for p in paths], eval_transform(ev.info))
     device = next(ev.model.parameters()).device
-    logits, _ = evaluate_with(
-        ev.model, forward or ev.model, DataLoader(ds, batch_size, num_workers=num_workers), device
-    )
+    by = scorer or Scorer(ev.model, "the model")
+    batches = by.loader([(p, 0) for p in paths], ev.info, batch_size, num_workers)
+    logits, _ = evaluate_with(ev.model, by.forward, batches, device)
     return logits.double().numpy()
 
 
@@ -155,7 +151,7 @@ def evaluate_ood(
     ev: Evaluated,
     folder: str | Path,
     *,
-    forward: Forward | None = None,
+    scorer: Scorer | None = None,
     batch_size: int = 64,
     num_workers: int = 0,
     more: tuple[ExternalScore, ...] = (),
@@ -166,7 +162,7 @@ def evaluate_ood(
     Args:
         ev: a single-label evaluation (its logits are the held-out side).
         folder: images from outside the model's classes.
-        forward: the variant that scored ``ev`` (None: the PyTorch model).
+        scorer: the variant that scored ``ev`` (None: the PyTorch model).
         more: scores beside the logits' (``knn``), reported after theirs.
         bank: the model's kNN bank (a ``knn`` rule): its scores judge the rule and are the
             reported ``knn`` score (``more``'s own ``knn`` is then left out).
@@ -178,7 +174,7 @@ def evaluate_ood(
         raise DataError("--ood covers single-label models (softmax scores).")
     cal = ev.info.calibration or Calibration(temperature=1.0)
     out = folder_logits(
-        ev, Path(folder), forward=forward, batch_size=batch_size, num_workers=num_workers
+        ev, Path(folder), scorer=scorer, batch_size=batch_size, num_workers=num_workers
     )
     inside = ev.logits.double().numpy()
     rule = cal.reject

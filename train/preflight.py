@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.errors import TrainingError, UsageError
+from zoo.errors import TrainingError, UsageError, first_line
 from zoo.profile import count_params
 from zoo.train.build import RunParts, loader
 from zoo.train.console import say
@@ -117,7 +117,7 @@ def _time_step(parts: RunParts, x: torch.Tensor, n_classes: int) -> float:
         native = parts.parent[0].info.input_size
         raise UsageError(
             f"{parts.info.arch} cannot take {x.shape[-2]}×{x.shape[-1]} images: its layers are "
-            f"sized for {native[-2]}×{native[-1]} ({str(e).splitlines()[0]}); pass "
+            f"sized for {native[-2]}×{native[-1]} ({first_line(e)}); pass "
             f"--image-size {native[-1]} or leave --image-size out",
             param_hint="--image-size",
         ) from None

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zoo import tracking, tracking_pending
-from zoo.errors import TrackingError
+from zoo.errors import TrackingError, first_line
 from zoo.tracking import TrackingRecord
 from zoo.train.config import RUNTIME_KEYS
 
@@ -149,9 +149,9 @@ class _Outbox:
                 op.send(self._client)
             except Exception as exc:
                 if not _transient(exc):  # a refusal (or our bug): sending again will not help
-                    self._done(op, error=f"{op.what} ({tracking.first_line(exc)})")
+                    self._done(op, error=f"{op.what} ({first_line(exc)})")
                     continue
-                self.down = tracking.first_line(exc)
+                self.down = first_line(exc)
                 with self._cond:
                     self._cond.wait(timeout=delay)
                 delay = min(2 * delay, 10.0)

@@ -229,3 +229,11 @@ class TrackingError(ZooError, ConnectionError):
     """An experiment tracker cannot be used: MLflow is not installed, its tracking server does
     not answer, or a run's tracking record names a run the server does not have. The message
     says how to fix it or how to go on without tracking."""
+
+
+def first_line(exc: BaseException | str, limit: int = 300) -> str:
+    """An error's (or a warning's) first line, shortened at a word (``…``) past ``limit``
+    characters: what a one-line message quotes (an exception's type name when it has no text)."""
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else "" if isinstance(exc, str) else type(exc).__name__
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from zoo.errors import TrackingError
+from zoo.errors import TrackingError, first_line
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -239,13 +239,6 @@ def end_run(record: TrackingRecord, status: str = "FINISHED") -> None:
     client(record.uri).set_terminated(record.run_id, status)
 
 
-def first_line(exc: BaseException) -> str:
-    """An error's first line, shortened at a word (``…``): what a one-line message quotes."""
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    return line if len(line) <= 300 else line[:300].rsplit(" ", 1)[0] + " …"
-
-
 __all__ = [
     "NO_TRACKING",
     "PENDING_FILE",
@@ -259,7 +252,6 @@ __all__ = [
     "end_run",
     "experiment_env",
     "experiment_id",
-    "first_line",
     "probe",
     "read_record",
     "reason",

@@ -5,7 +5,10 @@ A model folder (``model.safetensors`` + ``config.json`` + ``README.md`` [+ ``mod
 hold a ``variants/`` sub-folder of files derived from its weights: ``variants/int8-static.onnx``,
 ``variants/fp16.onnx``, ``variants/openvino-int8/model.xml`` (+ ``.bin``). Commands that derive
 a file write there by default, so the folder stays readable whatever they write; a variant is
-named by its file's stem (``int8-static``) or its IR folder (``openvino-int8``).
+named by its file's stem (``int8-static``) or its IR folder (``openvino-int8``). A file made from
+another variant is named after it (:func:`derived_variant_name`: ``zoo quantize
+variants/batch4.onnx`` writes ``variants/batch4-int8-static.onnx``), so it never takes the place
+of the one made from ``model.onnx``.
 
 Staleness is computed, never stored: an export records the sha256 of the weights it was made
 from (``source_weights_sha256`` in its zoo metadata); when that differs from the folder's
@@ -19,7 +22,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +84,93 @@ def default_variant_path(source_onnx: Path, name: str) -> Path | None:
     return variants_dir(folder) / f"{name}.onnx"
 
 
+def quantized_variant_name(quantization: str) -> str:
+    """The one naming rule of a quantized file made from a folder's ``model.onnx``:
+    ``int8-dynamic``, ``int8-static`` (onnxruntime) or ``int8-nncf``, for ``quantization`` as
+    :attr:`Variant.quantization` says it (``dynamic``, ``static``, ``nncf``)."""
+    return f"int8-{quantization}"
+
+
+def derived_variant_name(source_onnx: Path, name: str) -> str:
+    """The name of the variant ``name`` (``int8-static``) made from ``source_onnx``.
+
+    Returns:
+        ``name`` when ``source_onnx`` is its folder's ``model.onnx`` (or sits in no model
+        folder); ``SOURCE-NAME`` when it is the variant ``SOURCE`` (``batch4-int8-static``
+        from ``variants/batch4.onnx``): a file made from a variant says which, and never takes
+        the place of the one made from ``model.onnx``.
+    """
+    source_onnx = Path(source_onnx)
+    folder = model_folder_of(source_onnx)
+    source = None if folder is None else _name_in_folder(source_onnx, folder)
+    return name if source in (None, EXPORT_NAME) else f"{source}-{name}"
+
+
+def _name_in_folder(path: Path, folder: Path) -> str:
+    """The name ``path`` goes by among ``folder``'s exports: ``model.onnx``, a variant file's
+    stem (``batch4``) or an IR's folder (``openvino-int8``)."""
+    parent = path.parent.resolve()  # "." or ".." may be spelled inside variants/
+    if parent == folder.resolve():
+        return EXPORT_NAME
+    return path.stem if parent.name == VARIANTS_DIR else parent.name
+
+
+@dataclass(frozen=True)
+class ExportFlags:
+    """The ``zoo export`` flags a graph was made with, besides ``--precision``, as its zoo
+    metadata records them (:mod:`zoo.deploy.export.graph_metadata`: ``input``,
+    ``static_batch``, ``dynamic_size``, ``slim``): what a refresh must pass again to make the
+    same kind of file. A quantized file's metadata is its source's, so its flags are those of
+    the export it was quantized from.
+
+    Attributes:
+        static_batch: ``--static-batch N``: the graph's fixed batch (None: a dynamic batch).
+        dynamic_size: ``--dynamic-size``: dynamic height and width.
+        embedded_preprocessing: ``--embed-preprocessing``: the graph takes uint8 pixels.
+        fp16_io: ``--fp16-io``: float16 inputs and outputs.
+        slim: ``--slim``: simplified by onnxslim.
+    """
+
+    static_batch: int | None = None
+    dynamic_size: bool = False
+    embedded_preprocessing: bool = False
+    fp16_io: bool = False
+    slim: bool = False
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> ExportFlags:
+        """The flags zoo metadata ``meta`` records (none: a file that records none, e.g. one
+        not written by zoo, reads as a plain export)."""
+        found = meta.get("input")
+        dtype = found.get("dtype") if isinstance(found, dict) else None
+        batch = _int_or_none(meta.get("static_batch"))
+        return cls(
+            static_batch=batch if batch is not None and batch > 0 else None,
+            dynamic_size=meta.get("dynamic_size") is True,
+            embedded_preprocessing=dtype == "uint8",
+            fp16_io=dtype == "float16",
+            slim=bool(meta.get("slim")),
+        )
+
+    @property
+    def contract(self) -> bool:
+        """Whether the graph takes what the artifact contract's ``model.onnx`` takes: float32
+        NCHW tensors in a dynamic batch (``--dynamic-size`` and ``--slim`` keep that; an fp32
+        export with them still goes to ``model.onnx``)."""
+        return self.static_batch is None and not (self.embedded_preprocessing or self.fp16_io)
+
+    def args(self, precision: str = "fp32") -> str:
+        """The flags as ``zoo export`` takes them (`` --precision fp16 --fp16-io``), with
+        ``precision`` when it is not fp32; empty for a plain export."""
+        parts = [f"--precision {precision}"] if precision != "fp32" else []
+        parts += ["--fp16-io"] if self.fp16_io else []
+        parts += ["--embed-preprocessing"] if self.embedded_preprocessing else []
+        parts += [f"--static-batch {self.static_batch}"] if self.static_batch is not None else []
+        parts += ["--dynamic-size"] if self.dynamic_size else []
+        parts += ["--slim"] if self.slim else []
+        return "".join(f" {p}" for p in parts)
+
+
 @dataclass(frozen=True)
 class Variant:
     """A file derived from a model folder's weights (or the folder's own ``model.onnx``).
@@ -100,6 +190,15 @@ class Variant:
         source_epoch: the training epoch whose weights it holds (its metadata; None: not
             recorded, e.g. made before zoo recorded it, or not from a run).
         folder_epoch: the epoch whose weights the folder holds now (``config.json``).
+        flags: the export flags it was made with (a quantized file: its source's), from its
+            metadata; its :attr:`refresh` passes them again.
+        quantized_from: a quantized file: the fp32 export it was made from, as ``zoo
+            quantize`` recorded it (None: not quantized, or not recorded).
+        target_agreement: a quantized file: the ``--target-agreement`` it was searched for
+            (None: not searched).
+        calibration_stale: it carries another calibration (temperature, rejection rule)
+            than the folder's ``config.json`` now holds: ``zoo calibrate`` ran after it was
+            made (False: the same, or the file records none).
     """
 
     name: str
@@ -112,6 +211,10 @@ class Variant:
     quantization: str | None = None
     source_epoch: int | None = None
     folder_epoch: int | None = None
+    flags: ExportFlags = field(default_factory=ExportFlags)
+    quantized_from: Path | None = None
+    target_agreement: float | None = None
+    calibration_stale: bool = False
 
     @property
     def stale(self) -> bool:
@@ -127,25 +230,77 @@ class Variant:
 
     @property
     def refresh(self) -> str:
-        """The command that makes this file again from the folder's current weights."""
+        """The command that makes this file again, the same kind of file in the same place,
+        from the folder's current weights: the export flags it was made with
+        (:attr:`flags`), and for a quantized file the export it was quantized from, then
+        ``zoo quantize`` with its engine and mode."""
         run = run_spelling(self.folder)
+        own = self.folder / EXPORT_NAME
         if self.name == EXPORT_NAME:
-            return f"zoo export {run}"
-        if self.quantization:  # a run's own images calibrate by default; a bare folder has none
-            calib = (
-                " --calib DIR" if self.quantization != "dynamic" and run == str(self.folder) else ""
-            )
-            how = "--engine nncf" if self.quantization == "nncf" else f"--mode {self.quantization}"
-            return f"zoo export {run} && zoo quantize {self.folder / EXPORT_NAME} {how}{calib}"
+            own_kind = self.flags.contract and self.precision == "fp32"
+            elsewhere = "" if own_kind else f" -o {self.path}"
+            return f"zoo export {run}{self.flags.args(self.precision)}{elsewhere}"
+        if self.quantization:
+            source = self._quantized_source()
+            there = "" if source == own and self.flags.contract else f" -o {source}"
+            return f"zoo export {run}{self.flags.args()}{there} && {self._quantize(source, run)}"
         if self.kind == "openvino":
             return (
                 f"zoo export {run} --format openvino --precision {self.precision} "
                 f"-o {self.path.parent}"
             )
-        return f"zoo export {run} --precision {self.precision} -o {self.path}"
+        return f"zoo export {run}{self.flags.args(self.precision)} -o {self.path}"
+
+    @property
+    def made_from_variant(self) -> str | None:
+        """The variant a quantized file was made from, when its name says so
+        (``batch4`` for ``batch4-int8-static``: :func:`derived_variant_name`); None for one
+        made from ``model.onnx``, or named otherwise."""
+        made_from = self.quantized_from
+        if made_from is None or made_from.name == EXPORT_NAME:
+            return None
+        return made_from.stem if self.name.startswith(f"{made_from.stem}-") else None
+
+    def _quantized_source(self) -> Path:
+        """Where the refresh of a quantized file exports the graph it quantizes: the folder's
+        ``model.onnx`` for a plain export, else the variant it was quantized from
+        (``variants/batch4.onnx``)."""
+        made_from = self.quantized_from
+        if self.flags.contract or made_from is None or made_from.name == EXPORT_NAME:
+            return self.folder / EXPORT_NAME
+        return variants_dir(self.folder) / made_from.name
+
+    def _quantize(self, source: Path, run: str) -> str:
+        """``zoo quantize SOURCE`` as this file was made: its mode and engine, a search's
+        target, calibration images for a bare folder (a run calibrates on its own), and
+        ``-o`` where this file is not where it would go by default."""
+        quant = str(self.quantization)
+        bare = run == str(self.folder)  # a run's own images calibrate and judge by default
+        if quant == "nncf":
+            how = "--engine nncf"
+        elif quant == "dynamic":
+            how = "--mode dynamic"
+        else:  # --engine auto would pick NNCF where it is installed
+            how = f"--mode {quant} --engine ort"
+        if self.target_agreement is not None:
+            how += f" --target-agreement {self.target_agreement:g}" + (
+                " --data DIR" if bare else ""
+            )
+        calib = " --calib DIR" if quant != "dynamic" and bare else ""
+        name = derived_variant_name(source, quantized_variant_name(quant))
+        default = variants_dir(self.folder) / f"{name}.onnx"
+        there = "" if self.path.resolve() == default.resolve() else f" -o {self.path}"
+        return f"zoo quantize {source} {how}{calib}{there}"
 
     def warning(self) -> str:
-        """One line: which weights it holds and how to refresh it (for a stale file)."""
+        """One line: which weights (or calibration) it holds and how to refresh it (for a
+        stale file)."""
+        if not self.stale and self.calibration_stale:
+            return (
+                f"{self.path} carries another calibration (temperature, rejection rule) than "
+                f"{self.folder}'s config.json now holds (zoo calibrate ran after it was made), "
+                f"and predict and serve apply the file's; refresh it: {self.refresh}"
+            )
         if self.source_epoch is not None and self.folder_epoch is not None:
             return (
                 f"{self.path} holds the weights of epoch {self.source_epoch}, but {self.folder} "
@@ -172,6 +327,7 @@ class Variant:
             "quantization": self.quantization,
             "source_weights_sha256": self.source_sha256,
             "stale": self.stale,
+            "calibration_stale": self.calibration_stale,
         }
 
 
@@ -211,6 +367,8 @@ def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -
     except (InputError, ValueError):  # unreadable: listed, with no source weights
         meta = {}
     quant = meta.get("quantization")
+    made = quant if isinstance(quant, dict) else {}  # zoo quantize's record (empty: none)
+    source = made.get("source")
     return Variant(
         name=name,
         path=path,
@@ -222,7 +380,17 @@ def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -
         folder_epoch=_folder_epoch(folder),
         precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
         quantization=_quant_mode(quant),
+        flags=ExportFlags.from_metadata(meta),
+        quantized_from=Path(source) if isinstance(source, str) and source else None,
+        target_agreement=_float_or_none(made.get("target_agreement")),
+        calibration_stale="calibration" in meta
+        and meta["calibration"] != _folder_config(folder).get("calibration"),
     )
+
+
+def _float_or_none(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
 
 
 def _quant_mode(quant: Any) -> str | None:
@@ -236,12 +404,17 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _folder_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``config.json`` (empty: unreadable, for its own commands to report)."""
+    try:
+        return read_config(folder)
+    except ArtifactError:
+        return {}
+
+
 def _folder_epoch(folder: Path) -> int | None:
     """The epoch whose weights the folder holds (``config.json`` ``train.shipped_epoch``)."""
-    try:
-        train = read_config(folder).get("train")
-    except ArtifactError:
-        return None
+    train = _folder_config(folder).get("train")
     return _int_or_none(train.get("shipped_epoch")) if isinstance(train, dict) else None
 
 
@@ -262,7 +435,8 @@ def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:
     vdir = variants_dir(folder)
     if not vdir.is_dir():
         return found
-    for p in sorted(vdir.iterdir()):
+    # by variant name: batch4 before batch4-int8-static (by file name "-" sorts before ".")
+    for p in sorted(vdir.iterdir(), key=lambda p: (p.stem if p.is_file() else p.name, p.name)):
         if p.name.startswith("."):  # an atomic write in flight
             continue
         if p.is_file() and p.suffix == ".onnx":
@@ -302,7 +476,9 @@ def resolve_variant(folder: str | os.PathLike[str], name: str) -> Path:
 
 def find_variant(folder: str | os.PathLike[str], name: str) -> Variant:
     """The variant ``name`` of ``folder``: an exact name, or a prefix that names one variant
-    only (``int8`` for ``int8-static``).
+    only (``int8`` for ``int8-static``; a file made from another variant starts with that
+    variant's name, so ``int8`` never picks ``batch4-int8-static``, ``batch4`` names
+    ``batch4`` itself, and ``batch4-int8`` the int8 made from it).
 
     Raises:
         InputError: no variant, or several, answer to ``name`` (the message lists them and
@@ -330,13 +506,19 @@ def find_variant(folder: str | os.PathLike[str], name: str) -> Variant:
         if names
         else f"it has none ({variants_dir(folder)} is empty or absent)"
     )
-    raise InputError(f"{folder} has no variant {name!r}: {have}; {make}.")
+    made = "; ".join(  # a file made from a variant starts with its name (derived_variant_name)
+        f"{v.name} is made from {source}"
+        for v in variants
+        if (source := v.made_from_variant) and v.name.removeprefix(f"{source}-").startswith(name)
+    )
+    full = f" ({made}: give its full name)" if made else ""
+    raise InputError(f"{folder} has no variant {name!r}: {have}{full}; {make}.")
 
 
 def warn_if_stale(path: str | os.PathLike[str], meta: dict[str, Any]) -> Variant | None:
     """Log one warning (stderr) when the derived file ``path`` just loaded, with zoo metadata
-    ``meta``, sits in a model folder whose weights it does not hold. Once per file and
-    process (``zoo serve`` loads its model twice).
+    ``meta``, sits in a model folder whose weights (or calibration) it does not hold. Once per
+    file and process (``zoo serve`` loads its model twice).
 
     Returns:
         The stale :class:`Variant`, or None (fresh, or not in a model folder).
@@ -349,15 +531,12 @@ def warn_if_stale(path: str | os.PathLike[str], meta: dict[str, Any]) -> Variant
         sha = _weights_sha(folder)
     except ArtifactError:  # a broken folder is for its own commands to report
         return None
-    name = (
-        EXPORT_NAME
-        if path.parent == folder
-        else (path.stem if path.parent.name == VARIANTS_DIR else path.parent.name)
-    )
+    name = _name_in_folder(path, folder)
     v = _variant(name, path, "openvino" if path.suffix == ".xml" else "onnx", folder, sha)
     key = str(path.resolve())
-    if not v.stale or key in _warned:
-        return v if v.stale else None
+    off = not (v.stale or v.calibration_stale)
+    if off or key in _warned:
+        return None if off else v
     _warned.add(key)
     log.warning("%s", v.warning())
     return v
@@ -367,12 +546,15 @@ _warned: set[str] = set()
 
 __all__ = [
     "VARIANTS_DIR",
+    "ExportFlags",
     "Variant",
     "default_variant_path",
+    "derived_variant_name",
     "exports",
     "find_variant",
     "list_variants",
     "model_folder_of",
+    "quantized_variant_name",
     "resolve_variant",
     "run_spelling",
     "stale_exports",

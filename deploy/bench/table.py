@@ -19,7 +19,7 @@ from zoo.deploy.bench.harness import time_session
 from zoo.deploy.bench.options import BenchOptions
 from zoo.deploy.bench.report import FAILED, BenchReport, BenchRow, fastest_within
 from zoo.deploy.quantize.verdict import wilson
-from zoo.errors import BackendUnavailableError, InputError
+from zoo.errors import BackendUnavailableError, InputError, first_line
 from zoo.ref import ModelRef
 
 
@@ -127,7 +127,7 @@ class _Builder:
                     calib = str(sample_image_paths()[0].parent)
                 quantize(
                     QuantizeOptions(
-                        self.workdir / "fp32.onnx",
+                        self._onnx["fp32"],
                         self.workdir / "int8.onnx",
                         mode="static",
                         calib=calib,
@@ -297,7 +297,7 @@ def run_bench(options: BenchOptions) -> BenchReport:
                     except InputError:  # the user's input (calibration, data): not a row
                         raise
                     except Exception as exc:  # any backend may be unavailable here: say why
-                        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
+                        reason = f"{type(exc).__name__}: {first_line(exc, 500)}"
                         rows.append(BenchRow(backend, dev_name, bs, FAILED, reason, cold_ms))
                         continue
                     if backend == "eager":

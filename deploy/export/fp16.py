@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from zoo.errors import ExportError
+from zoo.errors import ExportError, first_line
 
 
 def to_fp16_file(path: Path, *, fp16_io: bool = False) -> dict[str, Any]:
@@ -44,5 +44,5 @@ def to_fp16_file(path: Path, *, fp16_io: bool = False) -> dict[str, Any]:
     return {
         "bytes_before": before,
         "bytes_after": path.stat().st_size,
-        "warnings": sorted({str(w.message).splitlines()[0][:200] for w in caught}),
+        "warnings": sorted({first_line(w.message, 200) for w in caught}),
     }

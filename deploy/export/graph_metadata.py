@@ -63,6 +63,7 @@ def export_metadata(
         "onnx_version": onnx.__version__,
         "source_weights_sha256": weights_sha,
         "source_epoch": _shipped_epoch(ref),
+        "quantization_aware": _quantization_aware(ref),
         "parity": parity_summary(result.parity),
     }
 
@@ -75,6 +76,18 @@ def _shipped_epoch(ref: ModelRef) -> int | None:
 
     epoch = read_config(ref.model_folder).get("train", {}).get("shipped_epoch")
     return int(epoch) if isinstance(epoch, int) else None
+
+
+def _quantization_aware(ref: ModelRef) -> bool:
+    """Whether a run or model folder's weights were trained through int8 rounding (``zoo
+    distill --qat``: its ``config.json``), so ``zoo quantize`` of the export keeps that
+    rounding wherever the file goes (:func:`zoo.deploy.quantize.options.qat_trained`)."""
+    if ref.kind not in ("run", "model-folder"):
+        return False
+    from zoo.artifact import read_config
+
+    train = read_config(ref.model_folder).get("train", {})
+    return bool(isinstance(train, dict) and train.get("quantization_aware"))
 
 
 def parity_summary(report: ParityReport | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from zoo.deploy.export.parity_report import compare
+from zoo.errors import first_line
 
 NOTE = (
     "TorchScript (trace/script) is deprecated upstream; torch.export is the path forward "
@@ -115,7 +116,7 @@ def _build(
         else:
             fn = _export_most_dynamic(model, example).module()
     msgs = [
-        f"{type(m.message).__name__}: {str(m.message).splitlines()[0][:200]}"
+        f"{type(m.message).__name__}: {first_line(m.message, 200)}"
         for m in w
         if "TracerWarning" in type(m.message).__name__ or "jit" in str(m.message).lower()
     ]
@@ -177,7 +178,7 @@ def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> JitRep
                 fn, r.warnings = _build(path, model, inputs[0])
                 r.built = True
             except Exception as exc:  # each path supports a different subset of Python
-                r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+                r.error = f"{type(exc).__name__}: {first_line(exc)}"
                 results.append(r)
                 continue
             for x in inputs:
@@ -187,7 +188,7 @@ def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> JitRep
                     d = compare(ref.numpy(), got.numpy())
                     r.checks.append(ShapeCheck(list(x.shape), d.max_abs, d.passed))
                 except Exception as exc:  # e.g. a guard or a baked shape rejects this input
-                    error = str(exc).strip().splitlines()[0][:200]
+                    error = first_line(exc, 200)
                     r.checks.append(ShapeCheck(list(x.shape), float("inf"), False, error))
             results.append(r)
     return JitReport(NOTE, [list(s) for s in input_shapes], tuple(results))

@@ -30,7 +30,7 @@ from zoo.deploy.export.parity import (
     other_sizes,
 )
 from zoo.deploy.export.result import ExportResult
-from zoo.errors import ChoiceError, ExportError, InputError, ParityError
+from zoo.errors import ChoiceError, ExportError, InputError, ParityError, first_line
 from zoo.factory import create_model, info_of
 from zoo.knn import rule_bank
 from zoo.metadata import ModelInfo
@@ -63,7 +63,7 @@ def _refuse_a_fixed_size(model: nn.Module, info: ModelInfo, name: str) -> None:
             with torch.inference_mode():
                 model(torch.zeros(1, c, hi, wi))
         except Exception as exc:  # the model's own error says which layer
-            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            first = first_line(exc, 200)
             both = " and ".join(f"{b}x{a}" for a, b in sizes)
             raise InputError(
                 f"{name} does not take {wi}x{hi} inputs ({first}), one of the two sizes "
@@ -143,7 +143,7 @@ def _onnx_once(
                 do_constant_folding=True,
             )
         caught = [
-            str(m.message).splitlines()[0][:200]
+            first_line(m.message, 200)
             for m in w
             if "legacy TorchScript-based ONNX export" not in str(m.message)
         ]
@@ -339,7 +339,7 @@ def export_onnx(
                     )  # fmt: skip
                     parity = replace(parity, knn=knn)
             except Exception as exc:  # exporter/check failures: record, maybe fall back
-                attempt["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
+                attempt["error"] = f"{type(exc).__name__}: {first_line(exc, 400)}"
                 continue
             attempt.update({"lint": lint, "parity_passed": parity.passed})
             chosen = (exp, lint, parity)

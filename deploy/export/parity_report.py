@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.export.gate_images import ImageSource
+from zoo.errors import first_line
 
 ATOL, RTOL, MIN_COSINE, MIN_AGREEMENT = 1e-4, 1e-3, 0.99999, 1.0
 
@@ -139,7 +140,7 @@ class DynamicCheck:
     ) -> DynamicCheck:
         inf = float("inf")
         diff = TensorDiff([], inf, inf, 0.0, False)
-        return cls(batch, size, diff, case=case, error=_first_line(exc))
+        return cls(batch, size, diff, case=case, error=first_line(exc))
 
     def to_dict(self) -> dict[str, Any]:
         extra = {k: v for k, v in (("case", self.case), ("error", self.error)) if v is not None}
@@ -243,10 +244,6 @@ class ParityReport:
     def describe_images(self) -> str:
         """The real images the gate used, in words."""
         return "; ".join(i.description for i in self.images)
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 def prediction_check(

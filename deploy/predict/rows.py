@@ -12,6 +12,7 @@ from PIL import Image
 
 from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.predict.scoring import Scorer
+from zoo.deploy.runtimes.decisions import SEPARATOR
 from zoo.images import open_image
 
 Decoded = tuple[str, np.ndarray | None, str | None]  # path, array or None, reason or None
@@ -37,7 +38,7 @@ def _row(
     for i, t in enumerate(top, 1):
         row.update({f"label_{i}": t.label, f"index_{i}": t.index, f"score_{i}": t.score})
     if scorer.multi_label:
-        row["labels"] = ";".join(scorer.decided(scores))
+        row["labels"] = SEPARATOR.join(scorer.decided(scores) or ())
     if verdict is not None:  # the columns of store.columns(judged=True)
         row["label"] = top[0].label if verdict.accepted else UNKNOWN_LABEL
         row["accepted"] = verdict.accepted

@@ -18,6 +18,7 @@ from PIL import Image
 
 from zoo.calibration import UNKNOWN_LABEL, Rejection, Verdict
 from zoo.deploy.runtimes.classifier import Assessed, judge_logits
+from zoo.deploy.runtimes.decisions import Decisions, decision_rule
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
@@ -39,12 +40,14 @@ class ClassScore:
 
 @dataclass(frozen=True)
 class Prediction:
-    """An image's top-k classes, best first (what :func:`predict` gives for each image), and
-    the model's rejection rule's verdict on it (None: no rule, or ``reject=False``)."""
+    """An image's top-k classes, best first (what :func:`predict` gives for each image), the
+    model's rejection rule's verdict on it (None: no rule, or ``reject=False``) and a
+    multi-label model's decided classes (:meth:`Scorer.decided`; None: single-label)."""
 
     image: str
     top: tuple[ClassScore, ...]
     verdict: Verdict | None = None
+    labels: tuple[str, ...] | None = None  # a multi-label model's decided classes
 
     @property
     def label(self) -> str:
@@ -56,8 +59,11 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """``zoo predict --json``'s shape: ``{"image", "top": [{"label", "index", "score"}]}``;
         with a rule also ``label`` (the answer), ``accepted``, ``score``, ``score_kind`` and
-        ``threshold`` (:meth:`zoo.calibration.Verdict.to_dict`)."""
+        ``threshold`` (:meth:`zoo.calibration.Verdict.to_dict`); a multi-label model's
+        ``labels``, the classes at or over their thresholds."""
         d: dict[str, Any] = {"image": self.image, "top": [t.to_dict() for t in self.top]}
+        if self.labels is not None:
+            d["labels"] = list(self.labels)
         if self.verdict is not None:
             d.update(label=self.label, **self.verdict.to_dict())
         return d
@@ -70,7 +76,8 @@ class Prediction:
             best = self.top[0]
             why = f"{v.reason()}; best class: {best.label} {best.score:.4f}"
             return [f"{self.image}:", f"  {UNKNOWN_LABEL}  ({why})"]
-        return [f"{self.image}:", *(f"  {t.score:.4f}  {t.label}" for t in self.top)]
+        decided = [] if self.labels is None else [f"  labels: {', '.join(self.labels) or '(none)'}"]
+        return [f"{self.image}:", *(f"  {t.score:.4f}  {t.label}" for t in self.top), *decided]
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class Scorer:
         labels: class names (may be empty: an index then names its class).
         num_classes: the width of ``score``'s output.
         multi_label: independent per-class scores.
-        thresholds: multi-label decision threshold per class (None: 0.5 for every class).
+        decisions: a multi-label model's per-class decision rule (None: single-label).
         identity: what names this model for a resumed job (reference, and for a file its
             size and modification time).
         embed: like ``score`` but also returns each sample's penultimate features, ``(N, D)``
@@ -104,7 +111,7 @@ class Scorer:
     labels: tuple[str, ...]
     num_classes: int
     multi_label: bool = False
-    thresholds: tuple[float, ...] | None = None
+    decisions: Decisions | None = None
     identity: dict[str, Any] = field(default_factory=dict)
     embed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
     pre: Preprocessing | None = None
@@ -146,10 +153,10 @@ class Scorer:
             for i in np.argsort(-row, kind="stable")[:k]
         )
 
-    def decided(self, row: np.ndarray) -> list[str]:
-        """Multi-label: the classes whose score reaches their threshold, in class order."""
-        cut = np.asarray(self.thresholds) if self.thresholds else np.full(len(row), 0.5)
-        return [self.label(int(i)) for i in np.flatnonzero(row >= cut)]
+    def decided(self, row: np.ndarray) -> tuple[str, ...] | None:
+        """Multi-label: the classes whose score reaches their threshold, in class order (None:
+        a single-label model)."""
+        return None if self.decisions is None else tuple(self.decisions.labels(row[None])[0])
 
 
 def _identity(ref: ModelRef, device: str) -> dict[str, Any]:
@@ -204,14 +211,11 @@ def load_scorer(
     scorer = _load(ModelRef.parse(model), device, embeddings, threads, spin)
     if not reject:
         scorer = replace(scorer, rule=None)
-    if scorer.pixels_in and (tta != "none" or embeddings):
+    if scorer.pixels_in and tta != "none":
         raise InputError(
             f"{model} preprocesses images inside its graph (exported with "
-            "--embed-preprocessing), so zoo cannot "
-            + ("crop test-time views for it: drop --tta" if tta != "none" else "")
-            + (" or " if tta != "none" and embeddings else "")
-            + ("read its embeddings yet: drop --embeddings" if embeddings else "")
-            + ", or use the export made without --embed-preprocessing."
+            "--embed-preprocessing), so zoo cannot crop test-time views for it: drop --tta, "
+            "or use the export made without --embed-preprocessing."
         )
     if tta == "none":
         return scorer
@@ -252,7 +256,7 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
             labels=tuple(clf.classes),
             num_classes=clf.num_classes,
             multi_label=clf.multi_label,
-            thresholds=clf.thresholds,
+            decisions=clf.decisions,
             identity=_identity(ref, device),
             embed=clf.score_with_features if embeddings else None,
             pre=clf.pre,
@@ -303,7 +307,17 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
         labels=tuple(info.label_names or ()),
         num_classes=info.num_classes,
         multi_label=info.multi_label,
-        thresholds=info.thresholds,
+        decisions=(
+            decision_rule(
+                list(info.thresholds or ()),
+                tuple(info.label_names or ()),
+                info.num_classes,
+                where=f"{ref}: config.json's thresholds",
+                fix="fine-tune it again, or remove them (0.5 for every class)",
+            )
+            if info.multi_label
+            else None
+        ),
         identity=_identity(ref, str(dev)),
         embed=torch_embed if embeddings else None,
         pre=info.preprocessing(),
@@ -349,6 +363,6 @@ def predict(
     x = scorer.batch([scorer.prepare(open_image(p)) for p in images])
     a = scorer.scored(x)
     return [
-        Prediction(img, scorer.top(row, k), v)
+        Prediction(img, scorer.top(row, k), v, scorer.decided(row))
         for img, row, v in zip(images, a.probs, scorer.verdicts(a), strict=True)
     ]

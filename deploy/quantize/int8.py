@@ -48,6 +48,7 @@ from zoo.deploy.quantize.verdict import (
     does_not_pay,
     op_counts,
 )
+from zoo.deploy.runtimes.classifier import padded_chunks
 from zoo.deploy.runtimes.loader import make_session, static_batch_of
 from zoo.errors import InputError
 from zoo.images import open_image
@@ -154,7 +155,7 @@ def quantize(
             sess_in = session.get_inputs()[0].name
             fixed = static_batch_of(session)
             if fixed is not None and fixed > 1:  # --static-batch N: calibrated N at a time
-                batches = _in_batches_of(np.concatenate(batches), fixed)
+                batches = padded_chunks(np.concatenate(batches), fixed)
             if engine == "nncf":
                 from zoo.deploy.quantize.nncf_engine import nncf_quantize
 
@@ -252,16 +253,6 @@ def _seconds_per_image(model: Path, x: np.ndarray, threads: int | None) -> float
         session.run(None, {name: x})
         times.append(time.perf_counter() - t0)
     return sorted(times)[2] / len(x)
-
-
-def _in_batches_of(x: np.ndarray, n: int) -> list[np.ndarray]:
-    """``x`` in batches of exactly ``n`` samples, the last padded with copies of its last
-    sample, as :func:`~zoo.deploy.runtimes.classifier.run_padded` feeds a fixed-batch graph
-    (a padded copy weighs that image a little more in the calibration's ranges)."""
-    pad = -len(x) % n
-    if pad:
-        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-    return list(x.reshape(-1, n, *x.shape[1:]))
 
 
 def _measure(

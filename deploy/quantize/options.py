@@ -63,10 +63,18 @@ def resolve_engine(
 
 
 def qat_trained(model: Path) -> bool:
-    """Whether ``model`` belongs to a quantization-aware run (``zoo distill --qat``, said by
-    the run's ``config.json``)."""
+    """Whether ``model`` holds weights trained through int8 rounding (``zoo distill --qat``):
+    said by its own metadata (``quantization_aware``, wherever the file was copied), and for
+    a file exported before zoo wrote that, by the run it sits in (its ``config.json``)."""
+    from zoo.onnx_meta import read_metadata
     from zoo.run_images import find_run
 
+    try:
+        said = read_metadata(model).get("quantization_aware")
+    except (InputError, ValueError):  # not readable here: the quantizer reports it
+        said = None
+    if isinstance(said, bool):
+        return said
     run = find_run(model)
     if run is None:
         return False
@@ -78,18 +86,25 @@ def qat_trained(model: Path) -> bool:
 
 
 def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:
-    """The one naming rule of a quantized file: ``int8-dynamic``, ``int8-static`` (onnxruntime)
-    or ``int8-nncf``."""
-    return "int8-nncf" if mode == "static" and engine == "nncf" else f"int8-{mode}"
+    """The one naming rule of a quantized file (:func:`zoo.variants.quantized_variant_name`):
+    ``int8-dynamic``, ``int8-static`` (onnxruntime) or ``int8-nncf``."""
+    from zoo.variants import quantized_variant_name
+
+    return quantized_variant_name("nncf" if mode == "static" and engine == "nncf" else mode)
 
 
 def default_output(model: Path, mode: QuantMode, engine: QuantEngine = "ort") -> Path:
     """``FOLDER/variants/NAME.onnx`` for a model in a model folder (a run's ``model/``), which
-    stays readable; else ``NAME`` beside the input (``m.onnx`` → ``m.int8-static.onnx``)."""
-    from zoo.variants import default_variant_path
+    stays readable, named after its source when that is a variant
+    (:func:`zoo.variants.derived_variant_name`: ``variants/batch4.onnx`` →
+    ``variants/batch4-int8-static.onnx``, leaving the ``int8-static`` of ``model.onnx`` alone);
+    else ``NAME`` beside the input (``m.onnx`` → ``m.int8-static.onnx``)."""
+    from zoo.variants import default_variant_path, derived_variant_name
 
     name = variant_name(mode, engine)
-    return default_variant_path(model, name) or model.with_name(f"{model.stem}.{name}.onnx")
+    return default_variant_path(model, derived_variant_name(model, name)) or model.with_name(
+        f"{model.stem}.{name}.onnx"
+    )
 
 
 def default_calibration(
@@ -136,7 +151,8 @@ class QuantizeOptions:
         model: an fp32 ``.onnx`` file exported by zoo (its metadata gives preprocessing and
             class names).
         output: the int8 ``.onnx`` file to write; default :func:`default_output` (a run's
-            ``model/variants/int8-static.onnx``, or beside the input).
+            ``model/variants/int8-static.onnx``, ``variants/SOURCE-int8-static.onnx`` from
+            the variant ``SOURCE``, or beside the input).
         mode: ``dynamic`` (weights only) or ``static`` (QDQ, activations calibrated).
         calib: static: a folder of representative real images; default: the training split
             of the run ``model`` belongs to (required for any other model).

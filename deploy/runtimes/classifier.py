@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from zoo.calibration import Calibration, Rejection
+from zoo.deploy.runtimes.decisions import Decisions, decisions_of
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.onnx_meta import read_calibration, read_preprocessing
@@ -21,11 +22,20 @@ from zoo.preprocess import preprocess, scores
 from zoo.variants import warn_if_stale
 
 
-def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
-    """Run ``x`` in chunks of exactly ``batch`` samples, for graphs with a fixed batch.
+def padded_chunks(x: np.ndarray, batch: int) -> list[np.ndarray]:
+    """``x`` in chunks of exactly ``batch`` samples, what a graph with a fixed batch takes: the
+    last padded with copies of the last sample (real values, never zeros that a model may not
+    expect; ``zoo quantize`` calibrates on these too, a padded copy weighing that image a
+    little more)."""
+    pad = -len(x) % batch
+    if pad:
+        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+    return list(x.reshape(-1, batch, *x.shape[1:]))
 
-    The last chunk is padded with copies of its last sample (real values, never zeros that a
-    model may not expect) and the padding's outputs are dropped.
+
+def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: int) -> np.ndarray:
+    """Run ``x`` in chunks of exactly ``batch`` samples (:func:`padded_chunks`), for graphs
+    with a fixed batch; the padding's outputs are dropped.
 
     Args:
         run: one call of the graph on exactly ``batch`` samples.
@@ -37,14 +47,7 @@ def run_padded(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, batch: in
     """
     if len(x) == batch:
         return run(x)
-    outs = []
-    for i in range(0, len(x), batch):
-        chunk = x[i : i + batch]
-        n = len(chunk)
-        if n < batch:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, axis=0)])
-        outs.append(run(chunk)[:n])
-    return np.concatenate(outs)
+    return np.concatenate([run(chunk) for chunk in padded_chunks(x, batch)])[: len(x)]
 
 
 @dataclass
@@ -123,6 +126,8 @@ class Classifier:
         self.static_batch = dim if isinstance(dim, int) and dim > 0 else None
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.multi_label = bool(self.meta.get("multi_label", False))
+        # a multi-label model's per-class thresholds, checked at load (never a 500 per request)
+        self.decisions: Decisions | None = decisions_of(self)
         self.calibration = read_calibration(self.meta, self.path)  # temperature, reject rule
         # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
         self.embedded = self.input_type == "tensor(uint8)"
@@ -135,12 +140,6 @@ class Classifier:
         return self.width if self.width is not None else len(self.classes)
 
     @property
-    def thresholds(self) -> tuple[float, ...] | None:
-        """Multi-label decision threshold per class, from the metadata (None: 0.5 for all)."""
-        found = self.meta.get("thresholds")
-        return tuple(found) if found else None
-
-    @property
     def rule(self) -> Rejection | None:
         """The rejection rule in the metadata (None: none stored; a multi-label model has none)."""
         cal = self.calibration
@@ -149,15 +148,28 @@ class Classifier:
     def _run_once(self, batch: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def run_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run_with_features(
+        self, batch: np.ndarray | list[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Logits and penultimate features (``(N, D)`` float32) in one pass (ONNX Runtime
         only, see :class:`zoo.deploy.runtimes.loader.OnnxClassifier`).
 
         Raises:
             InputError: this runtime cannot read a model's features.
         """
-        outputs, feats = self._outputs_with_features(batch)
+        outputs, feats = self._with_features(batch)
         return self.split(outputs)[0], feats
+
+    def _with_features(self, batch: np.ndarray | list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_outputs_with_features` of prepared samples: for a graph with embedded
+        preprocessing, pixel arrays that may differ in size (one call per size, as
+        :meth:`run_each`)."""
+        if isinstance(batch, np.ndarray):
+            return self._outputs_with_features(batch)
+        if len({x.shape for x in batch}) == 1:
+            return self._outputs_with_features(np.stack(batch))
+        parts = [self._outputs_with_features(x[None]) for x in batch]
+        return np.concatenate([o for o, _ in parts]), np.concatenate([f for _, f in parts])
 
     def _outputs_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(
@@ -230,7 +242,7 @@ class Classifier:
         """
         if not features:
             return self.judge(self._outputs(batch))
-        outputs, feats = self._outputs_with_features(np.asarray(batch))
+        outputs, feats = self._with_features(batch)
         judged = self.judge(outputs)
         return Assessed(judged.probs, judged.rule_scores, feats)
 

@@ -38,10 +38,15 @@ def make_session(
     ms of CPU per image request)."""
     import onnxruntime as ort
 
+    available = ort.get_available_providers()
+    if device == "auto":  # CUDA where both this onnxruntime and the machine have it
+        from zoo.device import pick_device
+
+        cuda = PROVIDERS["cuda"] in available and pick_device("auto").type == "cuda"
+        device = "cuda" if cuda else "cpu"
     provider = PROVIDERS.get(device.split(":")[0])
     if provider is None:
-        raise InputError(f"Unknown device {device!r}: use cpu or cuda.")
-    available = ort.get_available_providers()
+        raise InputError(f"Unknown device {device!r}: use cpu, cuda or auto.")
     if provider not in available:
         raise BackendUnavailableError(
             f"{provider} is not available in this onnxruntime ({', '.join(available)}). "
@@ -109,20 +114,22 @@ class OnnxClassifier(Classifier):
 
     def _outputs_with_features(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`outputs` and penultimate features (``(N, D)`` float32) in one pass; needs
-        ``embeddings=True``."""
+        ``embeddings=True``. Like :meth:`_run_once`: float16 in for an ``--fp16-io`` graph,
+        and everything back as float32 (an fp16 graph's features are float16 inside it)."""
         if self.feature_name is None:
             raise ValueError("OnnxClassifier(embeddings=True) is needed for features.")
         names = [*self._names, self.feature_name]
         width = 0
 
-        def both(x: np.ndarray) -> np.ndarray:  # one array, so run_padded chunks it as usual
+        def both(chunk: np.ndarray) -> np.ndarray:  # one array: run_padded chunks it as usual
             nonlocal width
+            x = chunk.astype(np.float16) if self.half_io else chunk
             *outs, feats = self.session.run(names, {self.input.name: x})
             logits = np.concatenate(
-                [outs[0], *(o.reshape(-1, 1).astype(outs[0].dtype) for o in outs[1:])], axis=1
+                [np.asarray(o, np.float32).reshape(len(o), -1) for o in outs], axis=1
             )
             width = logits.shape[1]
-            return np.concatenate([logits, flat(feats).astype(logits.dtype)], axis=1)
+            return np.concatenate([logits, flat(feats)], axis=1)
 
         out = (
             both(batch) if self.static_batch is None else run_padded(both, batch, self.static_batch)

@@ -22,7 +22,6 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from zoo.artifact import zoo_version
-from zoo.calibration import UNKNOWN_LABEL
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.auth import ApiKeys, Verdict, refusal_message
 from zoo.deploy.serve.config import ServeConfig
@@ -234,11 +233,12 @@ class HttpApi:
                 data = await read_upload(request, limit)
             else:
                 data = await read_body(request, limit)
-            predictions, verdict = await model.predict_image(model.name, data, k)
-            body: dict[str, Any] = {"model_name": model.name, "predictions": predictions}
-            if verdict is not None:  # the answer: the best class, or unknown, and why
-                label = predictions[0]["label"] if verdict.accepted else UNKNOWN_LABEL
-                body.update(label=label, **verdict.to_dict())
+            answer = await model.predict_image(model.name, data, k)
+            body: dict[str, Any] = {"model_name": model.name, "predictions": answer.top}
+            if answer.labels is not None:  # multi-label: every class over its threshold
+                body["labels"] = answer.labels
+            if answer.verdict is not None:  # the answer: the best class, or unknown, and why
+                body.update(label=answer.label, **answer.verdict.to_dict())
             return Response(msgspec.json.encode(body), media_type="application/json")
 
         return await self._guard(request, "predict", go)

@@ -240,7 +240,9 @@ def option_defaults() -> dict[str, Any]:
 
 def load_served(cfg: ModelConfig) -> Classifier:
     """The classifier of one served model, as the server runs it: no spinning threads (the
-    same cores decode and answer HTTP).
+    same cores decode and answer HTTP). A model whose decisions could not be given (a
+    multi-label model's thresholds, :func:`zoo.deploy.runtimes.decisions.decisions_of`) is
+    refused here, before the server serves.
 
     Raises:
         Everything :func:`zoo.deploy.runtimes.loader.load_classifier` raises.

@@ -146,10 +146,26 @@ def upload_field(body: bytes, boundary: bytes, name: bytes = b"file") -> bytes:
 class TensorSpec:
     """What a v2 request's tensor may be, one sample's shape without the batch: ``dims`` as
     requests may send it (None: any size, the height and width of a ``--dynamic-size`` graph)
-    and ``export``, the shape the graph was exported, proven and warmed up at."""
+    and ``export``, the shape the graph was exported, proven and warmed up at; ``resizes``:
+    the graph resizes what it takes itself (decoded pixels, ``--embed-preprocessing``), so
+    each sample is one sample of the export size whatever its own."""
 
     dims: tuple[int | None, ...]
     export: tuple[int, ...]
+    resizes: bool = False
+
+    @classmethod
+    def of(cls, clf: Classifier) -> TensorSpec:
+        """The tensor ``clf``'s graph takes (pixels of any size for one that preprocesses
+        itself, warmed up at its crop size)."""
+        if clf.embedded:
+            crop, channels = clf.pre.crop_size, clf.pre.channels
+            return cls((None, None, channels), (crop, crop, channels), resizes=True)
+        shape = clf.input_shape
+        sample = [
+            d if isinstance(d, int) else clf.pre.input_size[i - 1] for i, d in enumerate(shape)
+        ]
+        return cls(tuple(d if isinstance(d, int) else None for d in shape[1:]), tuple(sample[1:]))
 
     @property
     def free(self) -> bool:
@@ -160,7 +176,7 @@ class TensorSpec:
         """``x``'s work in samples at the export size, what ``--max-batch`` counts: a sample
         with n times the export size's values counts n times, a smaller one once (it still
         takes a slot of the batch)."""
-        if not self.free:
+        if self.resizes or not self.free:
             return float(len(x))
         return len(x) * max(1.0, x[0].size / math.prod(self.export))
 

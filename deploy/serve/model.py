@@ -11,10 +11,13 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
 from zoo.calibration import UNKNOWN_LABEL, Verdict
+from zoo.deploy.runtimes.classifier import Assessed, Prediction
+from zoo.deploy.runtimes.decisions import Decisions
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ModelConfig, ServeConfig, load_served
@@ -22,6 +25,7 @@ from zoo.deploy.serve.inputs import TensorSpec, check_tensor
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.protocol import (
     ACCEPTED_OUTPUT,
+    LABELS_OUTPUT,
     SCORE_OUTPUT,
     InferRequest,
     ModelMetadata,
@@ -31,11 +35,41 @@ from zoo.deploy.serve.protocol import (
     classification,
     triton_config,
 )
-from zoo.errors import InputError, ModelNotReadyError, ModelNotServedError, ServerBusyError
+from zoo.errors import (
+    InputError,
+    ModelNotReadyError,
+    ModelNotServedError,
+    ServerBusyError,
+    first_line,
+)
 from zoo.images import open_image
-from zoo.tracking import first_line
 
 log = logging.getLogger("zoo.serve")
+
+
+@dataclass(frozen=True)
+class ImageAnswer:
+    """What ``/predict`` answers for one image (:meth:`ModelServer.predict_image`).
+
+    Attributes:
+        top: the ``k`` best classes, best first (softmax scores, or each class's sigmoid for
+            a multi-label model).
+        verdict: the model's rejection rule's verdict (None: the model has no rule).
+        labels: a multi-label model's decided classes, in class order: each class whose score
+            reaches its threshold, whatever ``k`` (None: a single-label model).
+    """
+
+    top: list[Prediction]
+    verdict: Verdict | None = None
+    labels: list[str] | None = None
+
+    @property
+    def label(self) -> str:
+        """The answer of a model with a rejection rule: the best class, or
+        :data:`zoo.calibration.UNKNOWN_LABEL` when the rule rejects the image."""
+        if self.verdict is not None and not self.verdict.accepted:
+            return UNKNOWN_LABEL
+        return self.top[0].label
 
 
 class ModelServer:
@@ -60,6 +94,8 @@ class ModelServer:
         tensor: one sample's shape as requests may send it and as the graph was exported
             (and is warmed up) at; height and width free for a ``zoo export --dynamic-size``
             graph.
+        decisions: a multi-label model's per-class thresholds, once ready (None: a
+            single-label model).
     """
 
     def __init__(
@@ -76,6 +112,7 @@ class ModelServer:
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
         self.tensor = TensorSpec((), ())
+        self.decisions: Decisions | None = None
         self._loaded = clf
         # its own decoding threads (as many as asyncio's default pool): another model's
         # flood of uploads never queues ahead of this model's
@@ -89,20 +126,9 @@ class ModelServer:
         batch (in a thread)."""
         try:
             clf = self._loaded or load_served(self.cfg)
-            shape = clf.input_shape
-            if clf.embedded:  # pixels of any size: warmed up at the crop size
-                crop = clf.pre.crop_size
-                self.tensor = TensorSpec(
-                    (None, None, clf.pre.channels), (crop, crop, clf.pre.channels)
-                )
-            else:
-                sample = [
-                    d if isinstance(d, int) else clf.pre.input_size[i - 1]
-                    for i, d in enumerate(shape)
-                ][1:]
-                dims = tuple(d if isinstance(d, int) else None for d in shape[1:])
-                self.tensor = TensorSpec(dims, tuple(sample))
+            self.tensor = TensorSpec.of(clf)
             dtype = np.uint8 if clf.embedded else np.float32
+            self.decisions = clf.decisions
             for b in sorted({1, self.cfg.max_batch}):
                 clf.run(np.zeros((b, *self.tensor.export), dtype))
             self.clf = clf
@@ -128,9 +154,8 @@ class ModelServer:
             log.error("model %r failed to load: %s", self.name, self.load_error)
 
     def _cost(self, x: np.ndarray) -> float:
-        """A request's work in samples of the export size (pixels a graph that preprocesses
-        itself takes are resized in it: a sample each)."""
-        return float(len(x)) if self.clf is None or self.clf.embedded else self.tensor.cost(x)
+        """A request's work in samples of the export size (:meth:`TensorSpec.cost`)."""
+        return self.tensor.cost(x)
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         assert self.clf is not None
@@ -180,7 +205,7 @@ class ModelServer:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
         """
         clf = self.check_model(name)
-        rule = clf.rule
+        rule, decisions = clf.rule, self.decisions
         extra = (
             [
                 TensorMetadata(ACCEPTED_OUTPUT, "BOOL", [-1]),
@@ -189,6 +214,8 @@ class ModelServer:
             if rule
             else []
         )
+        if decisions is not None:
+            extra.append(TensorMetadata(LABELS_OUTPUT, "BYTES", [-1]))
         return ModelMetadata(
             name=self.name,
             versions=["1"],
@@ -206,6 +233,8 @@ class ModelServer:
                 "static_batch": clf.static_batch,
                 "multi_label": clf.multi_label,
                 "classes": clf.classes,
+                # a multi-label model: each class's threshold, as its labels output applies them
+                **({"thresholds": list(decisions.thresholds)} if decisions is not None else {}),
                 "preprocessing": clf.pre.to_dict(),
                 **(
                     {"rejection": {**rule.to_dict(), "unknown_label": UNKNOWN_LABEL}}
@@ -265,8 +294,8 @@ class ModelServer:
 
     async def infer(self, name: str, req: InferRequest) -> list[tuple[OutputSpec, np.ndarray]]:
         """A v2 inference request's outputs (the tensor, or its top-k classification); for a
-        model with a rejection rule also :data:`ACCEPTED_OUTPUT` and :data:`SCORE_OUTPUT`
-        (by default, or when asked for by name).
+        model with a rejection rule also :data:`ACCEPTED_OUTPUT` and :data:`SCORE_OUTPUT`, for
+        a multi-label model :data:`LABELS_OUTPUT` (by default, or when asked for by name).
 
         Raises:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
@@ -281,8 +310,12 @@ class ModelServer:
             max_batch=self.cfg.max_batch,
             max_image_pixels=self.cfg.max_image_pixels,
         )
-        rule = clf.rule
-        names = [clf.output_name, *((ACCEPTED_OUTPUT, SCORE_OUTPUT) if rule else ())]
+        rule, decisions = clf.rule, self.decisions
+        names = [
+            clf.output_name,
+            *((ACCEPTED_OUTPUT, SCORE_OUTPUT) if rule else ()),
+            *((LABELS_OUTPUT,) if decisions is not None else ()),
+        ]
         specs = req.outputs or [OutputSpec(n, binary=req.binary_default) for n in names]
         for spec in specs:  # before the model runs: a wrong name costs no inference
             if spec.name not in names:
@@ -296,28 +329,30 @@ class ModelServer:
                     f"{clf.output_name!r}"
                 )
         y = await self._run_any_size(clf, x)
-        rule_scores = clf.judge(y).rule_scores if rule else None  # no softmax without a rule
-        return [(spec, self._output(clf, spec, y, rule_scores)) for spec in specs]
+        # the rule's scores, or the sigmoids a multi-label model decides on (as zoo predict)
+        judged = clf.judge(y) if rule or decisions is not None else None
+        return [(spec, self._output(clf, spec, y, judged)) for spec in specs]
 
-    @staticmethod
     def _output(
-        clf: Classifier, spec: OutputSpec, y: np.ndarray, rule_scores: np.ndarray | None
+        self, clf: Classifier, spec: OutputSpec, y: np.ndarray, judged: Assessed | None
     ) -> np.ndarray:
-        if spec.name == ACCEPTED_OUTPUT and rule_scores is not None and clf.rule is not None:
-            return rule_scores >= clf.rule.threshold
-        if spec.name == SCORE_OUTPUT and rule_scores is not None:
-            return rule_scores.astype(np.float32)
+        if judged is not None:
+            scores, rule = judged.rule_scores, clf.rule
+            if spec.name == ACCEPTED_OUTPUT and scores is not None and rule is not None:
+                return scores >= rule.threshold
+            if spec.name == SCORE_OUTPUT and scores is not None:
+                return scores.astype(np.float32)
+            if spec.name == LABELS_OUTPUT and self.decisions is not None:
+                return self.decisions.joined(judged.probs)
         logits = clf.split(y)[0]
         if spec.classification:
             return classification(logits, spec.classification, clf.classes)
         return logits.astype(np.float32)
 
-    async def predict_image(
-        self, name: str, data: bytes, k: int
-    ) -> tuple[list[dict[str, object]], Verdict | None]:
+    async def predict_image(self, name: str, data: bytes, k: int) -> ImageAnswer:
         """The top ``k`` labels of an encoded image (decoded off the event loop, in this
-        model's own threads, once the queue has room), and the model's rejection rule's
-        verdict on it (None: the model has no rule).
+        model's own threads, once the queue has room), the model's rejection rule's verdict
+        on it, and a multi-label model's decided classes.
 
         Raises:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
@@ -339,20 +374,20 @@ class ModelServer:
         probs = judged.probs[0]
         top = np.argsort(-probs, kind="stable")[:k]  # every class when k is larger
         labels = clf.classes
-        rule = clf.rule
+        rule, decisions = clf.rule, self.decisions
         verdict = (
             rule.verdict(judged.rule_scores[0])
             if rule is not None and judged.rule_scores is not None
             else None
         )
-        return [
-            {
-                "label": labels[i] if i < len(labels) else str(i),
-                "index": int(i),
-                "score": float(probs[i]),
-            }
-            for i in top
-        ], verdict
+        return ImageAnswer(
+            [
+                Prediction(labels[i] if i < len(labels) else str(i), int(i), float(probs[i]))
+                for i in top
+            ],
+            verdict,
+            decisions.labels(judged.probs)[0] if decisions is not None else None,
+        )
 
     def _image_tensor(self, clf: Classifier, data: bytes) -> np.ndarray:
         """(1, C, H, W): the upload decoded and preprocessed (in one worker-thread hop); for a

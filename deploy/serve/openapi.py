@@ -97,6 +97,13 @@ def openapi_document(
         score_kind={"type": "string", "enum": list(SCORE_KINDS)},
         threshold={"type": "number", "description": "images scoring below it are rejected"},
     )
+    # a multi-label model (zoo finetune --multi-label) adds its decided classes
+    components["PredictResponse"]["properties"]["labels"] = {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "multi-label: every class whose score reaches its threshold (the "
+        "metadata's parameters.thresholds), in class order",
+    }
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     name = {
         "name": "name",
@@ -127,7 +134,8 @@ def openapi_document(
             "200": {
                 "description": "the outputs (binary ones after the JSON header); a model "
                 "with a rejection rule adds 'accepted' (BOOL [N]) and 'score' (FP32 [N]) after "
-                "the logits, declared in its metadata",
+                "the logits, a multi-label model 'labels' (BYTES [N]: the classes over their "
+                "thresholds, joined by ';'), declared in its metadata",
                 "content": {
                     "application/json": {"schema": {"$ref": _REF.format(name="InferenceResponse")}},
                     "application/octet-stream": {"schema": _BINARY},

@@ -27,6 +27,10 @@ answers ``unknown`` for (declared in the model metadata; the logits come first a
 SCORE_OUTPUT = "score"
 """And this one: FP32 ``[N]``, each image's score of the rule (``parameters.rejection`` in the
 model metadata names its kind and threshold)."""
+LABELS_OUTPUT = "labels"
+"""A multi-label model adds this output: BYTES ``[N]``, each image's decided classes (its score
+at or over the class's threshold, ``parameters.thresholds`` in the model metadata) joined by
+``;`` in class order, empty for none: the ``labels`` column of ``zoo predict --out``."""
 MAX_RANK = 8  # dimensions of a tensor; also the deepest nesting of its JSON ``data``
 MAX_ELEMENTS = 1 << 28  # default cap on one tensor's element count (the server uses its body limit)
 DTYPES: dict[str, Any] = {
@@ -135,14 +139,16 @@ class ModelMetadata(msgspec.Struct):
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
-    parameters: dict[str, Any]  # zoo's extras: max_batch, static_batch, classes, preprocessing
+    # zoo's extras: max_batch, static_batch, multi_label, classes, a multi-label model's
+    # thresholds, preprocessing, a rejection rule
+    parameters: dict[str, Any]
 
 
 class TritonTensorConfig(msgspec.Struct, omit_defaults=True):
     """One input or output of :class:`TritonConfig`."""
 
     name: str
-    data_type: str  # Triton's names: TYPE_FP32, TYPE_UINT8, TYPE_BOOL
+    data_type: str  # Triton's names: TYPE_FP32, TYPE_UINT8, TYPE_BOOL, TYPE_STRING (BYTES)
     dims: list[int]  # without the batch dimension; -1 for a dynamic one
     format: str = ""  # inputs: FORMAT_NCHW, FORMAT_NHWC or FORMAT_NONE
 
@@ -163,9 +169,10 @@ class TritonConfig(msgspec.Struct):
 
 def triton_config(meta: ModelMetadata, max_batch: int) -> TritonConfig:
     """``meta`` in Triton's configuration form: the batch axis left out of the dims (every
-    served model takes one), datatypes with Triton's ``TYPE_`` names, and the input's layout:
-    uint8 pixels ``[N, H, W, C]`` (a graph that preprocesses itself) FORMAT_NHWC, a float
-    image tensor ``[N, C, H, W]`` FORMAT_NCHW, anything else FORMAT_NONE."""
+    served model takes one), datatypes with Triton's ``TYPE_`` names (BYTES is its
+    ``TYPE_STRING``), and the input's layout: uint8 pixels ``[N, H, W, C]`` (a graph that
+    preprocesses itself) FORMAT_NHWC, a float image tensor ``[N, C, H, W]`` FORMAT_NCHW,
+    anything else FORMAT_NONE."""
 
     def layout(t: TensorMetadata) -> str:
         if len(t.shape) != 4:
@@ -173,7 +180,8 @@ def triton_config(meta: ModelMetadata, max_batch: int) -> TritonConfig:
         return "FORMAT_NHWC" if t.datatype == "UINT8" else "FORMAT_NCHW"
 
     def tensor(t: TensorMetadata, fmt: str = "") -> TritonTensorConfig:
-        return TritonTensorConfig(t.name, f"TYPE_{t.datatype}", t.shape[1:], fmt)
+        kind = "STRING" if t.datatype == "BYTES" else t.datatype  # Triton's name for BYTES
+        return TritonTensorConfig(t.name, f"TYPE_{kind}", t.shape[1:], fmt)
 
     return TritonConfig(
         name=meta.name,

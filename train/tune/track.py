@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo import tracking
-from zoo.errors import TrackingError
+from zoo.errors import TrackingError, first_line
 from zoo.tracking import TrackingRecord
 from zoo.train.tune.book import BOOK, SearchBook, SearchSpec, TrialRecord, metric_value
 
@@ -71,7 +71,7 @@ def open_parent(book: SearchBook) -> TrackingRecord:
         except Exception as exc:
             raise TrackingError(
                 f"{book.folder}/{tracking.RECORD_FILE} names MLflow run {record.run_id}, which "
-                f"the server at {record.uri} does not have ({tracking.first_line(exc)}). Resume "
+                f"the server at {record.uri} does not have ({first_line(exc)}). Resume "
                 f"against that server, or resume with --track none."
             ) from None
         return record
@@ -138,7 +138,7 @@ def close_parent(
     except Exception as exc:  # the search is done; tracking only reports
         return (
             f"warning: tracking: the search's end could not be logged to MLflow "
-            f"({record.url}): {tracking.first_line(exc)}; {book.folder / BOOK} has it"
+            f"({record.url}): {first_line(exc)}; {book.folder / BOOK} has it"
         )
     return f"tracking: the search and its trials are in MLflow ({record.url})"
 
