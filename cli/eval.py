@@ -13,7 +13,7 @@ from zoo.deploy.index import KNN_K
 from zoo.tta import Tta
 
 if TYPE_CHECKING:
-    from zoo.train.evaluate import Scorer
+    from zoo.train.evaluate import EvalForward
 
 
 def _knn_bank(model: str, info: Any) -> Any:
@@ -28,29 +28,33 @@ def _knn_bank(model: str, info: Any) -> Any:
     return rule_bank(info.calibration, info.multi_label, lambda: ref.model_folder)
 
 
-def _variant_scorer(model: str, variant: str | None) -> Scorer | None:
+def _variant_scorer(model: str, variant: str | None) -> EvalForward | None:
     """``--variant``: the derived file run by its runtime as the evaluation's forward pass, on
-    the batches it takes (:class:`zoo.train.evaluate.Scorer`; None: no variant)."""
+    the batches it takes (:class:`zoo.train.evaluate.EvalForward`; None: no variant)."""
     if variant is None:
         return None
     import torch
 
     from zoo.deploy.runtimes.loader import load_classifier
-    from zoo.train.evaluate import Scorer
+    from zoo.train.evaluate import EvalForward
 
     path = with_variant(model, variant)
     clf = load_classifier(path)
     if clf.embedded:  # decoded pixels, resized by the graph itself: a list of arrays
+        from functools import partial
+
+        from zoo.deploy.export.graph_preprocess import pixels
 
         def run_pixels(xs: list[Any]) -> torch.Tensor:
             return torch.from_numpy(clf.split(clf.run_each(xs))[0])
 
-        return Scorer(run_pixels, path, prepare=clf.prepare)
+        # (a plain function for the loader's workers, not a method of the session's holder)
+        return EvalForward(run_pixels, path, prepare=partial(pixels, channels=clf.pre.channels))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(clf.run(x.cpu().numpy()))
 
-    return Scorer(forward, path)
+    return EvalForward(forward, path)
 
 
 def eval_cmd(

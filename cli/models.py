@@ -114,7 +114,10 @@ def list_cmd(
             + ("" if r["pinned"] or r["weights"] == "none" else " (unpinned)")
             + ("" if r["weights_state"] == "not needed" else f", {_HERE[r['weights_state']]}"),
             ", ".join(
-                v["name"] + (" (stale)" if v["stale"] else "") for v in r.get("variants", [])
+                v["name"]
+                + (" (stale)" if v["stale"] else "")
+                + (" (older calibration)" if v["calibration_stale"] else "")
+                for v in r.get("variants", [])
             ),
         )
     for i, (name, _) in enumerate(problems, 1):

@@ -310,3 +310,5 @@ def test_cuda_provider_missing_is_an_error_not_a_fallback(mobilenet_onnx: Path) 
         pytest.skip("this onnxruntime has the CUDA provider")
     with pytest.raises(BackendUnavailableError, match="CUDAExecutionProvider is not available"):
         make_session(mobilenet_onnx, device="cuda")
+    # auto: whatever this machine has, here the CPU (zoo eval's --device auto reaches ORT)
+    assert make_session(mobilenet_onnx, device="auto").get_providers()[0] == "CPUExecutionProvider"

@@ -238,8 +238,8 @@ def test_auto_falls_back_to_the_next_exporter_and_says_why(
         export_onnx("mlp", out)
     assert str(info.value) == (
         "ONNX export of mlp failed (dynamo: RuntimeError: no; legacy: RuntimeError: nor this "
-        + "x" * 391  # an exporter's error: its first line, 400 characters at most
-        + ")."
+        + "x" * 391  # an exporter's error: its first line, 400 characters at most, marked cut
+        + " …)."
     )
     assert listing(tmp_path) == ["m.onnx"] and out.read_bytes() == b"old"
 

@@ -154,9 +154,10 @@ def test_scorer_top_k_and_multilabel_decisions() -> None:
     assert replace(s, decisions=rule(None)).decided(row) == ("a", "b", "3")  # 0.5 for each
     assert replace(s, multi_label=False, decisions=None).decided(row) is None
     for bad, why in (([0.5, 0.5], "2 values for the model's 4 classes"), ("0.5", "not a list"),
-                     ([0.5, None, 0.5, 0.5], "None, not a finite number"),
-                     ([0.5, float("nan"), 0.5, 0.5], "nan, not a finite number"),
-                     ([0.5, True, 0.5, 0.5], "True, not a finite number")):  # fmt: skip
+                     ([0.5, None, 0.5, 0.5], "None, not a number in \\[0, 1\\]"),
+                     ([0.5, float("nan"), 0.5, 0.5], "nan, not a number in \\[0, 1\\]"),
+                     ([0.5, True, 0.5, 0.5], "True, not a number in \\[0, 1\\]"),
+                     ([0.5, 1.5, 0.5, 0.5], "1.5, not a number in \\[0, 1\\]")):  # fmt: skip
         with pytest.raises(ArtifactError, match=rf"^T .*{why}.*; F$"):
             rule(bad)
 

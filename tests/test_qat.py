@@ -13,12 +13,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
 
 from tests import crash
 from tests.conftest import zoo_here
+from zoo.onnx_meta import read_metadata, set_metadata
 from zoo.train.config import TrainConfig
 from zoo.train.qat import (
     OUTPUT,
@@ -145,8 +147,25 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     copy = tmp_path / "elsewhere" / "model.onnx"
     copy.parent.mkdir()
     shutil.copy(run / "model" / "model.onnx", copy)
+    said = "engine: ort, the int8 rounding this model was trained through"
     c = zoo_here("quantize", str(copy), "--calib", str(digits), "--allow-drop", "--json")
     assert c.returncode == 0 and json.loads(c.stdout)["engine"] == "ort", c.stderr
+    assert said in c.stderr
+    # a run written before zoo recorded it in the folder and the export: its run still says
+    old = tmp_path / "old" / "q"
+    shutil.copytree(run, old)
+    config = json.loads((old / "model" / "config.json").read_text())
+    del config["train"]["quantization_aware"]
+    (old / "model" / "config.json").write_text(json.dumps(config))
+    model = onnx.load(str(old / "model" / "model.onnx"))
+    meta = read_metadata(old / "model" / "model.onnx")
+    del meta["quantization_aware"]
+    set_metadata(model, meta)
+    onnx.save(model, str(old / "model" / "model.onnx"))
+    o = zoo_here("quantize", str(old / "model" / "model.onnx"), "--allow-drop", "--json")
+    assert o.returncode == 0 and said in o.stderr, o.stderr
+    assert zoo_here("export", str(old), "--data", str(digits)).returncode == 0  # exported again
+    assert read_metadata(old / "model" / "model.onnx")["quantization_aware"] is True
     q = zoo_here("quantize", str(run / "model" / "model.onnx"), "--allow-drop", "--json")
     assert q.returncode == 0, q.stderr
     # auto picks the rounding the run trained through, and says so

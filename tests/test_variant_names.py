@@ -109,6 +109,21 @@ def test_refresh_of_a_quantized_variant_exports_its_source_again(quantized: Quan
     old = find_variant(model, "batch4-int8-static")
     moved = replace(old, name="int8-x", path=variants / "int8-x.onnx")
     assert moved.refresh.endswith(f"--mode static --engine ort -o {variants / 'int8-x.onnx'}")
+    # never a graph of another contract over model.onnx: a fixed-batch int8 whose source was
+    # not recorded (or recorded as a model.onnx elsewhere) re-exports to the variant its flags
+    # name; a contract-keeping int8 made from a variant (--slim) re-exports that variant
+    for source in (None, Path("/elsewhere/model.onnx")):
+        unknown = replace(old, quantized_from=source)
+        assert unknown.refresh.startswith(
+            f"zoo export {run} --static-batch 4 -o {variants / 'batch4.onnx'} && zoo quantize "
+            f"{variants / 'batch4.onnx'} "
+        ), unknown.refresh
+    slim = replace(old, flags=ExportFlags(slim=True), quantized_from=variants / "slim.onnx")
+    assert slim.refresh.startswith(
+        f"zoo export {run} --slim -o {variants / 'slim.onnx'} && zoo quantize "
+        f"{variants / 'slim.onnx'} "
+    ), slim.refresh
+    assert "model.onnx" not in slim.refresh and "model.onnx" not in unknown.refresh
 
 
 def test_the_flags_a_file_records_are_the_flags_its_refresh_passes() -> None:
@@ -122,6 +137,17 @@ def test_the_flags_a_file_records_are_the_flags_its_refresh_passes() -> None:
     assert ExportFlags.from_metadata({"static_batch": 0}).static_batch is None
     assert ExportFlags(dynamic_size=True, slim=True).contract
     assert not ExportFlags(static_batch=1).contract
+    # the one naming rule zoo export's default destination uses too
+    from zoo.deploy.export.options import export_variant_name
+
+    for flags in (ExportFlags(), ExportFlags(static_batch=4), ExportFlags(fp16_io=True),
+                  ExportFlags(embedded_preprocessing=True, static_batch=2)):  # fmt: skip
+        for precision in ("fp32", "fp16"):
+            assert flags.variant_name(precision) == export_variant_name(
+                "onnx", precision, embed=flags.embedded_preprocessing,
+                static_batch=flags.static_batch, fp16_io=flags.fp16_io,
+            )  # fmt: skip
+    assert ExportFlags(fp16_io=True).variant_name("fp16") == "fp16-io16"
 
 
 def test_an_int8_prefix_does_not_pick_an_int8_made_from_another_variant(

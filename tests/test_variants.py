@@ -247,6 +247,18 @@ def test_eval_of_a_pixels_variant_scores_the_file_on_decoded_images(
     assert got["scored_by"].endswith("pixels.onnx") and "scored_by" not in torch_
     assert got["n"] == torch_["n"] > 0
     assert abs(got["acc"] - torch_["acc"]) <= 0.05  # the graph's float resize vs PIL's
+    # image by image, the answers zoo predict gets from the same file: cm[true, predicted]
+    split = json.loads((flagged / "split.json").read_text())
+    val, classes = split["splits"]["val"], split["classes"]
+    shown = zoo_here(
+        "predict", str(flagged), *(str(Path(split["root"]) / p) for p, _ in val),
+        "--variant", "pixels", "-k", "1", "--json",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    cm = [[0] * len(classes) for _ in classes]
+    for (_, true), row in zip(val, json.loads(shown.stdout), strict=True):
+        cm[classes.index(true)][classes.index(row["top"][0]["label"])] += 1
+    assert got["confusion_matrix"] == cm
     outside = str(small_digits / "digit_3")  # any folder: this checks the path, not the AUROC
     ood = zoo_here("eval", str(flagged), "--variant", "pixels", "--ood", outside, "--knn", "--json")
     assert ood.returncode == 0, ood.stderr

@@ -30,13 +30,14 @@ Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class Scorer:
-    """A derived file of the evaluated model's folder, run by its runtime in the PyTorch
-    model's place (``zoo eval RUN --variant int8``); the model still gives the class names.
+class EvalForward:
+    """What scores an evaluation's images, and the batches it takes: the PyTorch model, or a
+    derived file of its folder run by its runtime in its place (``zoo eval RUN --variant
+    int8``; the model still gives the class names).
 
     Attributes:
         forward: a batch as :meth:`loader` forms it → its logits, ``(N, classes)``.
-        name: the file, named in the result (``scored_by``).
+        name: what it is: the file, named in the result (``scored_by``).
         prepare: one decoded image as ``forward`` takes it, batched as a list (a graph that
             resizes decoded pixels itself, ``--embed-preprocessing``: their sizes differ);
             None: the model's own eval crop, batched as one tensor.
@@ -70,7 +71,7 @@ def collect_logits(
     logits, targets, indices = [], [], []
     with torch.inference_mode():
         for x, y, idx in batches:
-            if isinstance(x, torch.Tensor):  # (else a list of pixel arrays: Scorer.prepare)
+            if isinstance(x, torch.Tensor):  # (else a list of pixel arrays: EvalForward.prepare)
                 x = x.to(device, non_blocking=True)
             if channels_last and x.ndim == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -164,7 +165,7 @@ def evaluate_split(
     device: str,
     num_workers: int,
     tta: str = "none",
-    scorer: Scorer | None = None,
+    scorer: EvalForward | None = None,
 ) -> Evaluated:
     """:func:`run_eval`'s pass, returning everything it computed (see :func:`run_eval`).
 
@@ -173,6 +174,13 @@ def evaluate_split(
     Raises:
         UsageError: ``tta`` with a scorer that takes decoded pixels (the views are crops).
     """
+    if check_tta(tta) != "none" and scorer is not None and scorer.prepare is not None:
+        raise UsageError(
+            f"--tta with {scorer.name}: that graph resizes decoded pixels itself, and the "
+            "views are crops of the model's preprocessed image; drop --tta, or evaluate "
+            "model.onnx (the same weights) with it.",
+            param_hint="--tta",
+        )
     dev = pick_device(device)
     model = create_model(model_arg).to(dev)
     score: Forward = scorer.forward if scorer is not None else model
@@ -212,18 +220,11 @@ def evaluate_split(
     summary = summarize_multilabel if info.multi_label else summarize  # (multi-label:
     # thresholds re-tuned on this split, as in training)
     if check_tta(tta) == "none":
-        batches = (scorer or Scorer(model, model_arg)).loader(
+        batches = (scorer or EvalForward(model, model_arg)).loader(
             samples, info, batch_size, num_workers
         )
         logits, targets = evaluate_with(model, score, batches, dev)
         extra: dict[str, Any] = {}
-    elif scorer is not None and scorer.prepare is not None:
-        raise UsageError(
-            f"--tta with {scorer.name}: that graph resizes decoded pixels itself, and the "
-            "views are crops of the model's preprocessed image; drop --tta, or evaluate "
-            "model.onnx (the same weights) with it.",
-            param_hint="--tta",
-        )
     else:  # every view in one pass; view 0 is the plain eval crop: the gain, measured
         pre = info.preprocessing()
         check_views(pre, tta)

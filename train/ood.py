@@ -17,7 +17,7 @@ from zoo.calibration import LOGIT_SCORES, Calibration, ood_score
 from zoo.errors import DataError
 from zoo.images import list_images
 from zoo.train.calibrate import acceptance_cut
-from zoo.train.evaluate import Evaluated, Scorer, evaluate_with
+from zoo.train.evaluate import EvalForward, Evaluated, evaluate_with
 
 if TYPE_CHECKING:
     from zoo.knn import KnnBank
@@ -125,7 +125,7 @@ def separation(
 
 
 def folder_logits(
-    ev: Evaluated, folder: Path, *, scorer: Scorer | None, batch_size: int, num_workers: int
+    ev: Evaluated, folder: Path, *, scorer: EvalForward | None, batch_size: int, num_workers: int
 ) -> np.ndarray:
     """The logits of every image under ``folder`` (any layout), by the evaluated model (or
     ``scorer``: a variant of it).
@@ -141,7 +141,7 @@ def folder_logits(
     if not paths:
         raise DataError(f"--ood {folder} holds no images (.jpg, .png, …).")
     device = next(ev.model.parameters()).device
-    by = scorer or Scorer(ev.model, "the model")
+    by = scorer or EvalForward(ev.model, "the model")
     batches = by.loader([(p, 0) for p in paths], ev.info, batch_size, num_workers)
     logits, _ = evaluate_with(ev.model, by.forward, batches, device)
     return logits.double().numpy()
@@ -151,7 +151,7 @@ def evaluate_ood(
     ev: Evaluated,
     folder: str | Path,
     *,
-    scorer: Scorer | None = None,
+    scorer: EvalForward | None = None,
     batch_size: int = 64,
     num_workers: int = 0,
     more: tuple[ExternalScore, ...] = (),

@@ -166,6 +166,31 @@ def read_calibration(config: dict[str, Any], folder: Path) -> Calibration | None
     return Calibration.from_dict(found, where=f"{folder / CONFIG_FILE} 'calibration'")
 
 
+def quantization_aware(folder: Path) -> bool | None:
+    """Whether a model folder's weights were trained through int8 rounding (``zoo distill
+    --qat``): its ``config.json`` ``train.quantization_aware``, else, for a folder written
+    before zoo recorded it there, the run it belongs to (its ``distill.qat``); None where
+    neither says (a folder outside any run).
+
+    Raises:
+        ArtifactError: ``folder`` is not a valid model folder.
+    """
+    train = read_config(folder).get("train")
+    said = train.get("quantization_aware") if isinstance(train, dict) else None
+    if isinstance(said, bool):
+        return said
+    from zoo.run_images import find_run
+
+    run = find_run(folder)
+    if run is None:
+        return None
+    try:
+        distill = json.loads((run / "config.json").read_text()).get("distill")
+    except (OSError, ValueError):
+        return None
+    return bool(isinstance(distill, dict) and distill.get("qat"))
+
+
 def write_calibration(folder: Path, calibration: Calibration) -> Path:
     """Store ``calibration`` in a model folder's ``config.json`` (atomically; the weights and
     their hash are untouched).

@@ -232,8 +232,13 @@ class TrackingError(ZooError, ConnectionError):
 
 
 def first_line(exc: BaseException | str, limit: int = 300) -> str:
-    """An error's (or a warning's) first line, shortened at a word (``…``) past ``limit``
-    characters: what a one-line message quotes (an exception's type name when it has no text)."""
+    """An error's (or a warning's) first line, shortened past ``limit`` characters (at a word,
+    unless that drops more than half of them) and marked ``…``: what a one-line message
+    quotes (an exception's type name when it has no text)."""
     text = str(exc).strip().splitlines()
     line = text[0] if text else "" if isinstance(exc, str) else type(exc).__name__
-    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    at_word = cut.rsplit(" ", 1)[0]
+    return (at_word if len(at_word) >= limit // 2 else cut) + " …"

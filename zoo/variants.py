@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from zoo.artifact import ONNX_FILE, VARIANTS_DIR, is_model_folder, read_config
+from zoo.artifact import ONNX_FILE, VARIANTS_DIR, is_model_folder, read_calibration, read_config
+from zoo.calibration import Calibration
 from zoo.errors import ArtifactError, InputError
 
 IR_FILE = "model.xml"  # the IR inside a variant folder (zoo export --format openvino)
@@ -152,12 +153,21 @@ class ExportFlags:
             slim=bool(meta.get("slim")),
         )
 
+    def variant_name(self, precision: str = "fp32") -> str | None:
+        """The variant an ONNX export with these flags goes to (``fp16-io16``, ``pixels``,
+        ``batch4``), or None for the folder's own ``model.onnx``: a plain fp32 graph taking
+        float32 NCHW tensors in a dynamic batch (``--dynamic-size`` and ``--slim`` keep that)."""
+        parts = [precision] if precision != "fp32" else []
+        parts += ["io16"] if self.fp16_io else []
+        parts += ["pixels"] if self.embedded_preprocessing else []
+        parts += [f"batch{self.static_batch}"] if self.static_batch is not None else []
+        return "-".join(parts) or None
+
     @property
     def contract(self) -> bool:
-        """Whether the graph takes what the artifact contract's ``model.onnx`` takes: float32
-        NCHW tensors in a dynamic batch (``--dynamic-size`` and ``--slim`` keep that; an fp32
-        export with them still goes to ``model.onnx``)."""
-        return self.static_batch is None and not (self.embedded_preprocessing or self.fp16_io)
+        """Whether the graph takes what the artifact contract's ``model.onnx`` takes
+        (:meth:`variant_name` is None at fp32)."""
+        return self.variant_name() is None
 
     def args(self, precision: str = "fp32") -> str:
         """The flags as ``zoo export`` takes them (`` --precision fp16 --fp16-io``), with
@@ -262,13 +272,19 @@ class Variant:
         return made_from.stem if self.name.startswith(f"{made_from.stem}-") else None
 
     def _quantized_source(self) -> Path:
-        """Where the refresh of a quantized file exports the graph it quantizes: the folder's
-        ``model.onnx`` for a plain export, else the variant it was quantized from
-        (``variants/batch4.onnx``)."""
+        """Where the refresh of a quantized file exports the graph it quantizes: the variant
+        it was quantized from (``variants/batch4.onnx``, as recorded), else the folder's
+        ``model.onnx`` for a plain export, else the variant its flags name (never a graph of
+        another contract over ``model.onnx``)."""
         made_from = self.quantized_from
-        if self.flags.contract or made_from is None or made_from.name == EXPORT_NAME:
-            return self.folder / EXPORT_NAME
-        return variants_dir(self.folder) / made_from.name
+        if made_from is not None and made_from.name != EXPORT_NAME:
+            return variants_dir(self.folder) / made_from.name
+        name = self.flags.variant_name()
+        return (
+            self.folder / EXPORT_NAME
+            if name is None
+            else variants_dir(self.folder) / f"{name}.onnx"
+        )
 
     def _quantize(self, source: Path, run: str) -> str:
         """``zoo quantize SOURCE`` as this file was made: its mode and engine, a search's
@@ -361,7 +377,10 @@ def _metadata(path: Path, kind: VariantKind) -> dict[str, Any]:
     return read_metadata(path)
 
 
-def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -> Variant:
+def _variant(
+    name: str, path: Path, kind: VariantKind, folder: Path, config: dict[str, Any]
+) -> Variant:
+    """The file ``path`` of the model folder ``folder``, whose ``config.json`` is ``config``."""
     try:
         meta = _metadata(path, kind)
     except (InputError, ValueError):  # unreadable: listed, with no source weights
@@ -375,17 +394,25 @@ def _variant(name: str, path: Path, kind: VariantKind, folder: Path, sha: str) -
         kind=kind,
         folder=folder,
         source_sha256=meta.get("source_weights_sha256"),
-        weights_sha256=sha,
+        weights_sha256=str(config["weights_sha256"]),
         source_epoch=_int_or_none(meta.get("source_epoch")),
-        folder_epoch=_folder_epoch(folder),
+        folder_epoch=_shipped_epoch(config),
         precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
         quantization=_quant_mode(quant),
         flags=ExportFlags.from_metadata(meta),
         quantized_from=Path(source) if isinstance(source, str) and source else None,
         target_agreement=_float_or_none(made.get("target_agreement")),
-        calibration_stale="calibration" in meta
-        and meta["calibration"] != _folder_config(folder).get("calibration"),
+        calibration_stale=_calibration(meta, path) != _calibration(config, folder),
     )
+
+
+def _calibration(record: dict[str, Any], where: Path) -> Calibration | str | None:
+    """The calibration a file's metadata or a folder's config holds (None: none; a
+    malformed one: its text, which compares unequal to any other)."""
+    try:
+        return read_calibration(record, where)
+    except ArtifactError:
+        return json.dumps(record.get("calibration"), sort_keys=True)
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -404,22 +431,10 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _folder_config(folder: Path) -> dict[str, Any]:
-    """The folder's ``config.json`` (empty: unreadable, for its own commands to report)."""
-    try:
-        return read_config(folder)
-    except ArtifactError:
-        return {}
-
-
-def _folder_epoch(folder: Path) -> int | None:
+def _shipped_epoch(config: dict[str, Any]) -> int | None:
     """The epoch whose weights the folder holds (``config.json`` ``train.shipped_epoch``)."""
-    train = _folder_config(folder).get("train")
+    train = config.get("train")
     return _int_or_none(train.get("shipped_epoch")) if isinstance(train, dict) else None
-
-
-def _weights_sha(folder: Path) -> str:
-    return str(read_config(folder)["weights_sha256"])
 
 
 def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:
@@ -430,7 +445,7 @@ def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:
         ArtifactError: ``folder`` is not a valid model folder.
     """
     folder = Path(folder)
-    sha = _weights_sha(folder)
+    config = read_config(folder)
     found: list[Variant] = []
     vdir = variants_dir(folder)
     if not vdir.is_dir():
@@ -440,11 +455,11 @@ def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:
         if p.name.startswith("."):  # an atomic write in flight
             continue
         if p.is_file() and p.suffix == ".onnx":
-            found.append(_variant(p.stem, p, "onnx", folder, sha))
+            found.append(_variant(p.stem, p, "onnx", folder, config))
         elif p.is_file() and p.suffix == ".xml":
-            found.append(_variant(p.stem, p, "openvino", folder, sha))
+            found.append(_variant(p.stem, p, "openvino", folder, config))
         elif p.is_dir() and (p / IR_FILE).is_file():
-            found.append(_variant(p.name, p / IR_FILE, "openvino", folder, sha))
+            found.append(_variant(p.name, p / IR_FILE, "openvino", folder, config))
     return found
 
 
@@ -453,7 +468,7 @@ def exports(folder: str | os.PathLike[str]) -> list[Variant]:
     folder = Path(folder)
     own = folder / EXPORT_NAME
     head = (
-        [_variant(EXPORT_NAME, own, "onnx", folder, _weights_sha(folder))] if own.is_file() else []
+        [_variant(EXPORT_NAME, own, "onnx", folder, read_config(folder))] if own.is_file() else []
     )
     return head + list_variants(folder)
 
@@ -528,11 +543,11 @@ def warn_if_stale(path: str | os.PathLike[str], meta: dict[str, Any]) -> Variant
     if folder is None or "source_weights_sha256" not in meta:
         return None
     try:
-        sha = _weights_sha(folder)
+        config = read_config(folder)
     except ArtifactError:  # a broken folder is for its own commands to report
         return None
     name = _name_in_folder(path, folder)
-    v = _variant(name, path, "openvino" if path.suffix == ".xml" else "onnx", folder, sha)
+    v = _variant(name, path, "openvino" if path.suffix == ".xml" else "onnx", folder, config)
     key = str(path.resolve())
     off = not (v.stale or v.calibration_stale)
     if off or key in _warned:

@@ -78,16 +78,16 @@ def _shipped_epoch(ref: ModelRef) -> int | None:
     return int(epoch) if isinstance(epoch, int) else None
 
 
-def _quantization_aware(ref: ModelRef) -> bool:
-    """Whether a run or model folder's weights were trained through int8 rounding (``zoo
-    distill --qat``: its ``config.json``), so ``zoo quantize`` of the export keeps that
-    rounding wherever the file goes (:func:`zoo.deploy.quantize.options.qat_trained`)."""
+def _quantization_aware(ref: ModelRef) -> bool | None:
+    """Whether a run or model folder's weights were trained through int8 rounding
+    (:func:`zoo.artifact.quantization_aware`; None: not said, e.g. a registry model), so ``zoo
+    quantize`` of the export keeps that rounding wherever the file goes
+    (:func:`zoo.deploy.quantize.options.qat_trained`)."""
     if ref.kind not in ("run", "model-folder"):
-        return False
-    from zoo.artifact import read_config
+        return None
+    from zoo.artifact import quantization_aware
 
-    train = read_config(ref.model_folder).get("train", {})
-    return bool(isinstance(train, dict) and train.get("quantization_aware"))
+    return quantization_aware(ref.model_folder)
 
 
 def parity_summary(report: ParityReport | None) -> dict[str, Any]:

@@ -168,11 +168,10 @@ def export_variant_name(
         return f"openvino-{precision}"
     if fmt != "onnx":
         return None
-    parts = [precision] if precision != "fp32" else []
-    parts += ["io16"] if fp16_io else []
-    parts += ["pixels"] if embed else []
-    parts += [f"batch{static_batch}"] if static_batch is not None else []
-    return "-".join(parts) or None
+    from zoo.variants import ExportFlags
+
+    flags = ExportFlags(static_batch=static_batch, embedded_preprocessing=embed, fp16_io=fp16_io)
+    return flags.variant_name(precision)
 
 
 def default_output(ref: ModelRef, fmt: str, variant: str | None) -> Path:

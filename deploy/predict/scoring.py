@@ -18,7 +18,7 @@ from PIL import Image
 
 from zoo.calibration import UNKNOWN_LABEL, Rejection, Verdict
 from zoo.deploy.runtimes.classifier import Assessed, judge_logits
-from zoo.deploy.runtimes.decisions import Decisions, decision_rule
+from zoo.deploy.runtimes.decisions import DEFAULT_THRESHOLD, Decisions, decision_rule
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
@@ -92,7 +92,7 @@ class Scorer:
         labels: class names (may be empty: an index then names its class).
         num_classes: the width of ``score``'s output.
         multi_label: independent per-class scores.
-        decisions: a multi-label model's per-class decision rule (None: single-label).
+        decisions: a multi-label model's per-class decision rule (None: 0.5 for each class).
         identity: what names this model for a resumed job (reference, and for a file its
             size and modification time).
         embed: like ``score`` but also returns each sample's penultimate features, ``(N, D)``
@@ -156,7 +156,10 @@ class Scorer:
     def decided(self, row: np.ndarray) -> tuple[str, ...] | None:
         """Multi-label: the classes whose score reaches their threshold, in class order (None:
         a single-label model)."""
-        return None if self.decisions is None else tuple(self.decisions.labels(row[None])[0])
+        if not self.multi_label:
+            return None
+        rule = self.decisions or Decisions((DEFAULT_THRESHOLD,) * len(row), self.labels)
+        return tuple(rule.labels(row[None])[0])
 
 
 def _identity(ref: ModelRef, device: str) -> dict[str, Any]:

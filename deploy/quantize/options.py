@@ -11,7 +11,6 @@ NNCF kept the most (−0.8 points), so a drop below the floor points to ``--engi
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -25,7 +24,7 @@ from zoo.deploy.choices import (
     QuantEngine,
     QuantMode,
 )
-from zoo.errors import ChoiceError, InputError, UsageError
+from zoo.errors import ArtifactError, ChoiceError, InputError, UsageError
 from zoo.system import cpu_flags
 
 if TYPE_CHECKING:
@@ -65,9 +64,11 @@ def resolve_engine(
 def qat_trained(model: Path) -> bool:
     """Whether ``model`` holds weights trained through int8 rounding (``zoo distill --qat``):
     said by its own metadata (``quantization_aware``, wherever the file was copied), and for
-    a file exported before zoo wrote that, by the run it sits in (its ``config.json``)."""
+    a file exported before zoo wrote it, by the model folder it sits in
+    (:func:`zoo.artifact.quantization_aware`)."""
+    from zoo.artifact import quantization_aware
     from zoo.onnx_meta import read_metadata
-    from zoo.run_images import find_run
+    from zoo.variants import model_folder_of
 
     try:
         said = read_metadata(model).get("quantization_aware")
@@ -75,14 +76,11 @@ def qat_trained(model: Path) -> bool:
         said = None
     if isinstance(said, bool):
         return said
-    run = find_run(model)
-    if run is None:
-        return False
+    folder = model_folder_of(model)
     try:
-        distill = json.loads((run / "config.json").read_text()).get("distill") or {}
-    except (OSError, ValueError):
+        return bool(folder is not None and quantization_aware(folder))
+    except ArtifactError:  # a broken folder: its own commands report it
         return False
-    return bool(distill.get("qat"))
 
 
 def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:

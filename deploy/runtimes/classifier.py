@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zoo.calibration import Calibration, Rejection
-from zoo.deploy.runtimes.decisions import Decisions, decisions_of
+from zoo.deploy.runtimes.decisions import Decisions, decision_rule
 from zoo.errors import InputError
 from zoo.images import open_image
 from zoo.onnx_meta import read_calibration, read_preprocessing
@@ -127,7 +127,18 @@ class Classifier:
         self.classes: list[str] = list(self.meta.get("class_names") or [])
         self.multi_label = bool(self.meta.get("multi_label", False))
         # a multi-label model's per-class thresholds, checked at load (never a 500 per request)
-        self.decisions: Decisions | None = decisions_of(self)
+        self.decisions: Decisions | None = (
+            decision_rule(
+                self.meta.get("thresholds"),
+                tuple(self.classes),
+                self.num_classes,
+                where=f"{self.path}: the metadata's thresholds",
+                fix="export it again (zoo export) from a model folder whose config.json holds "
+                "one threshold in [0, 1] per class, or none (0.5 for each)",
+            )
+            if self.multi_label
+            else None
+        )
         self.calibration = read_calibration(self.meta, self.path)  # temperature, reject rule
         # zoo export --embed-preprocessing: the graph takes uint8 (N, H, W, C) decoded pixels
         self.embedded = self.input_type == "tensor(uint8)"

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zoo.errors import ArtifactError
-
-if TYPE_CHECKING:
-    from zoo.deploy.runtimes.classifier import Classifier
 
 DEFAULT_THRESHOLD = 0.5
 """A class's threshold when the model stores none (as ``zoo predict``)."""
@@ -62,24 +58,6 @@ class Decisions:
         return np.array([SEPARATOR.join(ls) for ls in self.labels(probs)], dtype=object)
 
 
-def decisions_of(clf: Classifier) -> Decisions | None:
-    """The decision rule of a multi-label model file (None: a single-label model, which decides
-    by its top class).
-
-    Raises:
-        ArtifactError: the metadata's ``thresholds`` are not one finite number per class.
-    """
-    if not clf.multi_label:
-        return None
-    return decision_rule(
-        clf.meta.get("thresholds"),
-        tuple(clf.classes),
-        clf.num_classes,
-        where=f"{clf.path}: the metadata's thresholds",
-        fix="export the model again with zoo export",
-    )
-
-
 def decision_rule(
     found: object, classes: tuple[str, ...], width: int, *, where: str, fix: str
 ) -> Decisions:
@@ -100,10 +78,11 @@ def decision_rule(
     if not isinstance(found, list | tuple):
         raise ArtifactError(f"{where} are {found!r}, not a list of one number per class; {fix}")
     values = list(found)
-    bad = [t for t in values if not _finite_number(t)]
+    bad = [t for t in values if not _a_threshold(t)]
     if bad:
         raise ArtifactError(
-            f"{where} hold {bad[0]!r}, not a finite number: one threshold per class is needed; {fix}"
+            f"{where} hold {bad[0]!r}, not a number in [0, 1]: one threshold per class is "
+            f"needed; {fix}"
         )
     if width and len(values) != width:
         raise ArtifactError(
@@ -113,6 +92,9 @@ def decision_rule(
     return Decisions(tuple(float(t) for t in values), classes)
 
 
-def _finite_number(value: object) -> bool:
-    """A JSON number that is finite (``true``/``false`` are not numbers here)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _a_threshold(value: object) -> bool:
+    """A JSON number in [0, 1], a sigmoid score's range (``true``/``false`` are not numbers
+    here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and 0.0 <= value <= 1.0

@@ -4,6 +4,7 @@ for a model file."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ def static_batch_of(session: Any) -> int | None:
 
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+log = logging.getLogger("zoo.runtimes")
 
 
 def make_session(
@@ -39,11 +41,15 @@ def make_session(
     import onnxruntime as ort
 
     available = ort.get_available_providers()
-    if device == "auto":  # CUDA where both this onnxruntime and the machine have it
+    if device == "auto":  # CUDA where this onnxruntime and the machine have it, else the CPU
         from zoo.device import pick_device
 
-        cuda = PROVIDERS["cuda"] in available and pick_device("auto").type == "cuda"
-        device = "cuda" if cuda else "cpu"
+        if PROVIDERS["cuda"] in available and pick_device("auto").type == "cuda":
+            try:
+                return make_session(path, device="cuda", threads=threads, spin=spin)
+            except BackendUnavailableError as exc:  # e.g. CUDA libraries that do not load
+                log.warning("onnxruntime runs on the CPU: %s", exc)
+        device = "cpu"
     provider = PROVIDERS.get(device.split(":")[0])
     if provider is None:
         raise InputError(f"Unknown device {device!r}: use cpu, cuda or auto.")

@@ -139,7 +139,7 @@ class OpenVinoClassifier(Classifier):
 
     def __init__(self, path: str | Path, *, device: str = "cpu", threads: int | None = None):
         ov = openvino()
-        if device.split(":")[0] != "cpu":
+        if device.split(":")[0] not in ("cpu", "auto"):  # auto: the CPU, where zoo runs it
             raise BackendUnavailableError(
                 f"zoo runs OpenVINO on the CPU only, not {device!r}: use --device cpu."
             )

@@ -241,7 +241,7 @@ def option_defaults() -> dict[str, Any]:
 def load_served(cfg: ModelConfig) -> Classifier:
     """The classifier of one served model, as the server runs it: no spinning threads (the
     same cores decode and answer HTTP). A model whose decisions could not be given (a
-    multi-label model's thresholds, :func:`zoo.deploy.runtimes.decisions.decisions_of`) is
+    multi-label model's thresholds, :func:`zoo.deploy.runtimes.decisions.decision_rule`) is
     refused here, before the server serves.
 
     Raises:

@@ -17,7 +17,6 @@ import numpy as np
 
 from zoo.calibration import UNKNOWN_LABEL, Verdict
 from zoo.deploy.runtimes.classifier import Assessed, Prediction
-from zoo.deploy.runtimes.decisions import Decisions
 from zoo.deploy.runtimes.loader import Classifier
 from zoo.deploy.serve.batcher import DynamicBatcher
 from zoo.deploy.serve.config import ModelConfig, ServeConfig, load_served
@@ -94,8 +93,6 @@ class ModelServer:
         tensor: one sample's shape as requests may send it and as the graph was exported
             (and is warmed up) at; height and width free for a ``zoo export --dynamic-size``
             graph.
-        decisions: a multi-label model's per-class thresholds, once ready (None: a
-            single-label model).
     """
 
     def __init__(
@@ -112,7 +109,6 @@ class ModelServer:
         self.clf: Classifier | None = None
         self.batcher: DynamicBatcher | None = None
         self.tensor = TensorSpec((), ())
-        self.decisions: Decisions | None = None
         self._loaded = clf
         # its own decoding threads (as many as asyncio's default pool): another model's
         # flood of uploads never queues ahead of this model's
@@ -128,7 +124,6 @@ class ModelServer:
             clf = self._loaded or load_served(self.cfg)
             self.tensor = TensorSpec.of(clf)
             dtype = np.uint8 if clf.embedded else np.float32
-            self.decisions = clf.decisions
             for b in sorted({1, self.cfg.max_batch}):
                 clf.run(np.zeros((b, *self.tensor.export), dtype))
             self.clf = clf
@@ -205,7 +200,7 @@ class ModelServer:
             ModelNotServedError / ModelNotReadyError: as :meth:`check_model`.
         """
         clf = self.check_model(name)
-        rule, decisions = clf.rule, self.decisions
+        rule, decisions = clf.rule, clf.decisions
         extra = (
             [
                 TensorMetadata(ACCEPTED_OUTPUT, "BOOL", [-1]),
@@ -310,7 +305,7 @@ class ModelServer:
             max_batch=self.cfg.max_batch,
             max_image_pixels=self.cfg.max_image_pixels,
         )
-        rule, decisions = clf.rule, self.decisions
+        rule, decisions = clf.rule, clf.decisions
         names = [
             clf.output_name,
             *((ACCEPTED_OUTPUT, SCORE_OUTPUT) if rule else ()),
@@ -342,8 +337,8 @@ class ModelServer:
                 return scores >= rule.threshold
             if spec.name == SCORE_OUTPUT and scores is not None:
                 return scores.astype(np.float32)
-            if spec.name == LABELS_OUTPUT and self.decisions is not None:
-                return self.decisions.joined(judged.probs)
+            if spec.name == LABELS_OUTPUT and clf.decisions is not None:
+                return clf.decisions.joined(judged.probs)
         logits = clf.split(y)[0]
         if spec.classification:
             return classification(logits, spec.classification, clf.classes)
@@ -374,7 +369,7 @@ class ModelServer:
         probs = judged.probs[0]
         top = np.argsort(-probs, kind="stable")[:k]  # every class when k is larger
         labels = clf.classes
-        rule, decisions = clf.rule, self.decisions
+        rule, decisions = clf.rule, clf.decisions
         verdict = (
             rule.verdict(judged.rule_scores[0])
             if rule is not None and judged.rule_scores is not None
