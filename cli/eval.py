@@ -10,6 +10,7 @@ import typer
 
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
 from zoo.deploy.index import KNN_K
+from zoo.errors import InputError
 from zoo.tta import Tta
 
 if TYPE_CHECKING:
@@ -125,6 +126,11 @@ def eval_cmd(
 
     if report_out is not None and not report:
         raise typer.BadParameter("--report-out applies to --report only.")
+    if report_out is not None and report_out.is_dir():  # refused before the evaluation's work
+        raise InputError(
+            f"--report-out {report_out} is a folder; --report writes one HTML page: name it "
+            f"(e.g. --report-out {report_out / 'report.html'})."
+        )
     if (knn or index is not None) and ood is None:
         raise typer.BadParameter("--knn and --index apply to --ood only.")
     scorer = _variant_scorer(model, variant)

@@ -4,6 +4,7 @@ MobileNetV2 ImageNet weights come from torch hub's cache (scripts/fetch_test_wei
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -231,6 +232,20 @@ def zoo_here(
         err.write(code + "\n")
     rc = 1 if isinstance(code, str) else (code or 0)
     return subprocess.CompletedProcess([ZOO, *args], rc, out.getvalue(), err.getvalue())
+
+
+def zoo_ok(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """:func:`zoo_here`, failing the test with the command's stderr unless it exits 0."""
+    r = zoo_here(*args, cwd=cwd, env=env)
+    assert r.returncode == 0, f"zoo {' '.join(args)} exited {r.returncode}:\n{r.stderr}"
+    return r
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, hex: to tell that a command left a file as it was (or rewrote it)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def finetune_here(data: Path, runs: Path, name: str, **options: Any) -> Path:

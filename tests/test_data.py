@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import no_home
+from tests.conftest import file_sha256, no_home
 from zoo.errors import DataError
 from zoo.train.check import check_splits
 from zoo.train.data import ResumableSampler, natural_key, scan
@@ -108,7 +107,7 @@ def test_check_finds_corrupt_odd_tiny_duplicates(tmp_path: Path) -> None:
     _img(root / "val" / "a" / "v.png", 50)
     (root / "val" / "b").mkdir(parents=True)
     shutil.copy(root / "train" / "b" / "ok.png", root / "val" / "b" / "leak.png")
-    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    before = {p: file_sha256(p) for p in root.rglob("*") if p.is_file()}
     report = check_splits(scan(root), use_cache=False)
     assert sorted(Path(c["path"]).name for c in report.corrupt) == [
         "empty.jpg",
@@ -119,7 +118,7 @@ def test_check_finds_corrupt_odd_tiny_duplicates(tmp_path: Path) -> None:
     assert [Path(o["path"]).name for o in report.odd_modes] == ["cmyk.jpg"]
     assert [Path(t["path"]).name for t in report.tiny] == ["tiny.png"]
     assert report.duplicates_across_splits == [["train:train/b/ok.png", "val:val/b/leak.png"]]
-    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    after = {p: file_sha256(p) for p in root.rglob("*") if p.is_file()}
     assert before == after, "the user's images are never modified"
 
 

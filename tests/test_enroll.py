@@ -7,7 +7,6 @@ images), none of which touches the source."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import read_safetensors, zoo_here
+from tests.conftest import file_sha256, read_safetensors, zoo_here
 from tests.serving import server
 from zoo.train.imprint import fit_new_row, imprint
 
@@ -52,12 +51,8 @@ def run(nine: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs / "cnn"
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _source_state(run: Path) -> dict[str, str]:
-    return {p.name: _digest(p) for p in sorted((run / "model").iterdir()) if p.is_file()}
+    return {p.name: file_sha256(p) for p in sorted((run / "model").iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +78,7 @@ def test_the_folder_holds_one_class_more_and_says_how(
     assert config["class_names"] == [*source["class_names"], NEW] and config["num_classes"] == 10
     assert result["index"] == 9 and result["num_classes"] == 10 and result["images"] == 5
     (record,) = config["enrolled"]
-    assert record["sha256"] == [_digest(p) for p in nines[:5]]
+    assert record["sha256"] == [file_sha256(p) for p in nines[:5]]
     assert record["class"] == NEW and record["images"] == 5
     # the check on the run's own validation images: "before" is the run's measured top-1
     report = json.loads((run / "report.json").read_text())

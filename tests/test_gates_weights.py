@@ -15,11 +15,12 @@ from huggingface_hub import constants
 from safetensors.torch import save_file
 
 import zoo
-from tests.conftest import no_home
+from tests.conftest import no_home, zoo_here
 from tests.hub_cache import seed_repo
 from zoo import hub, weights
 from zoo.errors import (
     ArtifactError,
+    InputError,
     NoHomeFolderError,
     UnsafeWeightsError,
     WeightsIntegrityError,
@@ -508,3 +509,46 @@ def test_torch_s_escape_hatch_does_not_reopen_unpickling(
     with pytest.raises(UnsafeWeightsError):
         weights.read_state_dict(tmp_path / "evil.pth")
     assert not ran.exists()
+
+
+def test_read_state_dict_names_a_torn_or_foreign_file_without_offering_to_unpickle(
+    tmp_path: Path,
+) -> None:
+    """A truncated download or a file of another kind is an input error that says so: it is
+    not a pickle to trust, and ``--trust`` would not load it either."""
+    torch.save({"w": torch.ones(3)}, tmp_path / "whole.pth")
+    whole = (tmp_path / "whole.pth").read_bytes()
+    save_file({"w": torch.ones(3)}, str(tmp_path / "whole.safetensors"))
+    cases = {
+        "torn.pth": whole[: len(whole) // 2],
+        "empty.pth": b"",
+        "notes.pth": b"hello world\n",
+        "torn.safetensors": (tmp_path / "whole.safetensors").read_bytes()[:20],
+        "notes.safetensors": b"hello world\n",
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(InputError) as exc:
+            weights.read_state_dict(tmp_path / name)
+        said = str(exc.value)
+        assert not isinstance(exc.value, UnsafeWeightsError), name
+        assert said.startswith(f"{tmp_path / name} is not a readable "), said
+        assert "truncated download or another kind of file" in said, said
+        assert "--trust" not in said, said
+
+
+def test_convert_trusted_names_a_file_that_still_does_not_load(tmp_path: Path) -> None:
+    (tmp_path / "notes.pth").write_text("hello world\n")
+    r = zoo_here(
+        "convert",
+        str(tmp_path / "notes.pth"),
+        "--arch",
+        "mlp",
+        "--trust",
+        "-o",
+        str(tmp_path / "m"),
+    )
+    assert r.returncode == 1, r.stderr
+    assert f"{tmp_path / 'notes.pth'} could not be loaded even trusted" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "m").exists()

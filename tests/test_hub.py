@@ -19,6 +19,7 @@ from tests.hub_cache import seed_repo
 from zoo.artifact import REQUIRED_FILES
 from zoo.errors import (
     ArtifactError,
+    InputError,
     StateDictMismatchError,
     UnsafeWeightsError,
     WeightsIntegrityError,
@@ -290,6 +291,63 @@ def test_push_refuses_contract_breaks(digits_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"extra\.pth"):
         push(folder, "me/x", api=api)
     assert api.calls == []  # nothing was sent
+
+
+@pytest.fixture()
+def refusing_hub() -> Any:
+    """A Hub endpoint on loopback that refuses every request with the status it is set to."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        status = 401
+
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = b'{"error": "refused by the test"}'
+            self.send_response(Refuse.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield Refuse, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_push_errors_say_what_to_do(
+    digits_run: Path, refusing_hub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the Hub's client raises on upload (no network, offline mode, a token refused or
+    without write access) is an InputError naming the fix, through a real HfApi."""
+    from tests.serving import free_port
+    from zoo.hub import push
+
+    handler, url = refusing_hub
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests run offline
+    for status, words in [
+        (401, "did not accept the token: run `hf auth login`"),
+        (403, "may not write to me/digits: push to your own namespace"),
+    ]:
+        handler.status = status
+        with pytest.raises(InputError, match=f"HTTP {status}") as exc:
+            push(digits_run, "me/digits", api=HfApi(endpoint=url, token="hf_test"))
+        assert words in str(exc.value)
+        assert "hf_test" not in str(exc.value)
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(InputError, match=f"the Hub at {closed} cannot be reached"):
+        push(digits_run, "me/digits", api=HfApi(endpoint=closed, token="hf_test"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(InputError, match="HF_HUB_OFFLINE is set: unset it"):
+        push(digits_run, "me/digits", api=HfApi(endpoint=url, token="hf_test"))
 
 
 def test_convert_legacy_checkpoint(tmp_path: Path) -> None:

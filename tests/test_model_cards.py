@@ -30,3 +30,24 @@ def test_card_exists_and_matches(name: str) -> None:
     assert f"{EXPECTED_PARAMS[name]:,}" in card.text
     validate_card_locally(str(card))
     assert str(card) == str(registry_card(info)), "card is stale: regenerate it"
+
+
+@pytest.mark.parametrize("name", [n for n in zoo.list_models() if not n.startswith("tiny_")])
+def test_card_commands_parse_and_name_this_entry(name: str) -> None:
+    """A card's ``zoo`` lines are commands the CLI takes, about this entry (``zoo finetune
+    resnet18`` would train another tag's weights), without flags kept only as no-ops."""
+    import typer
+
+    from tests.test_readme_blocks import _parse, zoo_argv
+    from zoo.cli.app import app
+
+    group = typer.main.get_command(app)
+    text = (ROOT / "model_cards" / f"{name}.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("zoo ")]
+    assert lines, "the card shows no zoo command"
+    for line in lines:
+        argv = zoo_argv(line)
+        assert argv is not None
+        _parse(group, argv)
+        assert argv[1] == name, f"{line!r} is about another entry than {name}"
+        assert "--dynamic-batch" not in argv, "a no-op flag (the batch axis is the default)"

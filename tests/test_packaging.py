@@ -3,6 +3,7 @@ mapped under it), and ``python -m zoo`` is the CLI."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -44,6 +45,35 @@ def test_wheel_has_only_the_zoo_package(tmp_path: Path) -> None:
         assert module in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "zoo = zoo.cli.app:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    installed_as = {"zoo": "zoo", "train": "zoo/train", "deploy": "zoo/deploy", "cli": "zoo/cli"}
+    sources = {
+        f"{installed_as[top]}/{p.relative_to(ROOT / top).as_posix()}"
+        for top in installed_as
+        for p in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    missing = sorted(sources - set(names))
+    assert not missing, f"sources left out of the wheel (pyproject's packages): {missing}"
+
+    site = tmp_path / "site"  # the wheel as `pip install .` lays it out, ahead of the checkout
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run(
+        [sys.executable, "-m", "zoo", "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr  # every command module imports from the wheel alone
+    r = subprocess.run(
+        [sys.executable, "-c", "import zoo; print(zoo.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.stdout.strip().startswith(str(site)), r.stdout
 
 
 def test_python_dash_m_zoo_is_the_cli() -> None:

@@ -64,6 +64,18 @@ def test_report_out_needs_report(report: tuple[Path, dict]) -> None:
     assert r.exit_code == 2 and "--report-out applies to --report only" in r.output
 
 
+def test_report_out_that_is_a_folder_is_refused_before_the_evaluation(
+    report: tuple[Path, dict], tmp_path: Path
+) -> None:
+    from tests.conftest import zoo_here
+
+    r = zoo_here("eval", str(report[0]), "--report", "--report-out", str(tmp_path))
+    assert r.returncode == 1, r.stderr
+    assert f"--report-out {tmp_path} is a folder" in r.stderr
+    assert f"--report-out {tmp_path / 'report.html'}" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
 @pytest.mark.browser
 def test_report_page_in_a_real_browser(
     browser: Any,  # noqa: F811

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from PIL import Image
 
-from tests.conftest import run_zoo
+from tests.conftest import file_sha256, run_zoo
 from zoo.samples import PHOTO_SOURCES, write_photo_folder
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*.jpg"))
-    }
+    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*.jpg"))}
 
 
 def test_photo_folder_is_real_sized_and_the_same_everywhere(tmp_path: Path) -> None:

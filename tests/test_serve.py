@@ -427,3 +427,36 @@ def test_triton_repository_parses_with_triton_schema(tmp_path: Path, mobilenet_w
     assert cfg.output[0].label_filename == "labels.txt" and cfg.HasField("dynamic_batching")
     assert (model_dir / "1" / "model.onnx").is_file()
     assert len((model_dir / "labels.txt").read_text().splitlines()) == 1000
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_fault_of_ours(srv: str, srv_log: Path) -> None:
+    """A client that closes its connection before the body it announced has arrived (a
+    dropped upload) is counted as ``client_closed``: no 500, no traceback, and the server
+    answers the next request."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(srv)
+    for path, ctype in (
+        (f"/v2/models/{NAME}/infer", "application/json"),
+        (f"/v2/models/{NAME}/predict", "multipart/form-data; boundary=xyz"),
+    ):
+        with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+            conn.sendall(f"{head}Content-Length: 100000\r\n\r\n".encode() + b"{" * 1000)
+            time.sleep(0.2)  # the server is reading the body when the client goes
+    metrics = ""
+    for _ in range(100):
+        metrics = httpx.get(f"{srv}/metrics").text
+        closed = [
+            metric(metrics, f'zoo_requests_total{{endpoint="{e}",outcome="client_closed"}}')
+            for e in ("infer", "predict")
+        ]
+        if all(closed):
+            break
+        time.sleep(0.1)
+    assert closed == [1, 1], metrics
+    for endpoint in ("infer", "predict"):
+        assert metric(metrics, f'zoo_requests_total{{endpoint="{endpoint}",outcome="error"}}') == 0
+    assert "Traceback" not in srv_log.read_text(errors="replace")
+    assert httpx.get(f"{srv}/v2/health/ready").status_code == 200

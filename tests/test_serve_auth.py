@@ -364,6 +364,45 @@ def test_exposure_key_files_and_tls_options_are_checked(
     check_exposure("0.0.0.0", parse_key_file(ALL, "k"), allow_unauthenticated=False)
 
 
+def test_tls_files_that_do_not_load_together_are_refused_before_anything_loads(
+    tls: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    """A certificate that is not PEM, a key made for another certificate and an encrypted
+    key exit 1 naming the files, before a model loads (uvicorn would fail only at start, with
+    a traceback, or prompt for a password on a server's terminal)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from tests.conftest import zoo_here
+    from zoo.deploy.serve.config import ServeConfig
+    from zoo.deploy.serve.run import check_tls
+
+    cert, key, _ = tls
+    (tmp_path / "other").mkdir()
+    _, other_key, _ = self_signed_cert(tmp_path / "other")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    locked = tmp_path / "locked.pem"
+    loaded = serialization.load_pem_private_key(key.read_bytes(), None)
+    locked.write_bytes(
+        loaded.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    check_tls(ServeConfig(model_path="m", ssl_certfile=str(cert), ssl_keyfile=str(key)))  # a pair
+    for cert_file, key_file, words in [
+        (junk, key, f"--ssl-certfile {junk} with --ssl-keyfile {key} do not load"),
+        (cert, other_key, f"--ssl-certfile {cert} with --ssl-keyfile {other_key} do not load"),
+        (cert, locked, f"--ssl-keyfile {locked}: the private key is encrypted"),
+    ]:
+        args = ["--ssl-certfile", str(cert_file), "--ssl-keyfile", str(key_file)]
+        r = zoo_here("serve", "no-such-model-is-loaded", *args)
+        assert r.returncode == 1, r.stderr
+        assert words in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("option", ["--port", "--grpc-port"])
 def test_a_port_another_process_holds_is_refused_before_anything_loads(
     option: str, mobilenet_onnx: Path, tmp_path: Path

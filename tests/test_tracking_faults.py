@@ -5,14 +5,13 @@ checked before any work, with one clear line when the server is down."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_zoo
+from tests.conftest import file_sha256, run_zoo
 from tests.mlflow_server import MlflowServer
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[mlflow]'")
@@ -44,10 +43,6 @@ def zoo(server: MlflowServer, *args: str, cwd: Path):
     return run_zoo(*args, cwd=cwd, env={"MLFLOW_TRACKING_URI": server.uri})
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def test_register_is_checked_before_any_work(server: MlflowServer, run: Path) -> None:
     for bad in ("", "a/b", " x"):
         r = zoo(server, "export", str(run), "--register", bad, cwd=run.parent)
@@ -63,11 +58,11 @@ def test_a_registered_version_never_changes_and_says_its_precision(
     out = run.parent / "out" / "model.onnx"  # both exports: the same file name
     e1 = zoo(server, "export", str(run), "--register", "faults", "-o", str(out), cwd=run.parent)
     assert e1.returncode == 0, e1.stderr
-    first = sha256(out)
+    first = file_sha256(out)
     e2 = zoo(server, "export", str(run), "--register", "faults", "--static-batch", "4",
              "-o", str(out), cwd=run.parent)  # fmt: skip
     assert e2.returncode == 0 and "registered faults version 2" in e2.stderr, e2.stderr
-    assert sha256(out) != first  # the same name, other bytes
+    assert file_sha256(out) != first  # the same name, other bytes
     c = MlflowClient(server.uri)
     v1, v2 = c.get_model_version("faults", "1"), c.get_model_version("faults", "2")
     assert v1.source != v2.source and v1.source.endswith(f"/export/{first[:12]}/model.onnx")
@@ -76,7 +71,7 @@ def test_a_registered_version_never_changes_and_says_its_precision(
             v1.run_id, v1.source.removeprefix(f"runs:/{v1.run_id}/"), str(run.parent / "v1")
         )
     )
-    assert sha256(got) == first
+    assert file_sha256(got) == first
     assert v1.tags["zoo.format"] == "onnx" and v1.tags["zoo.precision"] == "fp32"
 
 
@@ -95,7 +90,7 @@ def test_an_outage_during_export_is_queued_and_synced(server: MlflowServer, run:
         assert down.returncode == 1 and f"run `zoo runs sync {run}` again" in down.stderr
     finally:
         server.start()
-    sent = sha256(run / "model" / "model.onnx")
+    sent = file_sha256(run / "model" / "model.onnx")
     s = zoo(server, "runs", "sync", str(run), cwd=run.parent)
     assert s.returncode == 0 and "everything logged" in s.stderr, s.stderr
     assert not (run / "tracking.queue.json").exists()

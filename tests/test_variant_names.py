@@ -6,7 +6,6 @@ file came from)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import shutil
@@ -15,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import zoo_here
+from tests.conftest import file_sha256, zoo_ok
 from zoo.errors import InputError
 from zoo.variants import ExportFlags, exports, find_variant, list_variants
-
-
-def _ok(*args: str) -> str:
-    r = zoo_here(*args)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
 
 QUANTIZE = ("--mode", "static", "--engine", "ort", "--allow-drop")  # tiny run: judged on 20 images
 
@@ -47,18 +35,18 @@ def quantized(digits16: Path, tmp_path_factory: pytest.TempPathFactory) -> Quant
     """runs/X: simple_cnn, 1 epoch on 16 px digits; model.onnx and its static int8, then a
     ``--static-batch 4`` export quantized the same way with the default output."""
     runs = tmp_path_factory.mktemp("runs")
-    _ok(
+    zoo_ok(
         "finetune", "simple_cnn", "--data", str(digits16), "--weights", "none", "--epochs", "1",
         "--image-size", "32", "--runs", str(runs), "--name", "X", "--num-workers", "0",
         "--no-progress",
     )  # fmt: skip
     run = runs / "X"
     variants = run / "model" / "variants"
-    _ok("export", str(run))
-    _ok("quantize", str(run / "model" / "model.onnx"), *QUANTIZE)
-    before = _sha(variants / "int8-static.onnx")
-    _ok("export", str(run), "--static-batch", "4")
-    _ok("quantize", str(variants / "batch4.onnx"), *QUANTIZE)
+    zoo_ok("export", str(run))
+    zoo_ok("quantize", str(run / "model" / "model.onnx"), *QUANTIZE)
+    before = file_sha256(variants / "int8-static.onnx")
+    zoo_ok("export", str(run), "--static-batch", "4")
+    zoo_ok("quantize", str(variants / "batch4.onnx"), *QUANTIZE)
     return Quantized(run, before)
 
 
@@ -71,7 +59,7 @@ def test_quantizing_a_batch4_variant_leaves_the_int8_of_model_onnx_alone(
     model = run / "model"
     variants = model / "variants"
     own, made = variants / "int8-static.onnx", variants / "batch4-int8-static.onnx"
-    assert _sha(own) == quantized.own_int8_before  # not overwritten
+    assert file_sha256(own) == quantized.own_int8_before  # not overwritten
     assert onnx.load(str(made)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 4
     assert onnx.load(str(own)).graph.input[0].type.tensor_type.shape.dim[0].dim_param
     assert [v.name for v in list_variants(model)] == ["batch4", "batch4-int8-static", "int8-static"]
@@ -79,7 +67,7 @@ def test_quantizing_a_batch4_variant_leaves_the_int8_of_model_onnx_alone(
     assert find_variant(model, "batch4-int8").path == made
     assert find_variant(model, "batch4").path == variants / "batch4.onnx"  # exact wins
     assert find_variant(model, "int8").path == own
-    rows = json.loads(_ok("list", f"{run.parent}/*", "--runs", str(run.parent), "--json"))
+    rows = json.loads(zoo_ok("list", f"{run.parent}/*", "--runs", str(run.parent), "--json").stdout)
     listed = next(r for r in rows if r["name"] == str(run))["variants"]
     names = ["model.onnx", "batch4", "batch4-int8-static", "int8-static"]
     assert [v["name"] for v in listed] == names
@@ -87,7 +75,9 @@ def test_quantizing_a_batch4_variant_leaves_the_int8_of_model_onnx_alone(
 
 def test_predict_picks_the_variant_made_from_batch4(quantized: Quantized, digits16: Path) -> None:
     image = str(sorted((digits16 / "digit_3").iterdir())[0])
-    out = _ok("predict", str(quantized.run), image, "--variant", "batch4-int8-static", "--json")
+    out = zoo_ok(
+        "predict", str(quantized.run), image, "--variant", "batch4-int8-static", "--json"
+    ).stdout
     assert json.loads(out)[0]["top"][0]["label"].startswith("digit_")
 
 
@@ -175,7 +165,7 @@ def test_the_refresh_command_remakes_the_same_files(quantized: Quantized, tmp_pa
     for part in command.split(" && "):
         words = shlex.split(part)
         assert words[0] == "zoo", command
-        _ok(*words[1:], *(["--allow-drop"] if words[1] == "quantize" else []))
+        zoo_ok(*words[1:], *(["--allow-drop"] if words[1] == "quantize" else []))
     after = {p.name: p.stat().st_mtime_ns for p in variants.iterdir()}
     assert after.keys() == before.keys()
     assert {n for n in after if after[n] != before[n]} == {"batch4.onnx", "batch4-int8-static.onnx"}

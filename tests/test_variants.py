@@ -5,7 +5,6 @@ exports and they read as stale, with one warning line when loaded."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import zoo_here
+from tests.conftest import file_sha256, zoo_here, zoo_ok
 from tests.serving import server
 from zoo.artifact import REQUIRED_FILES, read_config
 from zoo.errors import ArtifactError, InputError
@@ -27,35 +26,19 @@ from zoo.variants import (
 )
 
 
-def _ok(*args: str) -> str:
-    r = zoo_here(*args)
-    assert r.returncode == 0, r.stderr
-    return r.stderr
-
-
-def _ok_out(*args: str) -> str:
-    r = zoo_here(*args)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def chain(small_digits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """runs/X: simple_cnn, 1 epoch at 32 px, exported, with an int8 variant (the user's chain)."""
     runs = tmp_path_factory.mktemp("runs")
     # val/loss: the seeded second epoch of --extend lowers it, so new weights ship
-    _ok(
+    zoo_ok(
         "finetune", "simple_cnn", "--data", str(small_digits), "--weights", "none",
         "--epochs", "1", "--image-size", "32", "--runs", str(runs), "--name", "X",
         "--num-workers", "0", "--no-progress", "--monitor", "val/loss",
     )  # fmt: skip
     run = runs / "X"
-    _ok("export", str(run))
-    _ok("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic")
+    zoo_ok("export", str(run))
+    zoo_ok("quantize", str(run / "model" / "model.onnx"), "--mode", "dynamic")
     return run
 
 
@@ -65,8 +48,10 @@ def resumed(chain: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     run = tmp_path_factory.mktemp("resumed") / "X"
     shutil.copytree(chain, run)
     model = run / "model"
-    before = {p.name: _sha(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
-    _ok("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
+    before = {
+        p.name: file_sha256(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))
+    }
+    zoo_ok("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
     return run, before
 
 
@@ -78,7 +63,7 @@ def flagged(chain: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("flagged") / "X"
     shutil.copytree(chain, run)
     for flags in (("--static-batch", "4"), ("--embed-preprocessing",), ("--precision", "fp16")):
-        _ok("export", str(run), *flags)
+        zoo_ok("export", str(run), *flags)
     return run
 
 
@@ -227,7 +212,7 @@ def test_a_fixed_batch_export_quantizes_calibrated_a_full_batch_at_a_time(
 
     out = tmp_path / f"q-{engine}.onnx"
     fixed = flagged / "model" / "variants" / "batch4.onnx"
-    _ok("quantize", str(fixed), "--engine", engine, "-o", str(out))
+    zoo_ok("quantize", str(fixed), "--engine", engine, "-o", str(out))
     dim = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0]
     assert dim.dim_value == 4
     r = zoo_here("predict", str(out), image(small_digits), "--json")
@@ -243,7 +228,7 @@ def test_eval_of_a_pixels_variant_scores_the_file_on_decoded_images(
     crops of the preprocessed image)."""
     r = zoo_here("eval", str(flagged), "--variant", "pixels", "--json")
     assert r.returncode == 0, r.stderr
-    got, torch_ = json.loads(r.stdout), json.loads(_ok_out("eval", str(flagged), "--json"))
+    got, torch_ = json.loads(r.stdout), json.loads(zoo_ok("eval", str(flagged), "--json").stdout)
     assert got["scored_by"].endswith("pixels.onnx") and "scored_by" not in torch_
     assert got["n"] == torch_["n"] > 0
     assert abs(got["acc"] - torch_["acc"]) <= 0.05  # the graph's float resize vs PIL's
@@ -306,7 +291,7 @@ def test_resume_keeps_the_exports_and_they_read_as_stale(
     run, before = resumed
     model = run / "model"
     assert read_config(model)["weights_sha256"] != exports(model)[0].source_sha256  # new weights
-    kept = {p.name: _sha(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
+    kept = {p.name: file_sha256(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
     assert kept == before  # nothing deleted, nothing rewritten
     stale = stale_exports(model)
     assert [v.name for v in stale] == ["model.onnx", "int8-dynamic"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from zoo.images import open_image
+from zoo.images import open_image, to_channels
 from zoo.system import available_cpus, cache_home
 from zoo.train.data import MULTI_SEP, Splits
 from zoo.train.image_cache import ImageCache
@@ -40,7 +40,7 @@ ODD_MODES = frozenset(
     }
 )
 IMBALANCE_RATIO = 5.0
-CACHE_VERSION = 2  # 2: sizes are upright (EXIF orientation applied)
+CACHE_VERSION = 3  # 2: sizes are upright (EXIF orientation applied); 3: modes convert
 
 
 @dataclass
@@ -80,14 +80,18 @@ class CheckReport:
 
 def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
     """Decode one file exactly as training will (``open_image``: EXIF applied, same pixel
-    limit), after PIL's structural ``verify``; sizes are the upright ones. With ``cache``, the
-    decoded image is also stored there (the decode-once cache costs no second decode)."""
+    limit; an unusual mode converted to 1 and 3 channels), after PIL's structural ``verify``;
+    sizes are the upright ones. With ``cache``, the decoded image is also stored there (the
+    decode-once cache costs no second decode)."""
     try:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         with Image.open(BytesIO(data)) as raw:
             raw.verify()  # structure
         im = open_image(data)  # every pixel: catches truncated files
+        if im.mode not in ("L", "RGB"):  # a mode PIL opens may still not convert
+            for channels in (1, 3):
+                to_channels(im, channels, subject="The image")  # the report names it
         if cache is not None:
             cache.get(path, im)
         return FileCheck(

@@ -99,13 +99,26 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise ArtifactError(
             f"{folder} holds files outside the model-folder contract: " + "; ".join(problems)
         )
+    path = folder / CONFIG_FILE
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{folder / CONFIG_FILE} is not valid JSON: {exc}") from exc
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not UTF-8 (UnicodeDecodeError) or not JSON
+        raise ArtifactError(f"{path} is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ArtifactError(
+            f"{path} holds {json.dumps(config)[:60]}, not the JSON object of keys (zoo_schema, "
+            "base, ...) a model folder's config is."
+        )
     for key in ("zoo_schema", "base", "num_classes", "class_names", "weights_sha256"):
         if key not in config:
-            raise ArtifactError(f"{folder / CONFIG_FILE} lacks the required key {key!r}.")
+            raise ArtifactError(f"{path} lacks the required key {key!r}.")
+    for key, kind in (("zoo_schema", int), ("num_classes", int), ("class_names", list)):
+        value = config[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ArtifactError(
+                f"{path}: {key!r} is {value!r}, not a JSON "
+                f"{'whole number' if kind is int else 'list'}."
+            )
     if config["zoo_schema"] > SCHEMA_VERSION:
         raise ArtifactError(
             f"{folder} uses config schema {config['zoo_schema']}, newer than this zoo "
@@ -113,7 +126,7 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
         )
     if len(config["class_names"]) != config["num_classes"]:
         raise ArtifactError(
-            f"{folder / CONFIG_FILE} says num_classes={config['num_classes']} but lists "
+            f"{path} says num_classes={config['num_classes']} but lists "
             f"{len(config['class_names'])} class names."
         )
     return config

@@ -12,7 +12,7 @@ from zoo import durable
 from zoo.artifact import ALLOWED_FILES, ALLOWED_NAMES, CONFIG_FILE, read_config, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.catalog import get_entry
-from zoo.errors import InputError, UnsafeWeightsError
+from zoo.errors import InputError, UnsafeWeightsError, first_line
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
 from zoo.ref import ModelRef
@@ -129,7 +129,14 @@ def convert(
         raise InputError(f"Checkpoint {pth} does not exist.")
     check_replaceable(Path(out))
     if trust:
-        obj = torch.load(pth, map_location="cpu", weights_only=False)  # the user vouched for it
+        try:
+            obj = torch.load(pth, map_location="cpu", weights_only=False)  # the user vouched for it
+        except Exception as exc:  # torn zip, empty or text file, a class this env lacks
+            raise InputError(
+                f"{pth} could not be loaded even trusted ({type(exc).__name__}: "
+                f"{first_line(exc)}): a truncated file, another kind of file, or a pickle of "
+                "classes this environment cannot import."
+            ) from exc
         for key in ("state_dict", "model", "model_state_dict"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict | torch.nn.Module):
                 obj = obj[key]

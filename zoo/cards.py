@@ -29,8 +29,8 @@ model = zoo.create_model("{name}", num_classes=5)
 
 ```bash
 zoo info {name}
-zoo finetune {arch} --data ./my_images
-zoo export {name} --dynamic-batch -o {safe}.onnx
+zoo finetune {name} --data ./my_images
+zoo export {name} -o {safe}.onnx
 ```"""
 
 
@@ -108,7 +108,7 @@ def registry_card(info: ModelInfo) -> str:
 Source: {info.metrics_source or "—"}
 
 ## How to use with zoo
-{_USAGE.format(name=info.name, arch=info.arch, safe=info.name.replace(":", "_"))}
+{_USAGE.format(name=info.name, safe=info.name.replace(":", "_"))}
 """
     data = _card_data(info, eval_results=_published_results(info), extra={})
     return f"---\n{data.to_yaml()}\n---\n{body}"
@@ -159,7 +159,7 @@ model = zoo.create_model("path/to/this/folder")
 ```
 ```bash
 zoo predict path/to/this/folder image.jpg
-zoo export path/to/this/folder --dynamic-batch -o model.onnx
+zoo export path/to/this/folder -o model.onnx
 ```
 """
     data = _card_data(

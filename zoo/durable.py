@@ -126,31 +126,36 @@ def temp_path(target: Path, *, folder: bool = False) -> Path:
             continue
 
 
-def write_with(path: Path, fill: Callable[[IO[bytes]], object], *, label: str | None) -> None:
+def write_with(
+    path: Path, fill: Callable[[IO[bytes]], object], *, label: str | None, sync: bool = True
+) -> None:
     """Atomically write ``path`` with what ``fill(file)`` writes into a binary file.
 
     ``label`` names the write for fault injection; ``None`` for a write outside a run folder
-    (a cache, a lock file): atomic, but not a fault point.
+    (a cache, a lock file): atomic, but not a fault point. ``sync=False`` skips the fsyncs:
+    still whole or absent after a kill, not after a power cut; for many small files a rerun
+    makes again (``zoo example``'s 1,797 digits took 12 s fsynced, 2 s without).
 
     Raises:
         Whatever ``fill`` raises; the temporary file is removed and ``path`` is untouched.
     """
-    with file_output(path, label=label) as tmp, open(tmp, "wb") as f:
+    with file_output(path, label=label, sync=sync) as tmp, open(tmp, "wb") as f:
         fill(f)
 
 
 @contextmanager
-def file_output(path: Path, *, label: str | None = None) -> Iterator[Path]:
+def file_output(path: Path, *, label: str | None = None, sync: bool = True) -> Iterator[Path]:
     """A fresh temporary path beside ``path`` for a writer that takes a file name (an ONNX
     exporter). When the block succeeds the file is fsynced, given the umask's modes and moved
     over ``path`` in one step; when it raises, the temporary file goes and ``path`` is
-    untouched. ``label``: as for :func:`write_with`."""
+    untouched. ``label``, ``sync``: as for :func:`write_with`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if sync:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         share_modes(tmp)
         if label is not None:
             inside()
@@ -158,13 +163,14 @@ def file_output(path: Path, *, label: str | None = None) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _sync_dir(path.parent)
+    if sync:
+        _sync_dir(path.parent)
     if label is not None:
         boundary(label)
 
 
-def write_bytes(path: Path, data: bytes, *, label: str | None) -> None:
-    write_with(path, lambda f: f.write(data), label=label)
+def write_bytes(path: Path, data: bytes, *, label: str | None, sync: bool = True) -> None:
+    write_with(path, lambda f: f.write(data), label=label, sync=sync)
 
 
 def write_text(path: Path, text: str, *, label: str | None) -> None:

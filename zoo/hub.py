@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from zoo.errors import (
     ModelRefError,
     UnsafeWeightsError,
     WeightsIntegrityError,
+    first_line,
 )
 from zoo.ref import ModelRef, is_repo_id
 
@@ -152,6 +156,56 @@ def _remote_pickles(repo: str, rev: str | None) -> list[str]:
         return []
 
 
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a request that never got an answer raises: OSError, and the TransportError of the
+    HTTP client huggingface_hub uses (httpx2 from 2.x, httpx before)."""
+    import importlib
+
+    found: list[type[BaseException]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError):
+            found.append(importlib.import_module(name).TransportError)
+    return tuple(found)
+
+
+@contextmanager
+def _push_errors(repo_id: str, endpoint: str) -> Iterator[None]:
+    """huggingface_hub's upload errors → an InputError that says what to do (``pull``'s
+    download errors are :func:`zoo.weights.hub_errors`)."""
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalTokenNotFoundError,
+        OfflineModeIsEnabled,
+    )
+
+    try:
+        yield
+    except OfflineModeIsEnabled as exc:
+        raise InputError(
+            f"zoo push {repo_id} needs the Hub, and HF_HUB_OFFLINE is set: unset it to upload."
+        ) from exc
+    except LocalTokenNotFoundError as exc:
+        raise InputError(
+            f"zoo push {repo_id} needs a Hugging Face token with write access: run "
+            "`hf auth login`, or set HF_TOKEN."
+        ) from exc
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        fix = {
+            401: "the Hub did not accept the token: run `hf auth login` with a write token",
+            403: f"the token may not write to {repo_id}: push to your own namespace, or ask "
+            "its owner for write access",
+        }.get(status or 0, "see the Hub's message")
+        raise InputError(
+            f"The Hub refused the upload to {repo_id} (HTTP {status}: {first_line(exc)}); {fix}."
+        ) from exc
+    except _transport_errors() as exc:
+        raise InputError(
+            f"zoo push {repo_id}: the Hub at {endpoint} cannot be reached "
+            f"({type(exc).__name__}: {first_line(exc)}); check the network and HF_ENDPOINT."
+        ) from exc
+
+
 def push(
     folder: str | Path,
     repo_id: str,
@@ -196,17 +250,18 @@ def push(
     # the contract's files only: variants/ (int8, fp16, IR) stay local (zoo.variants)
     files = sorted(p.name for p in src.iterdir() if p.name in ALLOWED_FILES)
     api = api or HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    if revision and revision != "main" and not create_pr:
-        api.create_branch(repo_id, branch=revision, exist_ok=True)
     operations = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(src / f)) for f in files]
-    info = api.create_commit(
-        repo_id,
-        operations=operations,
-        commit_message=f"Upload {src.name} with zoo",
-        revision=revision,
-        create_pr=create_pr,
-    )
+    with _push_errors(repo_id, getattr(api, "endpoint", "the Hub")):
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision and revision != "main" and not create_pr:
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        info = api.create_commit(
+            repo_id,
+            operations=operations,
+            commit_message=f"Upload {src.name} with zoo",
+            revision=revision,
+            create_pr=create_pr,
+        )
     return {
         "repo_id": repo_id,
         "files": files,

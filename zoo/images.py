@@ -64,7 +64,8 @@ def open_image(
 
     Raises:
         PayloadTooLargeError: the image has more than ``max_pixels`` pixels.
-        InputError: the file does not exist or cannot be decoded as an image.
+        InputError: the file does not exist, cannot be decoded as an image, or has a pixel
+            mode that cannot be converted to ``channels``.
     """
     if isinstance(src, bytes):
         where, subject = "the uploaded data", "The uploaded image"
@@ -101,20 +102,42 @@ def open_image(
         raise InputError(
             f"Cannot decode {where} as an image ({type(exc).__name__}: {exc})."
         ) from exc
-    return to_channels(im, channels) if channels else im
+    return to_channels(im, channels, subject=subject) if channels else im
 
 
-def to_channels(im: Image.Image, channels: int) -> Image.Image:
-    """``L`` for 1 channel, ``RGB`` for 3: 16/32-bit greyscale is scaled to 8 bits (not
-    clipped), transparency is flattened onto white, palette and CMYK are converted."""
+def to_channels(im: Image.Image, channels: int, *, subject: str | None = None) -> Image.Image:
+    """``L`` for 1 channel, ``RGB`` for 3: 16/32-bit greyscale (either byte order) is scaled to
+    8 bits (not clipped), transparency (premultiplied too) is flattened onto white, palette and
+    CMYK are converted, CIELab goes through sRGB (PIL converts it to RGB only).
+
+    Args:
+        subject: the image as messages name it ("Image photo.tif"); default: its file name.
+
+    Raises:
+        InputError: PIL cannot convert the image's mode (CIELab without PIL's ImageCms).
+    """
     mode = "L" if channels == 1 else "RGB"
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        im = im.point(lambda v: v / 256).convert("L")
-    elif im.mode == "F":
-        im = im.convert("L")
-    if im.mode == "P" and "transparency" in im.info:
-        im = im.convert("RGBA")
-    if im.mode in ("RGBA", "LA", "PA"):
-        background = Image.new("RGBA", im.size, (255, 255, 255, 255))
-        im = Image.alpha_composite(background, im.convert("RGBA"))
-    return im.convert(mode) if im.mode != mode else im
+    source, file = im.mode, getattr(im, "filename", "")
+    try:
+        if im.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+            im = im.convert("I")  # point() refuses big-endian 16-bit
+        if im.mode == "I":
+            im = im.point(lambda v: v / 256).convert("L")
+        elif im.mode == "F":
+            im = im.convert("L")
+        elif im.mode == "LAB":
+            im = im.convert("RGB")
+        elif im.mode in ("La", "RGBa"):
+            im = im.convert({"La": "LA", "RGBa": "RGBA"}[im.mode])
+        if im.mode == "P" and "transparency" in im.info:
+            im = im.convert("RGBA")
+        if im.mode in ("RGBA", "LA", "PA"):
+            background = Image.new("RGBA", im.size, (255, 255, 255, 255))
+            im = Image.alpha_composite(background, im.convert("RGBA"))
+        return im.convert(mode) if im.mode != mode else im
+    except (ValueError, ImportError) as exc:  # ImportError: PIL built without ImageCms
+        name = subject or (f"Image {file}" if file else "The image")
+        raise InputError(
+            f"{name} has pixel mode {source!r}, which cannot be converted to {mode} here "
+            f"({exc}). Convert it to an 8-bit RGB or greyscale PNG or JPEG and use that."
+        ) from exc

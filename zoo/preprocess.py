@@ -57,7 +57,8 @@ def resized(im: Image.Image, pre: Preprocessing) -> Image.Image:
     model's filter), as torchvision's ``Resize(int)``: the long side is truncated.
 
     Raises:
-        InputError: an image too thin to resize (:func:`check_aspect`).
+        InputError: an image too thin to resize (:func:`check_aspect`), or in a pixel mode
+            that cannot be converted to the model's channels (:func:`~zoo.images.to_channels`).
     """
     resize = pre.resize_size
     im = to_channels(im, pre.channels)

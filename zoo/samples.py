@@ -3,10 +3,15 @@ image-folder data set (scikit-learn's 1,797 handwritten digits)."""
 
 from __future__ import annotations
 
+from io import BytesIO
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from zoo import durable
 from zoo.errors import InputError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 SAMPLE_IMAGES = {"chelsea": "chelsea.jpg", "coffee": "coffee.jpg"}
 Example = Literal["digits", "photos"]
@@ -19,11 +24,38 @@ def sample_image_paths() -> list[Path]:
     return [root / f for f in SAMPLE_IMAGES.values()]
 
 
+def _example_folder(out: str | Path) -> Path:
+    """``out`` as a folder to write an example into.
+
+    Raises:
+        InputError: ``out``, or the nearest of its parents that exists, is not a folder.
+    """
+    out = Path(out)
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise InputError(
+            f"Cannot write the example into {out}: {existing} is a file, not a folder. Give a "
+            "folder that does not exist yet (or one an earlier zoo example wrote)."
+        )
+    return out
+
+
+def _write_image(path: Path, im: Image, fmt: str, **params: Any) -> None:
+    """Encode ``im`` and write it atomically (:mod:`zoo.durable`, not fsynced: sample data a
+    rerun makes again): a killed run leaves no truncated file for the next one to keep."""
+    buf = BytesIO()
+    im.save(buf, fmt, **params)
+    durable.write_bytes(path, buf.getvalue(), label=None, sync=False)
+
+
 def write_digits_folder(out: str | Path, *, size: int = 32, per_class: int | None = None) -> Path:
     """Write sklearn's digits as ``out/<digit>/<i>.png`` (a flat image folder).
 
     The 8×8 4-bit images are scaled to ``size``×``size`` grayscale PNGs; existing files
     are left alone, so calling twice is cheap.
+
+    Raises:
+        InputError: ``out`` is a file.
     """
     try:
         from sklearn.datasets import load_digits
@@ -32,7 +64,7 @@ def write_digits_folder(out: str | Path, *, size: int = 32, per_class: int | Non
     import numpy as np
     from PIL import Image
 
-    out = Path(out)
+    out = _example_folder(out)
     digits = load_digits()
     counts: dict[int, int] = {}
     for img, label in zip(digits.images, digits.target, strict=True):
@@ -44,9 +76,9 @@ def write_digits_folder(out: str | Path, *, size: int = 32, per_class: int | Non
         path = out / f"digit_{label}" / f"{i:04d}.png"
         if path.exists():
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
         arr = (img / 16.0 * 255).astype(np.uint8)
-        Image.fromarray(arr, mode="L").resize((size, size), Image.Resampling.BICUBIC).save(path)
+        im = Image.fromarray(arr, mode="L").resize((size, size), Image.Resampling.BICUBIC)
+        _write_image(path, im, "PNG")
     return out
 
 
@@ -75,7 +107,8 @@ def write_photo_folder(
     machine; existing files are left alone, so calling twice is cheap.
 
     Raises:
-        InputError: scikit-image is not installed (``pip install 'zoo[examples]'``).
+        InputError: scikit-image is not installed (``pip install 'zoo[examples]'``); ``out``
+            is a file.
     """
     try:
         import skimage.data
@@ -90,14 +123,13 @@ def write_photo_folder(
 
     from zoo.system import available_cpus
 
-    out = Path(out)
+    out = _example_folder(out)
 
     def write_class(cls_index: int, name: str) -> None:
         todo = [i for i in range(per_class) if not (out / name / f"{i:04d}.jpg").exists()]
         if not todo:
             return
         src = Image.fromarray(getattr(skimage.data, name)()).convert("RGB")
-        (out / name).mkdir(parents=True, exist_ok=True)
         for i in todo:
             path = out / name / f"{i:04d}.jpg"
             rng = np.random.default_rng([seed, cls_index, i])
@@ -115,9 +147,7 @@ def write_photo_folder(
             im = im.resize(
                 (max(1, round(cw * scale)), max(1, round(ch * scale))), Image.Resampling.BICUBIC
             )
-            tmp = path.with_name(f".{path.name}.tmp")
-            im.save(tmp, "JPEG", quality=int(rng.integers(85, 96)))
-            tmp.replace(path)  # a killed run never leaves a truncated JPEG behind
+            _write_image(path, im, "JPEG", quality=int(rng.integers(85, 96)))
 
     with ThreadPoolExecutor(max_workers=workers or available_cpus()) as pool:
         list(pool.map(lambda a: write_class(*a), enumerate(PHOTO_SOURCES)))

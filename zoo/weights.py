@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from zoo.errors import UnsafeWeightsError, WeightsIntegrityError, WeightsNotFoundError
+from zoo.errors import (
+    InputError,
+    UnsafeWeightsError,
+    WeightsIntegrityError,
+    WeightsNotFoundError,
+    first_line,
+)
 from zoo.metadata import WeightSource
 
 if TYPE_CHECKING:
@@ -234,17 +240,33 @@ def fetch_weights(source: WeightSource) -> Path:
 
 def read_state_dict(path: Path) -> StateDict:
     """Tensors from a safetensors file, or a ``.pth`` through ``weights_only=True``."""
+    import pickle
+
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if path.suffix == ".safetensors":
-        return load_file(str(path), device="cpu")
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise InputError(
+                f"{path} is not a readable safetensors file ({first_line(exc)}): a truncated "
+                "download or another kind of file. Fetch or export it again."
+            ) from exc
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle.UnpicklingError and friends
+    except pickle.UnpicklingError as exc:  # torch's weights-only refusal: objects beyond tensors
         raise UnsafeWeightsError(
-            f"{path} cannot be loaded without unpickling arbitrary objects ({exc}). "
-            "If you trust it, convert it with `zoo convert --trust`."
+            f"{path} cannot be loaded without unpickling arbitrary objects "
+            f"({first_line(exc)}). If you trust it, convert it with `zoo convert --trust`."
+        ) from exc
+    except Exception as exc:  # a torn zip (RuntimeError), an empty (EOFError) or text file
+        said = first_line(exc)
+        said = said if said == type(exc).__name__ else f"{type(exc).__name__}: {said}"
+        raise InputError(
+            f"{path} is not a readable PyTorch checkpoint ({said}): a truncated download or "
+            "another kind of file. Fetch it again, or pass a .safetensors file."
         ) from exc
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo import durable
 from zoo.deploy.bench.harness import time_session
 from zoo.deploy.choices import QuantEngine, QuantMode
 from zoo.deploy.quantize.calibration import (
@@ -55,6 +56,11 @@ from zoo.images import open_image
 from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.preprocess import preprocess
 from zoo.run_images import find_run
+
+
+def _mb(path: Path) -> float:
+    """The file's size in MB, to 4 significant figures: a small model's never reads 0."""
+    return float(f"{path.stat().st_size / 2**20:.4g}")
 
 
 def quantize(
@@ -237,7 +243,8 @@ def quantize(
             report, advice_before=advice, advice_after=after, gate=gate, search=searched
         )
         if not report.failed:
-            os.replace(tmp_out, out)
+            with durable.file_output(out) as final:
+                os.replace(tmp_out, final)
     return report
 
 
@@ -297,7 +304,7 @@ def _measure(
         mode=mode,
         engine=engine,
         calibration=calibration,
-        size_mb=(round(fp32.stat().st_size / 2**20, 2), round(q.stat().st_size / 2**20, 2)),
+        size_mb=(_mb(fp32), _mb(q)),
         latency=latency,
         top1_agreement=acc["top1_agreement"],
         agreement_ci95=acc["agreement_ci95"],

@@ -175,8 +175,9 @@ class QuantizeOptions:
 
     Raises:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
-        UsageError: ``calib`` with dynamic mode; ``target_agreement`` out of (0, 1].
-        InputError: ``engine`` nncf without static mode or with a ``method``;
+        UsageError: ``calib`` with dynamic mode; ``target_agreement`` out of (0, 1]; an
+            ``output`` not named ``.onnx``.
+        InputError: ``output`` is an existing folder; ``engine`` nncf without static mode or with a ``method``;
             ``target_agreement`` without static ``ort`` mode, or with a ``method`` or
             ``per_channel`` of its own.
     """
@@ -215,6 +216,23 @@ class QuantizeOptions:
                 "--calib applies to --mode static: it calibrates activations, which --mode "
                 "dynamic does not quantize: drop --calib, or use --mode static.",
                 param_hint="--calib",
+            )
+        if self.output is not None:
+            self._check_output(self.output)
+
+    def _check_output(self, out: Path) -> None:
+        """``output`` names an ``.onnx`` file, refused before any calibration work rather than
+        when the finished model is moved there."""
+        if out.is_dir():
+            raise InputError(
+                f"-o {out} is a folder; zoo quantize writes one int8 .onnx file: name it "
+                f"(e.g. -o {out / 'model-int8.onnx'})."
+            )
+        if out.suffix != ".onnx":
+            raise UsageError(
+                f"-o {out}: zoo quantize writes an ONNX model, named .onnx: e.g. -o "
+                f"{out.with_suffix('.onnx')}",
+                param_hint="--output",
             )
 
     def _check_search(self, target: float, engine: QuantEngine) -> None:

@@ -49,7 +49,7 @@ class QuantizeReport:
         mode: ``dynamic`` or ``static``.
         engine: ``ort`` or ``nncf`` (``auto`` already decided).
         calibration: onnxruntime's static setting (None: dynamic mode or NNCF).
-        size_mb: the fp32 and int8 file sizes, in MB.
+        size_mb: the fp32 and int8 file sizes, in MB (4 significant figures).
         latency: both models' median latency.
         top1_agreement: the share of images whose top-1 class int8 and fp32 agree on.
         agreement_ci95: its 95% Wilson interval, ``[low, high]``.

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -143,6 +143,9 @@ class HttpApi:
         except ServerBusyError as exc:
             status, outcome, message = 429, "queue_full", f"{exc}; retry later"
             headers = {"Retry-After": str(exc.retry_after_s)}
+        except ClientDisconnect:  # the client hung up mid-body: no one to answer, not a fault
+            status, outcome = 499, "client_closed"  # nginx's code for it, seen only in logs
+            message = "the client closed the connection before its request body arrived"
         except TimeoutError:
             status, outcome = 504, "timeout"
             timeout_ms = self.models.get(name).cfg.timeout_ms if name else 0.0

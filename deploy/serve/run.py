@@ -20,7 +20,7 @@ from zoo.deploy.serve.startup import (
     setup_logging,
     uvicorn_config,
 )
-from zoo.errors import InputError
+from zoo.errors import InputError, first_line
 from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
@@ -72,6 +72,45 @@ def default_name(onnx_path: Path) -> str:
     return onnx_path.stem
 
 
+def check_tls(cfg: ServeConfig) -> None:
+    """The certificate and key load together (PEM, matching, the key unencrypted), checked
+    before any model loads: uvicorn would find out only when it starts, with a traceback.
+
+    Raises:
+        InputError: a file is missing or unreadable, not PEM, the key does not match the
+            certificate, or the key wants a password (the server starts without a prompt).
+    """
+    import ssl
+
+    for option, tls_file in (
+        ("--ssl-certfile", cfg.ssl_certfile),
+        ("--ssl-keyfile", cfg.ssl_keyfile),
+    ):
+        if tls_file is not None and not Path(tls_file).is_file():
+            raise InputError(f"{option} {tls_file}: no such file")
+    if cfg.ssl_certfile is None:
+        return
+
+    def no_prompt() -> bytes:
+        raise InputError(
+            f"--ssl-keyfile {cfg.ssl_keyfile or cfg.ssl_certfile}: the private key is "
+            "encrypted; zoo serve starts without a password prompt: decrypt it (openssl pkey "
+            "-in KEY -out KEY.plain) and keep that file readable by the server only"
+        )
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            cfg.ssl_certfile, cfg.ssl_keyfile, password=no_prompt
+        )
+    except (ssl.SSLError, OSError) as exc:
+        raise InputError(
+            f"--ssl-certfile {cfg.ssl_certfile}"
+            + (f" with --ssl-keyfile {cfg.ssl_keyfile}" if cfg.ssl_keyfile else "")
+            + f" do not load as a certificate and its private key ({first_line(exc)}): give "
+            "PEM files, the key the one the certificate was made for"
+        ) from exc
+
+
 def serve(cfg: ServeConfig) -> None:
     """Serve one model or several under uvicorn until SIGTERM/SIGINT, then shut down
     gracefully. Several models get a worker process each behind the same ports
@@ -102,12 +141,7 @@ def serve(cfg: ServeConfig) -> None:
     setup_logging()
     keys = load_keys(cfg.api_key_file)  # at start-up, from the environment as it is now
     check_exposure(cfg.host, keys, allow_unauthenticated=cfg.allow_unauthenticated)
-    for option, tls_file in (
-        ("--ssl-certfile", cfg.ssl_certfile),
-        ("--ssl-keyfile", cfg.ssl_keyfile),
-    ):
-        if tls_file is not None and not Path(tls_file).is_file():
-            raise InputError(f"{option} {tls_file}: no such file")
+    check_tls(cfg)
     if cfg.grpc_port is not None:  # the v2 messages are there, before anything loads
         from zoo.deploy.serve.grpc_protocol import messages
 

@@ -1,0 +1,216 @@
+"""Bad input that once escaped as a traceback, each now a clear refusal or handled: images
+PIL opens in modes it cannot convert directly (CIELab, big-endian 16-bit TIFF), ``zoo
+quantize -o`` that cannot be written, and a model folder's ``config.json`` that is not
+UTF-8, not a JSON object, or has a schema that is not a number."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import numpy as np
+import PIL
+import pytest
+import skimage.data
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from tests.conftest import zoo_here
+from tests.test_gates_serve import PREDICT_PATH, float_model, png, serving
+from zoo.artifact import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, read_config
+from zoo.deploy.runtimes.loader import OnnxClassifier
+from zoo.errors import ArtifactError, InputError
+from zoo.images import open_image, to_channels
+
+
+def _cat(size: int = 32) -> Image.Image:
+    """scikit-image's photo of a cat, small."""
+    return Image.fromarray(skimage.data.chelsea()).resize((size, size), Image.Resampling.BICUBIC)
+
+
+def _lab_tiff(path: Path) -> Path:
+    """The cat saved as a CIELab TIFF (PIL's mode ``LAB``)."""
+    _cat().convert("LAB").save(path)
+    return path
+
+
+def _digit_16bit() -> np.ndarray:
+    """A real handwritten digit as 16-bit greyscale (0..65535), 32×32."""
+    digit = Image.fromarray((load_digits().images[0] / 16 * 255).astype(np.uint8))
+    big = np.asarray(digit.resize((32, 32), Image.Resampling.BICUBIC), np.float64)
+    return np.round(big / 255 * 65535).astype(np.uint16)
+
+
+def _i16b_tiff(path: Path) -> Path:
+    """The digit saved as a big-endian 16-bit TIFF (PIL's mode ``I;16B``)."""
+    Image.fromarray(_digit_16bit().astype(">u2")).save(path)
+    return path
+
+
+def _without_imagecms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as one whose Pillow was built without LittleCMS: ``PIL.ImageCms`` cannot
+    be imported, so PIL cannot convert CIELab."""
+    monkeypatch.delattr(PIL, "ImageCms", raising=False)
+    monkeypatch.setitem(sys.modules, "PIL.ImageCms", None)
+
+
+def test_cielab_and_big_endian_16_bit_tiffs_convert_to_the_models_channels(
+    tmp_path: Path,
+) -> None:
+    lab = _lab_tiff(tmp_path / "cat.tif")
+    assert Image.open(lab).mode == "LAB"
+    rgb = np.asarray(open_image(lab, channels=3), np.int16)
+    assert np.abs(rgb - np.asarray(_cat(), np.int16)).max() <= 4  # CIELab → sRGB, not a copy
+    grey = np.asarray(open_image(lab, channels=1), np.int16)
+    assert np.abs(grey - np.asarray(_cat().convert("L"), np.int16)).max() <= 4
+
+    i16b = _i16b_tiff(tmp_path / "digit.tif")
+    assert Image.open(i16b).mode == "I;16B"
+    little = to_channels(Image.fromarray(_digit_16bit()), 1)  # the byte order PIL scales
+    for channels in (1, 3):
+        got = open_image(i16b, channels=channels)
+        assert np.array_equal(np.asarray(got.convert("L")), np.asarray(little))
+    assert len(np.unique(np.asarray(little))) > 50  # scaled to 8 bits, not clipped to 0/255
+
+
+def test_zoo_check_passes_convertible_modes_and_reports_an_unconvertible_one(
+    tmp_path: Path, small_digits: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    for d in (0, 1):
+        (data / f"digit_{d}").mkdir(parents=True)
+        for p in sorted((small_digits / f"digit_{d}").glob("*.png"))[:6]:
+            (data / f"digit_{d}" / p.name).write_bytes(p.read_bytes())
+    _lab_tiff(data / "digit_0" / "lab.tif")
+    _i16b_tiff(data / "digit_1" / "big.tif")
+
+    r = zoo_here("check", str(data), "--json", "--strict")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["corrupt"] == []
+    assert {o["mode"] for o in report["odd_modes"]} == {"LAB", "I;16B"}
+
+    _without_imagecms(monkeypatch)
+    (data / "digit_0" / "lab2.tif").write_bytes((data / "digit_0" / "lab.tif").read_bytes())
+    r = zoo_here("check", str(data), "--strict")
+    assert r.returncode == 1
+    assert "corrupt or unreadable (quarantined): 1" in r.stdout
+    line = next(s for s in r.stdout.splitlines() if "lab2.tif" in s)
+    assert "InputError" in line and "'LAB'" in line and "PNG" in line
+
+
+def test_an_unconvertible_image_is_an_input_error_for_the_classifier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clf = OnnxClassifier(float_model(tmp_path / "m.onnx"), threads=1, spin=False)
+    lab = _lab_tiff(tmp_path / "cat.tif")
+    assert clf.prepare(open_image(lab)).shape == (3, 4, 4)
+    _without_imagecms(monkeypatch)
+    with pytest.raises(InputError, match=r"cat\.tif has pixel mode 'LAB'.*PNG"):
+        clf.prepare(open_image(lab))
+
+
+def test_serve_answers_16_bit_and_cielab_uploads_and_refuses_an_unconvertible_one_with_400(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lab = _lab_tiff(tmp_path / "cat.tif").read_bytes()
+    i16b = _i16b_tiff(tmp_path / "digit.tif").read_bytes()
+    with serving(float_model(tmp_path / "m.onnx")) as (c, _):
+        for body in (lab, i16b):
+            r = c.post(PREDICT_PATH, content=body)
+            assert r.status_code == 200, r.text
+            assert len(r.json()["predictions"]) == 5
+        _without_imagecms(monkeypatch)
+        r = c.post(PREDICT_PATH, content=lab)
+        assert r.status_code == 400, r.text
+        assert "pixel mode 'LAB'" in r.text and "PNG" in r.text
+        assert c.post(PREDICT_PATH, content=png()).status_code == 200  # still serving
+
+
+def test_quantize_refuses_an_output_it_cannot_write_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = float_model(tmp_path / "m.onnx")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("quantize started before -o was checked")
+
+    monkeypatch.setattr("zoo.deploy.quantize.int8.quantize", never)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    r = zoo_here("quantize", str(model), "-o", str(folder))
+    assert r.returncode == 1, r.stderr
+    assert f"-o {folder} is a folder" in r.stderr and "model-int8.onnx" in r.stderr
+    r = zoo_here("quantize", str(model), "-o", str(tmp_path / "m.int8"))
+    assert r.returncode == 2, r.stderr
+    assert "named .onnx" in r.stderr and "m.onnx" in r.stderr
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "m.onnx",
+        "out",
+    ]
+
+
+def test_quantize_writes_its_model_through_a_durable_replace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zoo import durable
+    from zoo.deploy.quantize.int8 import quantize
+    from zoo.deploy.quantize.options import QuantizeOptions
+
+    model = float_model(tmp_path / "m.onnx")
+    out = tmp_path / "q" / "m-int8.onnx"
+    through: list[Path] = []
+    real = durable.file_output
+
+    def spy(path: Path, *, label: str | None = None) -> AbstractContextManager[Path]:
+        through.append(path)
+        return real(path, label=label)
+
+    monkeypatch.setattr(durable, "file_output", spy)
+    report = quantize(QuantizeOptions(model, output=out, mode="dynamic", allow_drop=True))
+    assert report.written and through == [out]
+    session = OnnxClassifier(out, threads=1, spin=False)
+    assert session.outputs(np.zeros((1, 3, 4, 4), np.float32)).shape == (1, 5)
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary left
+    assert min(report.size_mb) > 0  # a model of a few kB: its summary divides by its size
+    assert report.lines()[1].startswith("size ")
+
+
+def _model_folder(folder: Path, config: bytes) -> Path:
+    folder.mkdir()
+    (folder / WEIGHTS_FILE).write_bytes(b"")
+    (folder / CARD_FILE).write_text("# digits\n")
+    (folder / CONFIG_FILE).write_bytes(config)
+    return folder
+
+
+GOOD = {
+    "zoo_schema": 1,
+    "base": "resnet18.tv_in1k",
+    "num_classes": 2,
+    "class_names": ["café", "thé"],
+    "weights_sha256": "0" * 64,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (json.dumps(GOOD, ensure_ascii=False).encode("latin-1"), "not valid UTF-8 JSON"),
+        (b"3\n", "holds 3, not the JSON object"),
+        (json.dumps(list(GOOD)).encode(), 'holds ["zoo_schema", "base"'),
+        (json.dumps({**GOOD, "zoo_schema": "2"}).encode(), "'zoo_schema' is '2', not a JSON"),
+        (json.dumps({**GOOD, "class_names": 2}).encode(), "'class_names' is 2, not a JSON list"),
+    ],
+    ids=["latin-1", "number", "list", "string-schema", "number-classes"],
+)
+def test_a_config_json_of_the_wrong_kind_is_an_artifact_error(
+    tmp_path: Path, config: bytes, says: str
+) -> None:
+    assert read_config(_model_folder(tmp_path / "ok", json.dumps(GOOD).encode())) == GOOD
+    folder = _model_folder(tmp_path / "bad", config)
+    with pytest.raises(ArtifactError, match=r"config\.json") as info:
+        read_config(folder)
+    assert says in str(info.value)
