@@ -9,6 +9,7 @@ import json
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import PIL
@@ -164,9 +165,9 @@ def test_quantize_writes_its_model_through_a_durable_replace(
     through: list[Path] = []
     real = durable.file_output
 
-    def spy(path: Path, *, label: str | None = None) -> AbstractContextManager[Path]:
+    def spy(path: Path, **kw: Any) -> AbstractContextManager[Path]:
         through.append(path)
-        return real(path, label=label)
+        return real(path, **kw)
 
     monkeypatch.setattr(durable, "file_output", spy)
     report = quantize(QuantizeOptions(model, output=out, mode="dynamic", allow_drop=True))

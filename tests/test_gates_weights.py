@@ -523,6 +523,8 @@ def test_read_state_dict_names_a_torn_or_foreign_file_without_offering_to_unpick
         "torn.pth": whole[: len(whole) // 2],
         "empty.pth": b"",
         "notes.pth": b"hello world\n",
+        "page.pth": b"<!doctype html><title>404 Not Found</title>\n",
+        "record.pth": b'{"w": [1, 2, 3]}\n',
         "torn.safetensors": (tmp_path / "whole.safetensors").read_bytes()[:20],
         "notes.safetensors": b"hello world\n",
     }

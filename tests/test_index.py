@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import zoo_here
+from zoo.errors import ArtifactError
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,11 @@ def test_shards_read_back_in_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert np.array_equal(np.concatenate([e for _, e in parts]), rows)
     assert store.read_paths(tmp_path / "i", again) == [f"p{i}" for i in range(11)]
     assert not list(tmp_path.glob(".i.*")), "no temporary folder left"
+    shard = tmp_path / "i" / m.shards[1].file
+    shard.write_bytes(shard.read_bytes()[:20])  # torn: both readers name it, no traceback
+    for read in (store.read_paths, lambda i, m: list(store.read_shards(i, m))):
+        with pytest.raises(ArtifactError, match=f"{shard} is unreadable .*: rebuild the index"):
+            read(tmp_path / "i", again)
 
 
 def test_backends_agree_with_brute_force() -> None:

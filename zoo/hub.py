@@ -157,14 +157,19 @@ def _remote_pickles(repo: str, rev: str | None) -> list[str]:
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
-    """What a request that never got an answer raises: OSError, and the TransportError of the
-    HTTP client huggingface_hub uses (httpx2 from 2.x, httpx before)."""
+    """What a request that never got an answer raises in the HTTP client huggingface_hub uses
+    (httpx2 from 2.x, httpx or requests before); not OSError: a local file it cannot read is
+    not the network's fault."""
     import importlib
 
-    found: list[type[BaseException]] = [OSError]
-    for name in ("httpx2", "httpx"):
+    found: list[type[BaseException]] = []
+    for name, error in (
+        ("httpx2", "TransportError"),
+        ("httpx", "TransportError"),
+        ("requests", "ConnectionError"),
+    ):
         with contextlib.suppress(ImportError):
-            found.append(importlib.import_module(name).TransportError)
+            found.append(getattr(importlib.import_module(name), error))
     return tuple(found)
 
 

@@ -238,6 +238,16 @@ def fetch_weights(source: WeightSource) -> Path:
     raise WeightsNotFoundError("This entry has no pretrained weights (random initialisation).")
 
 
+def _unreadable(path: Path, exc: Exception) -> InputError:
+    """A ``.pth`` torch cannot read as weights, for a reason unpickling would not cure."""
+    said = first_line(exc)
+    said = said if said == type(exc).__name__ else f"{type(exc).__name__}: {said}"
+    return InputError(
+        f"{path} is not a readable PyTorch checkpoint ({said}): a truncated download or "
+        "another kind of file. Fetch it again, or pass a .safetensors file."
+    )
+
+
 def read_state_dict(path: Path) -> StateDict:
     """Tensors from a safetensors file, or a ``.pth`` through ``weights_only=True``."""
     import pickle
@@ -256,18 +266,15 @@ def read_state_dict(path: Path) -> StateDict:
             ) from exc
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # torch's weights-only refusal: objects beyond tensors
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" not in str(exc):  # not a class to trust: bytes of another kind
+            raise _unreadable(path, exc) from exc
         raise UnsafeWeightsError(
             f"{path} cannot be loaded without unpickling arbitrary objects "
             f"({first_line(exc)}). If you trust it, convert it with `zoo convert --trust`."
         ) from exc
     except Exception as exc:  # a torn zip (RuntimeError), an empty (EOFError) or text file
-        said = first_line(exc)
-        said = said if said == type(exc).__name__ else f"{type(exc).__name__}: {said}"
-        raise InputError(
-            f"{path} is not a readable PyTorch checkpoint ({said}): a truncated download or "
-            "another kind of file. Fetch it again, or pass a .safetensors file."
-        ) from exc
+        raise _unreadable(path, exc) from exc
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

@@ -202,13 +202,22 @@ def read_shards(index: str | Path, m: IndexManifest) -> Iterator[tuple[list[str]
 
 
 def read_paths(index: str | Path, m: IndexManifest) -> list[str]:
-    """Every row's path, in row order (the shards' metadata only, no embeddings)."""
-    from safetensors import safe_open
+    """Every row's path, in row order (the shards' metadata only, no embeddings).
+
+    Raises:
+        ArtifactError: a shard is torn or lacks its paths (as :func:`read_shards`).
+    """
+    from safetensors import SafetensorError, safe_open
 
     found: list[str] = []
     for s in m.shards:
-        with safe_open(str(Path(index) / s.file), framework="np") as f:
-            found.extend(json.loads((f.metadata() or {})["paths"]))
+        path = Path(index) / s.file
+        try:
+            with safe_open(str(path), framework="np") as f:
+                paths = json.loads((f.metadata() or {})["paths"])
+        except (SafetensorError, OSError, ValueError, KeyError) as exc:
+            raise ArtifactError(f"{path} is unreadable ({exc!r}): rebuild the index.") from exc
+        found.extend(paths)
     return found
 
 
