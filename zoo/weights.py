@@ -267,7 +267,7 @@ def read_state_dict(path: Path) -> StateDict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "Unsupported global" not in str(exc):  # not a class to trust: bytes of another kind
+        if "GLOBAL" not in str(exc):  # torch names no global to unpickle: bytes of another kind
             raise _unreadable(path, exc) from exc
         raise UnsafeWeightsError(
             f"{path} cannot be loaded without unpickling arbitrary objects "
