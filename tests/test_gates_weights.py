@@ -344,6 +344,7 @@ def test_read_state_dict_refuses_pickles_and_non_tensors(tmp_path: Path) -> None
         weights.read_state_dict(tmp_path / "obj.pth")
     assert str(exc.value).startswith(f"{tmp_path / 'obj.pth'} cannot be loaded without unpickling")
     assert str(exc.value).endswith("If you trust it, convert it with `zoo convert --trust`.")
+    assert "unpickling arbitrary objects (Weights only load failed." in str(exc.value)
     bad = [
         ("mixed.pth", {"w": torch.zeros(1), "epoch": 3}),
         ("list.pth", [torch.zeros(1)]),
@@ -537,6 +538,31 @@ def test_read_state_dict_names_a_torn_or_foreign_file_without_offering_to_unpick
         assert said.startswith(f"{tmp_path / name} is not a readable "), said
         assert "truncated download or another kind of file" in said, said
         assert "--trust" not in said, said
+    fix = (
+        "a truncated download or another kind of file. Fetch it again, or pass a .safetensors file."
+    )
+    said = {}
+    for name in ("empty.pth", "notes.pth", "torn.pth", "torn.safetensors"):
+        with pytest.raises(InputError) as exc:
+            weights.read_state_dict(tmp_path / name)
+        said[name] = str(exc.value)
+    assert (
+        said["empty.pth"]
+        == f"{tmp_path / 'empty.pth'} is not a readable PyTorch checkpoint (EOFError): {fix}"
+    )
+    assert said["notes.pth"].startswith(
+        f"{tmp_path / 'notes.pth'} is not a readable PyTorch checkpoint (KeyError: "
+    )
+    assert said["torn.pth"].startswith(
+        f"{tmp_path / 'torn.pth'} is not a readable PyTorch checkpoint (RuntimeError: PytorchStreamReader"
+    )
+    assert said["torn.pth"].endswith(f"): {fix}")
+    assert said["torn.safetensors"].startswith(
+        f"{tmp_path / 'torn.safetensors'} is not a readable safetensors file (Error while "
+    )
+    assert said["torn.safetensors"].endswith(
+        "): a truncated download or another kind of file. Fetch or export it again."
+    )
 
 
 def test_convert_trusted_names_a_file_that_still_does_not_load(tmp_path: Path) -> None:
