@@ -173,6 +173,20 @@ def test_write_with_order_fsync_file_then_rename_then_fsync_folder(
         "replace",
         "fsync dir",
     ]
+    events.clear()
+    durable.write_with(target, fill, label=None, sync=False)  # atomic against a kill only
+    assert [e if isinstance(e, str) else e[0] for e in events] == ["fill", "replace"]
+    for write, sync in [
+        (lambda **kw: durable.write_bytes(target, b"bytes", label=None, **kw), True),
+        (lambda **kw: durable.write_text(target, "text", label=None, **kw), True),
+        (lambda **kw: durable.write_bytes(target, b"bytes", label=None, sync=False, **kw), False),
+    ]:
+        events.clear()
+        write()
+        assert [e[0] for e in events] == (
+            ["fsync file", "replace", "fsync dir"] if sync else ["replace"]
+        )
+    assert target.read_bytes() == b"bytes"
     assert durable._writes == 1
 
 
