@@ -497,7 +497,7 @@ def test_check_files_ignores_a_bad_or_old_cache(
     real = chk._check_file
     monkeypatch.setattr(chk, "_check_file", lambda p, c=None: decoded.append(p) or real(p, c))
     old = json.loads(path.read_text())
-    path.write_text(json.dumps({**old, "version": chk.CACHE_VERSION + 1}))
+    path.write_text(json.dumps({**old, "version": f"{chk.CACHE_VERSION}-old"}))
     chk.check_files(root, paths)
     assert decoded == paths and json.loads(path.read_text())["version"] == chk.CACHE_VERSION
     for broken in ("{not json", ""):

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from zoo.images import open_image, to_channels
+from zoo.images import DECODE_VERSION, open_image, to_channels
 from zoo.system import available_cpus, cache_home
 from zoo.train.data import MULTI_SEP, Splits
 from zoo.train.image_cache import ImageCache
@@ -40,7 +40,8 @@ ODD_MODES = frozenset(
     }
 )
 IMBALANCE_RATIO = 5.0
-CACHE_VERSION = 3  # 2: sizes are upright (EXIF orientation applied); 3: modes convert
+# 2: sizes are upright (EXIF orientation applied); 3: the decoder's version is part of it.
+CACHE_VERSION = f"3-decode{DECODE_VERSION}"
 
 
 @dataclass

@@ -3,7 +3,8 @@ computed once with the eval transform, and the head trains on the cached tensors
 
 They are also kept on disk (``$ZOO_CACHE/features``, safetensors), keyed by everything that
 makes them: the backbone's weights (the head's left out: a seed draws it), the images (path,
-label, size, modification time), the transform, the device type and torch's version. So the
+label, size, modification time, the decoder's version), the transform, the device type and
+torch's version. So the
 linear-probe trials of a ``zoo tune`` search (and a re-run) compute them once. Hand-written:
 the image cache keeps pixels, no library keeps a model's activations keyed this way.
 """
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from zoo import durable
+from zoo.images import DECODE_VERSION
 from zoo.system import cache_home
 
 FEATURES_DIR = "features"
@@ -70,7 +72,9 @@ class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, Any, int]]):
 def feature_key(model: nn.Module, head: str, dataset: Any, device: torch.device) -> str:
     """What the cached features of ``dataset`` (an :class:`ImageFolderDataset`) depend on,
     hashed: the backbone's weights, the images, the transform, the device type, torch."""
-    h = hashlib.sha256(f"{torch.__version__}|{device.type}|{head}|{_recipe(dataset)}".encode())
+    h = hashlib.sha256(
+        f"{torch.__version__}|{device.type}|{head}|{_recipe(dataset)}|{DECODE_VERSION}".encode()
+    )
     for name, tensor in model.state_dict().items():
         if name.startswith(f"{head}."):
             continue

@@ -3,8 +3,8 @@ model's channels), resized to the model's eval short side (``resize_size``: 256 
 ≈ 1.14×, aspect kept) and stored as uint8 ``H×W×C`` in a ``.npy`` file that later epochs and
 runs read from the page cache, instead of decoding the JPEG again.
 
-Entries are keyed by the file's absolute path, size and mtime and the storage spec, so an
-edited file is re-decoded and nothing else is. The store lives under ``$ZOO_CACHE/images``
+Entries are keyed by the file's absolute path, size and mtime, the storage spec and the
+decoder's version, so an edited file is re-decoded and nothing else is. The store lives under ``$ZOO_CACHE/images``
 (default ``~/.cache/zoo``), is shared across runs, and is listed and cleared by
 ``zoo cache ls|clear``. Writes are a private temporary file renamed into place, so builders
 running at once (DDP ranks, two runs) never leave a torn entry; an unreadable entry (a power
@@ -32,6 +32,7 @@ import numpy as np
 from PIL import Image
 from torchvision import transforms as T
 
+from zoo import images
 from zoo.images import open_image, to_channels
 from zoo.preprocessing import Preprocessing
 from zoo.system import available_cpus, cache_home
@@ -71,9 +72,11 @@ def images_dir() -> Path:
 
 
 def entry_path(path: Path, spec: CacheSpec, root: Path | None = None) -> Path:
-    """Where ``path``'s entry lives: a hash of its absolute path, size, mtime and the spec."""
+    """Where ``path``'s entry lives: a hash of its absolute path, size, mtime, the spec and
+    the decoder's version (:data:`zoo.images.DECODE_VERSION`)."""
     st = path.stat()
     key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{spec.tag}"
+    key += f"|decode{images.DECODE_VERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()
     return (root or images_dir()) / spec.tag / digest[:2] / f"{digest}.npy"
 

@@ -3,7 +3,7 @@ training views): a safetensors file per (teacher weights, teacher eval transform
 ``$ZOO_CACHE/teacher_logits``, one tensor per image keyed by the sha256 of the image file.
 
 The key names what the logits are a function of: the image's bytes, the teacher's weights and
-the view the teacher judged (its eval preprocessing). A renamed or copied image hits; an edited
+the view the teacher judged (its eval preprocessing, and the decoder's version). A renamed or copied image hits; an edited
 one, another teacher or another transform misses. A write replaces the file atomically
 (:func:`zoo.durable.write_with`, no fault point: a cache, not part of a run); a file that does
 not read is computed again, never trusted.
@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from zoo import durable
+from zoo.images import DECODE_VERSION
 from zoo.preprocessing import Preprocessing
 from zoo.system import cache_home
 from zoo.weights import sha256_file
@@ -35,7 +36,8 @@ def image_digest(path: Path) -> str:
 
 def store_path(teacher_sha256: str, pre: Preprocessing, root: Path | None = None) -> Path:
     """The cache file of one teacher (its weights' sha256) judging one eval transform."""
-    view = hashlib.sha256(json.dumps(pre.to_dict(), sort_keys=True).encode()).hexdigest()
+    judged = {**pre.to_dict(), "decode": DECODE_VERSION}
+    view = hashlib.sha256(json.dumps(judged, sort_keys=True).encode()).hexdigest()
     name = f"{teacher_sha256[:16]}-{view[:16]}.safetensors"
     return (root or cache_home() / "teacher_logits") / name
 

@@ -23,6 +23,11 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", 
 # Pixels a local file may have before it is refused (PIL's own error threshold); uploads to
 # the server get a lower, configurable limit (``zoo serve --max-image-pixels``).
 MAX_PIXELS = 2 * 89_478_485
+# What ``open_image``/``to_channels`` make of a file's bytes, versioned: every cache of decoded
+# pixels or of what a model computed from them (image cache, feature cache, teacher logits,
+# ``zoo check``'s results) keys on it, so a change here is never served from an old entry.
+# 1: first; 2: RGBa/La, LAB and big-endian 16-bit modes convert instead of failing.
+DECODE_VERSION = 2
 
 ImageSource = str | Path | bytes | IO[bytes]
 
