@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from zoo import durable
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
 from zoo.deploy.index import KNN_K
-from zoo.errors import InputError
 from zoo.tta import Tta
 
 if TYPE_CHECKING:
@@ -126,10 +126,12 @@ def eval_cmd(
 
     if report_out is not None and not report:
         raise typer.BadParameter("--report-out applies to --report only.")
-    if report_out is not None and report_out.is_dir():  # refused before the evaluation's work
-        raise InputError(
-            f"--report-out {report_out} is a folder; --report writes one HTML page: name it "
-            f"(e.g. --report-out {report_out / 'report.html'})."
+    if report_out is not None:  # refused before the evaluation's work
+        durable.refuse_folder(
+            report_out,
+            flag="--report-out",
+            writes="--report writes one HTML page",
+            name="report.html",
         )
     if (knn or index is not None) and ood is None:
         raise typer.BadParameter("--knn and --index apply to --ood only.")

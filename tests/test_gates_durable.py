@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from zoo import durable
+from zoo.errors import InputError
 
 
 class Killed(BaseException):
@@ -948,3 +949,17 @@ def test_replace_dir_onto_nothing_deletes_only_the_stale_parked_folder(
     durable.replace_dir(_folder(run / ".a.tmp", w="1"), run / "model", label="model")
     assert removed == [str(run / ".model.old.tmp")]
     assert _snapshot(run) == {"model/": "", "model/w": "1"}
+
+
+def test_refuse_folder_names_the_flag_what_goes_there_and_a_file_to_use(tmp_path: Path) -> None:
+    durable.refuse_folder(tmp_path / "new.onnx", flag="-o", writes="w", name="m.onnx")  # absent
+    (tmp_path / "old.onnx").write_bytes(b"x")
+    durable.refuse_folder(tmp_path / "old.onnx", flag="-o", writes="w", name="m.onnx")  # a file
+    with pytest.raises(InputError) as info:
+        durable.refuse_folder(
+            tmp_path, flag="--report-out", writes="it writes a page", name="r.html"
+        )
+    assert str(info.value) == (
+        f"--report-out {tmp_path} is a folder; it writes a page: name the file "
+        f"(e.g. --report-out {tmp_path / 'r.html'})."
+    )

@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from zoo.errors import InputError
+
 KILL_ENV = "ZOO_FAULT_KILL_AT"
 TRACE_ENV = "ZOO_FAULT_TRACE"
 TMP_SUFFIX = ".tmp"
@@ -141,6 +143,24 @@ def write_with(
     """
     with file_output(path, label=label, sync=sync) as tmp, open(tmp, "wb") as f:
         fill(f)
+
+
+def refuse_folder(path: Path, *, flag: str, writes: str, name: str) -> None:
+    """Refuse a file output that names a folder, before any work is done for it (else the
+    final rename fails once the work is done). The one place for this message.
+
+    Args:
+        flag: the option that named ``path`` (``-o``, ``--report-out``).
+        writes: what goes there, for the message ("zoo quantize writes one int8 .onnx file").
+        name: a file name to suggest inside the folder.
+
+    Raises:
+        InputError: ``path`` is a folder.
+    """
+    if path.is_dir():
+        raise InputError(
+            f"{flag} {path} is a folder; {writes}: name the file (e.g. {flag} {path / name})."
+        )
 
 
 @contextmanager

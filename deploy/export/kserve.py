@@ -346,11 +346,12 @@ def export_kserve(
     from zoo.deploy.export.triton import export_triton
 
     _sdk()  # before the export: a missing SDK costs nothing
-    if manifest.is_dir():  # refused before the repository is written beside it
-        raise InputError(
-            f"-o {manifest} is a folder; --format kserve writes the InferenceService manifest "
-            "there: name a .yaml file (the Triton repository goes beside it)."
-        )
+    durable.refuse_folder(  # before the repository is written beside it
+        manifest,
+        flag="-o",
+        writes="--format kserve writes the InferenceService manifest (the Triton repository beside it)",
+        name="isvc.yaml",
+    )
     repo = repository_for(manifest)
     exported = export_triton(
         model,

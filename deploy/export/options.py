@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zoo import durable
 from zoo.deploy.choices import (
     EXPORTERS,
     FORMATS,
@@ -27,7 +28,7 @@ from zoo.deploy.choices import (
     KServeRuntime,
     Precision,
 )
-from zoo.errors import ChoiceError, InputError, UsageError
+from zoo.errors import ChoiceError, UsageError
 
 if TYPE_CHECKING:
     from zoo.ref import ModelRef
@@ -326,10 +327,12 @@ class ExportOptions:
             if suffix.lower() in _IR_FILES
             else ""
         )
-        if suffixes and out.is_dir():
-            raise InputError(
-                f"-o {out} is a folder; --format {fmt} writes {_WRITES[fmt]}: name a "
-                f"{suffixes[0]} file (e.g. -o {out / ('model' + suffixes[0])})."
+        if suffixes:
+            durable.refuse_folder(
+                out,
+                flag="-o",
+                writes=f"--format {fmt} writes {_WRITES[fmt]}",
+                name=f"model{suffixes[0]}",
             )
         if suffixes and suffix not in suffixes:
             named = out.with_suffix(suffixes[0]) if known else Path(f"{out}{suffixes[0]}")

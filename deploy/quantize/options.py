@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zoo import durable
 from zoo.deploy.choices import (
     CALIB_METHODS,
     QUANT_ENGINES,
@@ -223,11 +224,9 @@ class QuantizeOptions:
     def _check_output(self, out: Path) -> None:
         """``output`` names an ``.onnx`` file, refused before any calibration work rather than
         when the finished model is moved there."""
-        if out.is_dir():
-            raise InputError(
-                f"-o {out} is a folder; zoo quantize writes one int8 .onnx file: name it "
-                f"(e.g. -o {out / 'model-int8.onnx'})."
-            )
+        durable.refuse_folder(
+            out, flag="-o", writes="zoo quantize writes one int8 .onnx file", name="model-int8.onnx"
+        )
         if out.suffix != ".onnx":
             raise UsageError(
                 f"-o {out}: zoo quantize writes an ONNX model, named .onnx: e.g. -o "
