@@ -20,7 +20,7 @@ def _folder_bytes(root: Path) -> int:
 @cache_app.command("ls")
 def ls_cmd(as_json: JsonOpt = False) -> None:
     """Where the cache is ($ZOO_CACHE, default ~/.cache/zoo), its entries and size on disk."""
-    from zoo.system import cache_home
+    from zoo.system import cache_home, mib
     from zoo.train.features import FEATURES_DIR
     from zoo.train.image_cache import usage
 
@@ -40,11 +40,11 @@ def ls_cmd(as_json: JsonOpt = False) -> None:
         return
     out.print(f"cache: {home}  (set $ZOO_CACHE to move it; zoo cache clear empties it)")
     for r in rows:
-        out.print(f"  images {r['spec']}: {r['entries']} entries, {r['bytes'] / 1e6:.1f} MB")
+        out.print(f"  images {r['spec']}: {r['entries']} entries, {mib(r['bytes'])} MiB")
     if not rows:
         out.print("  images: none")
-    out.print(f"  backbone features (--cache-features): {feature_bytes / 1e6:.1f} MB")
-    out.print(f"  data-check results: {check_bytes / 1e6:.1f} MB")
+    out.print(f"  backbone features (--cache-features): {mib(feature_bytes)} MiB")
+    out.print(f"  data-check results: {mib(check_bytes)} MiB")
 
 
 @cache_app.command("clear")
@@ -55,7 +55,7 @@ def clear_cmd(
 ) -> None:
     """Remove the cached images and features (and data-check results): runs rebuild what they
     need."""
-    from zoo.system import cache_home
+    from zoo.system import cache_home, mib
     from zoo.train.features import FEATURES_DIR
     from zoo.train.image_cache import clear
 
@@ -64,7 +64,7 @@ def clear_cmd(
     if not images_only:
         freed += _folder_bytes(cache_home() / "datacheck")
         shutil.rmtree(cache_home() / "datacheck", ignore_errors=True)
-    out.print(f"freed {freed / 1e6:.1f} MB from {cache_home()}")
+    out.print(f"freed {mib(freed)} MiB from {cache_home()}")
 
 
 def register(app: typer.Typer) -> None:

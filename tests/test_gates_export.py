@@ -78,7 +78,7 @@ def test_an_export_is_checked_stamped_and_written_whole(tmp_path: Path) -> None:
     assert result.dynamic_batch and result.static_batch is None and not result.dynamic_size
     assert result.lint == [] and result.parity is not None and result.parity.passed
     assert [d.batch for d in result.parity.dynamic] == [1, 2, 5]
-    assert result.size_mb == round(out.stat().st_size / 2**20, 2) > 0
+    assert result.size_mb == float(f"{out.stat().st_size / 2**20:.4g}") > 0
     (attempt,) = result.attempts
     assert attempt["exporter"] == "legacy" and attempt["lint"] == [] and attempt["parity_passed"]
     assert "error" not in attempt and isinstance(attempt["warnings"], list)
@@ -499,3 +499,15 @@ def test_atomic_output_replaces_only_on_success_and_sweeps_external_data(tmp_pat
         tmp.write_bytes(b"new")
         Path(f"{tmp}.data").write_bytes(b"weights")
     assert listing(tmp_path) == ["m.onnx"] and out.read_bytes() == b"new"
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "want"),
+    [(0, 0.0), (3_000, 0.002861), (2**20, 1.0), (14_057_000, 13.41), (123_456_789_012, 117700.0)],
+)
+def test_every_size_is_mib_to_four_significant_figures(nbytes: int, want: float) -> None:
+    """zoo.system.mib: export, quantize, bench, distill and zoo cache report sizes this way, so
+    a model of a few kB never reads 0 MiB and a big one is not falsely precise."""
+    from zoo.system import mib
+
+    assert mib(nbytes) == want

@@ -21,24 +21,9 @@ from zoo.train.data import MULTI_SEP, Splits
 from zoo.train.image_cache import ImageCache
 
 TINY_SIDE = 16
-ODD_MODES = frozenset(
-    {
-        "CMYK",
-        "I;16",
-        "I;16B",
-        "I;16L",
-        "I",
-        "F",
-        "P",
-        "PA",
-        "LA",
-        "RGBA",
-        "1",
-        "YCbCr",
-        "LAB",
-        "HSV",
-    }
-)
+# Pixel modes a model reads as stored; every other mode is converted by
+# :func:`zoo.images.to_channels` and reported (``odd_modes``), so the two never disagree.
+PLAIN_MODES = frozenset({"RGB", "L"})
 IMBALANCE_RATIO = 5.0
 # 2: sizes are upright (EXIF orientation applied); 3: the decoder's version is part of it.
 CACHE_VERSION = f"3-decode{DECODE_VERSION}"
@@ -90,7 +75,7 @@ def _check_file(path: Path, cache: ImageCache | None = None) -> FileCheck:
         with Image.open(BytesIO(data)) as raw:
             raw.verify()  # structure
         im = open_image(data)  # every pixel: catches truncated files
-        if im.mode not in ("L", "RGB"):  # a mode PIL opens may still not convert
+        if im.mode not in PLAIN_MODES:  # a mode PIL opens may still not convert
             for channels in (1, 3):
                 to_channels(im, channels, subject="The image")  # the report names it
         if cache is not None:
@@ -200,7 +185,7 @@ def check_splits(
             counts[split][label] += 1
         if min(fc.width, fc.height) < TINY_SIDE:
             report.tiny.append({"path": rel, "size": [fc.width, fc.height]})
-        if fc.mode in ODD_MODES:
+        if fc.mode not in PLAIN_MODES:
             report.odd_modes.append({"path": rel, "mode": fc.mode or "?"})
         if fc.sha256:
             by_hash[fc.sha256].add((split, rel))

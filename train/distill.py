@@ -44,6 +44,7 @@ from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
 from zoo.registry import Entry
 from zoo.run_images import SPLIT_FILE, find_run
+from zoo.system import mib
 from zoo.train.config import DistillConfig, TrainConfig
 from zoo.train.console import say
 from zoo.train.teacher_cache import store_path, teacher_logits
@@ -580,7 +581,7 @@ class ModelSide:
             model=name,
             val_acc=round(acc, 6),
             params=sum(p.numel() for p in module.parameters()),
-            weights_mb=round(sum(t.numel() * 4 for t in tensors) / 1e6, 3),
+            weights_mb=mib(sum(t.numel() * 4 for t in tensors)),
         )
 
 
@@ -650,7 +651,7 @@ class DistillSummary:
             + (", labelled by the teacher: acc is agreement with it)" if self.unlabelled else ")"),
             f"{'params':9}{t.params:>{width},}  {s.params:>{width},}"
             f"   (student {s.params / max(1, t.params):.2f}× the teacher)",
-            f"{'fp32 MB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",
+            f"{'fp32 MiB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",
             f"distilled at T {self.temperature:g}, alpha {self.alpha:g}, teacher logits "
             f"{self.logits}; latency: zoo export each, then zoo bench",
         ] + (

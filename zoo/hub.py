@@ -18,7 +18,6 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +172,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _push_errors(repo_id: str, endpoint: str) -> Iterator[None]:
     """huggingface_hub's upload errors → an InputError that says what to do (``pull``'s
     download errors are :func:`zoo.weights.hub_errors`)."""

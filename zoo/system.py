@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def mib(nbytes: float) -> float:
+    """``nbytes`` in MiB (2**20 bytes) to 4 significant figures: the one rule for every size zoo
+    reports, so a model of a few kB reads 0.002861, never 0.0."""
+    return float(f"{nbytes / 2**20:.4g}")
+
+
 def available_cpus() -> int:
     """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota."""
     try:

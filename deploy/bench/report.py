@@ -200,7 +200,7 @@ class BenchReport:
             "device",
             "batch",
             "status",
-            "size MB",
+            "size MiB",
             "p50 ms",
             "p99 ms",
             "img/s",

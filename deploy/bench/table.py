@@ -21,10 +21,11 @@ from zoo.deploy.bench.report import FAILED, BenchReport, BenchRow, fastest_withi
 from zoo.deploy.quantize.verdict import wilson
 from zoo.errors import BackendUnavailableError, InputError, first_line
 from zoo.ref import ModelRef
+from zoo.system import mib
 
 
 def _param_mb(model: torch.nn.Module) -> float:
-    return round(sum(p.numel() * p.element_size() for p in model.state_dict().values()) / 2**20, 2)
+    return mib(sum(p.numel() * p.element_size() for p in model.state_dict().values()))
 
 
 def fingerprint(threads: int) -> dict[str, Any]:
@@ -140,7 +141,7 @@ class _Builder:
     def build(
         self, backend: str, device: torch.device, x: torch.Tensor
     ) -> tuple[Callable[[torch.Tensor], Any], float]:
-        """(run function of a batch, size in MB); raises BackendUnavailableError with the
+        """(run function of a batch, size in MiB); raises BackendUnavailableError with the
         reason. ``x`` is the example batch a tracing backend is built with."""
         model = self.model.to(device)
         if backend == "eager":
@@ -151,7 +152,7 @@ class _Builder:
             ts = torch.jit.trace(model, x)
             path = self.workdir / f"model-{device.type}.ts"
             torch.jit.save(ts, str(path))
-            return ts, round(path.stat().st_size / 2**20, 2)
+            return ts, mib(path.stat().st_size)
         if backend in OV_PRECISIONS:
             from zoo.deploy.runtimes.openvino import OpenVinoClassifier
 
@@ -159,8 +160,8 @@ class _Builder:
             if device.type != "cpu":
                 raise BackendUnavailableError("zoo runs OpenVINO on the CPU only")
             clf = OpenVinoClassifier(ir, threads=self.threads)
-            size = sum(f.stat().st_size for f in (ir, ir.with_suffix(".bin"))) / 2**20
-            return (lambda t: clf.run(t.cpu().numpy())), round(size, 2)
+            size = mib(sum(f.stat().st_size for f in (ir, ir.with_suffix(".bin"))))
+            return (lambda t: clf.run(t.cpu().numpy())), size
         from zoo.deploy.runtimes.loader import make_session
 
         if backend == "ort_int8" and device.type == "cuda":
@@ -168,7 +169,7 @@ class _Builder:
                 "int8 QDQ on GPU needs the TensorRT provider (not in this build)"
             )
         path = self.onnx_file(ORT_FILES[backend])
-        size = round(path.stat().st_size / 2**20, 2)
+        size = mib(path.stat().st_size)
         if backend in self.prebuilt:  # the user's file: run as zoo runs it (fixed batch...)
             return self._prebuilt_run(path, device), size
         sess = make_session(path, device=device.type, threads=self.threads)

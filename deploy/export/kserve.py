@@ -293,7 +293,7 @@ class KServeResult(ExportResult):
         return [
             f"wrote {self.path} (KServe InferenceService {self.service}, {self.runtime} runtime, "
             f"model {self.model_name}, storageUri {self.storage_uri})",
-            f"wrote {self.repository}/{self.model_name} ({self.size_mb} MB, Triton repository, "
+            f"wrote {self.repository}/{self.model_name} ({self.size_mb} MiB, Triton repository, "
             f"exporter {self.exporter})",
             *super().lines()[1:],
         ]

@@ -35,6 +35,7 @@ from zoo.factory import create_model, info_of
 from zoo.knn import rule_bank
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
+from zoo.system import mib
 
 DEFAULT_OPSET = 18  # tested with both exporters on torch 2.14 / onnxruntime 1.32
 MIN_OPSET, MAX_OPSET = 13, 23
@@ -364,5 +365,5 @@ def export_onnx(
         graph = onnx.load(str(tmp))
         set_metadata(graph, export_metadata(info, ref, result, weights_sha))
         onnx.save(graph, str(tmp))
-    result.size_mb = round(out.stat().st_size / 2**20, 2)
+    result.size_mb = mib(out.stat().st_size)
     return result

@@ -36,6 +36,7 @@ from zoo.deploy.runtimes.openvino import (
 )
 from zoo.errors import ChoiceError, InputError, ParityError
 from zoo.ref import ModelRef
+from zoo.system import mib
 
 IR_FILES = ("model.xml", "model.bin")
 GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5 checked too)
@@ -213,7 +214,7 @@ def export_openvino(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result.size_mb = round(sum((out / f).stat().st_size for f in IR_FILES) / 2**20, 2)
+    result.size_mb = mib(sum((out / f).stat().st_size for f in IR_FILES))
     return result
 
 

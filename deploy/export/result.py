@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.deploy.export.parity_report import ParityReport
+from zoo.system import mib
 
 
 @dataclass
@@ -26,7 +27,7 @@ class ExportResult:
         attempts: each exporter tried, with its warnings, lint and verdict (or error).
         lint: the graph lint's findings (empty: clean).
         parity: the gate's report (None until it ran).
-        size_mb: the size written, in MiB (two decimals).
+        size_mb: the size written, in MiB (:func:`zoo.system.mib`).
         slim: ``--slim``: node counts and sizes before and after, onnxslim's version.
         precision: onnx: weights and compute (I/O fp32); openvino: inference.
         embedded_preprocessing: onnx: uint8 NHWC pixels in (:mod:`zoo.deploy.export.graph_preprocess`).
@@ -63,12 +64,12 @@ class ExportResult:
             else ""
         )
         lines = [
-            f"wrote {self.path} ({self.size_mb} MB, {self.format}, exporter {self.exporter}{batch})"
+            f"wrote {self.path} ({self.size_mb} MiB, {self.format}, exporter {self.exporter}{batch})"
         ]
         if sl := self.slim:
             lines.append(
                 f"slim (onnxslim {sl['onnxslim']}): {sl['nodes_before']} → {sl['nodes_after']} "
-                f"nodes, {sl['bytes_before'] / 2**20:.2f} → {sl['bytes_after'] / 2**20:.2f} MB"
+                f"nodes, {mib(sl['bytes_before'])} → {mib(sl['bytes_after'])} MiB"
             )
         p = self.parity
         if p is None:

@@ -14,6 +14,7 @@ from zoo.deploy.export.parity_report import ParityReport, compare
 from zoo.deploy.export.result import ExportResult
 from zoo.errors import ChoiceError, ParityError
 from zoo.ref import ModelRef
+from zoo.system import mib
 
 
 def export_torch(
@@ -67,7 +68,7 @@ def export_torch(
             raise ParityError(
                 f"{fmt} export of {name} differs from eager: max abs {d.max_abs:.3g}."
             )
-    result.size_mb = round(out.stat().st_size / 2**20, 2)
+    result.size_mb = mib(out.stat().st_size)
     return result
 
 

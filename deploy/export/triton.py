@@ -19,6 +19,7 @@ from zoo.deploy.export.result import ExportResult
 from zoo.deploy.triton_schema import model_config_pb2
 from zoo.errors import ExportError, InputError, UsageError
 from zoo.ref import ModelRef
+from zoo.system import mib
 
 _PURPOSE = "Writing a Triton repository"
 
@@ -139,5 +140,5 @@ def export_triton(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.path, result.format = str(repo / name), "triton"
-    result.size_mb = round((repo / name / "1" / "model.onnx").stat().st_size / 2**20, 2)
+    result.size_mb = mib((repo / name / "1" / "model.onnx").stat().st_size)
     return result

@@ -56,11 +56,7 @@ from zoo.images import open_image
 from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.preprocess import preprocess
 from zoo.run_images import find_run
-
-
-def _mb(path: Path) -> float:
-    """The file's size in MB, to 4 significant figures: a small model's never reads 0."""
-    return float(f"{path.stat().st_size / 2**20:.4g}")
+from zoo.system import mib
 
 
 def quantize(
@@ -304,7 +300,7 @@ def _measure(
         mode=mode,
         engine=engine,
         calibration=calibration,
-        size_mb=(_mb(fp32), _mb(q)),
+        size_mb=(mib(fp32.stat().st_size), mib(q.stat().st_size)),
         latency=latency,
         top1_agreement=acc["top1_agreement"],
         agreement_ci95=acc["agreement_ci95"],

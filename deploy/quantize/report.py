@@ -49,7 +49,7 @@ class QuantizeReport:
         mode: ``dynamic`` or ``static``.
         engine: ``ort`` or ``nncf`` (``auto`` already decided).
         calibration: onnxruntime's static setting (None: dynamic mode or NNCF).
-        size_mb: the fp32 and int8 file sizes, in MB (4 significant figures).
+        size_mb: the fp32 and int8 file sizes, in MiB (:func:`zoo.system.mib`).
         latency: both models' median latency.
         top1_agreement: the share of images whose top-1 class int8 and fp32 agree on.
         agreement_ci95: its 95% Wilson interval, ``[low, high]``.
@@ -148,7 +148,7 @@ class QuantizeReport:
             f"wrote {self.path}"
             if self.written
             else f"nothing written (below the floor; --allow-drop writes {self.path})",
-            f"size {f32} → {i8} MB (×{round(i8 / f32, 3)})",
+            f"size {f32} → {i8} MiB (×{round(i8 / f32, 3)})",
             f"latency p50 {lat.fp32_p50:.2f} → {lat.int8_p50:.2f} ms (×{lat.ratio}, "
             f"batch {lat.batch}, {lat.threads} threads)",
             f"judged on {self.images.description}",
