@@ -104,8 +104,8 @@ def serve_cmd(
 
     serve(
         ServeConfig(
-            model_path=with_variant(models[0], variant),
-            more_models=tuple(with_variant(m, variant) for m in models[1:]),
+            model_path=served(models[0], variant),
+            more_models=tuple(served(m, variant) for m in models[1:]),
             name=name,
             host=host,
             port=port,
@@ -130,3 +130,12 @@ def serve_cmd(
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve_cmd)
+
+
+def served(arg: str, variant: str | None) -> str:
+    """One MODEL argument with ``--variant`` applied: ``NAME=MODEL`` keeps its NAME."""
+    from zoo.deploy.serve.config import split_name
+
+    given, ref = split_name(arg)
+    chosen = with_variant(ref, variant)
+    return f"{given}={chosen}" if given else chosen

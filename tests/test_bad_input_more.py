@@ -215,3 +215,32 @@ def test_a_config_json_of_the_wrong_kind_is_an_artifact_error(
     with pytest.raises(ArtifactError, match=r"config\.json") as info:
         read_config(folder)
     assert says in str(info.value)
+
+
+def test_resuming_with_training_images_gone_names_them_and_what_to_do(
+    digits16: Path, tmp_path: Path
+) -> None:
+    """It ended in a FileNotFoundError traceback from the data check."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(digits16, data)
+    r = zoo_here(
+        "finetune", "simple_cnn", "--data", str(data), "--epochs", "1", "--runs",
+        str(tmp_path / "runs"), "--name", "r", "--num-workers", "0", "--no-progress", "--no-report",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "runs" / "r"
+    card = (run / "model" / "README.md").read_text()  # it said "local folder None"
+    assert "weights_source: this model folder's weights" in card and "None" not in card
+    rel = json.loads((run / "split.json").read_text())["splits"]["train"][0][0]
+    (data / rel).unlink()
+    before = sorted(p.name for p in run.rglob("*"))
+    r = zoo_here("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"1 of the images {run} was trained on are gone from {data} (e.g. {rel})" in r.stderr
+    assert f"zoo finetune {run} --data DIR" in r.stderr
+    assert sorted(p.name for p in run.rglob("*")) == before  # the run is as it was
+    data.rename(tmp_path / "moved")  # the whole folder
+    r = zoo_here("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
+    assert r.returncode == 1 and f"are gone from {data}" in r.stderr

@@ -196,3 +196,24 @@ def test_knn_score_in_eval_ood(run: Path, photos: Path, tmp_path: Path) -> None:
     assert set(on_the_fly) == {"msp", "energy", "knn"}
     assert on_the_fly["knn"] == pytest.approx(from_index["knn"], abs=1e-6)
     assert on_the_fly["knn"]["auroc"] >= 0.9, on_the_fly
+
+
+def test_overwrite_replaces_an_index_and_never_a_folder_of_another_kind(
+    run: Path, index: Path, four_digits: Path, tmp_path: Path
+) -> None:
+    """A user following ``zoo similar``'s advice once pointed ``-o`` at a run folder and
+    ``--overwrite`` replaced the run (checkpoints, model, reports) with an index."""
+    keep = sorted(p.relative_to(run) for p in run.rglob("*"))
+    r = zoo_here("index", str(run), str(four_digits), "-o", str(run), "--overwrite")
+    assert r.returncode == 1 and f"-o {run} exists and is not a zoo index" in r.stderr
+    assert (
+        f"-o {run}-index" in r.stderr and sorted(p.relative_to(run) for p in run.rglob("*")) == keep
+    )
+    image = str(next(four_digits.glob("*/*.png")))
+    r = zoo_here("similar", str(run), image)  # the advice names a new folder, not the run
+    assert r.returncode == 1 and f"-o {run}-index` and pass that" in r.stderr
+    again = tmp_path / "again.index"
+    shutil.copytree(index, again)
+    r = zoo_here("index", str(run), str(four_digits), "-o", str(again), "--overwrite", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] == json.loads((index / "index.json").read_text())["rows"]

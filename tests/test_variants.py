@@ -314,3 +314,14 @@ def test_serve_variant_warns_once(resumed: tuple[Path, dict[str, str]], tmp_path
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
     text = log.read_text()
     assert text.count("int8-dynamic.onnx holds the weights of epoch 1, but") == 1, text
+
+
+def test_serve_applies_the_variant_under_the_name_given(chain: Path) -> None:
+    """``zoo serve b=RUN --variant int8`` said "Model 'b=RUN' does not exist"."""
+    from zoo.cli.common import with_variant
+    from zoo.cli.serve import served
+
+    int8 = with_variant(str(chain), "int8")
+    assert int8.endswith(".onnx") and Path(int8).is_file()
+    assert served(f"b={chain}", "int8") == f"b={int8}"
+    assert served(str(chain), "int8") == int8 and served(f"b={chain}", None) == f"b={chain}"

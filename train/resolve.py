@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.device import pick_device
-from zoo.errors import CheckpointError, InputError
+from zoo.errors import CheckpointError, DataError, InputError
 from zoo.factory import require_weights, resolve, weight_source
 from zoo.metadata import ModelInfo
 from zoo.registry import Entry
@@ -145,11 +145,34 @@ def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:
         DataError: as :func:`zoo.train.data.scan` raises for an unusable data folder.
     """
     if run is not None and (run / "split.json").exists():
-        return data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
+        splits = data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
+        _check_present(splits, run)
+        return splits
     if cfg.distill is not None and cfg.distill.unlabelled:
         return label_by_teacher(cfg)
     scan = data_mod.scan_multilabel if cfg.multi_label else data_mod.scan
     return scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
+
+
+def _check_present(splits: data_mod.Splits, run: Path) -> None:
+    """A resumed run goes on with exactly the images it started with (its ``split.json``).
+
+    Raises:
+        DataError: some of them are gone (moved, renamed or deleted), named with their root.
+    """
+    gone = [
+        rel
+        for split in ("train", "val")
+        for rel, _ in splits.files.get(split, [])
+        if not (splits.root / rel).is_file()
+    ]
+    if gone:
+        raise DataError(
+            f"{len(gone)} of the images {run} was trained on are gone from {splits.root} "
+            f"(e.g. {gone[0]}): a resumed run goes on with exactly the images of its "
+            f"split.json. Put them back, or start a new run from this one on the folder as it "
+            f"is now: zoo finetune {run} --data DIR"
+        )
 
 
 def cache_spec_for(info: ModelInfo, image_size: int | None) -> CacheSpec | None:

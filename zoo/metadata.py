@@ -51,8 +51,8 @@ class WeightSource:
         if self.kind == "hub":
             rev = self.revision or "main (revision not pinned)"
             return f"hf://{self.repo_id}/{self.filename} @ {rev}"
-        if self.kind == "local":
-            return f"local folder {self.path}"
+        if self.kind == "local":  # no path: a card inside the folder (zoo finetune's)
+            return f"local folder {self.path}" if self.path else "this model folder's weights"
         return "random initialisation (no pretrained weights)"
 
 

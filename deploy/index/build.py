@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.index.search import normalise
-from zoo.deploy.index.store import IndexWriter, ModelIdentity
+from zoo.deploy.index.store import MANIFEST, IndexWriter, ModelIdentity
 from zoo.deploy.predict.scoring import Scorer
 from zoo.errors import InputError
 
@@ -134,10 +134,16 @@ def build_index(
 
     Raises:
         InputError: no such folder or no image in it, none readable, ``out`` exists
-            (without ``overwrite``), or a model without embeddings or trained weights.
+            (without ``overwrite``; with it, unless ``out`` is an index), or a model without
+            embeddings or trained weights.
     """
     t0 = time.perf_counter()
     root, out = Path(folder).resolve(), Path(out)
+    if out.exists() and not (out / MANIFEST).is_file():  # --overwrite or not: not ours to delete
+        raise InputError(
+            f"-o {out} exists and is not a zoo index (no {MANIFEST}): --overwrite replaces an "
+            f"index only. Name a new folder, e.g. -o {out.with_name(out.name + '-index')}"
+        )
     if out.exists() and not overwrite:
         raise InputError(f"{out} already exists: pass --overwrite to replace it.")
     images = folder_images(root)

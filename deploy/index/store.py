@@ -148,9 +148,10 @@ class IndexManifest:
         folder = Path(index)
         path = folder / MANIFEST
         if not path.is_file():
+            target = folder.with_name(folder.name + "-index") if folder.exists() else folder
             raise InputError(
                 f"{folder} is not a zoo index (no {MANIFEST}): build one with "
-                f"`zoo index MODEL DIR -o {folder}`."
+                f"`zoo index MODEL DIR -o {target}` and pass that."
             )
         try:
             d = json.loads(path.read_text())
