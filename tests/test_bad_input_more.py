@@ -18,7 +18,7 @@ import skimage.data
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from tests.conftest import zoo_here
+from tests.conftest import zoo_here, zoo_ok
 from tests.test_gates_serve import PREDICT_PATH, float_model, png, serving
 from zoo.artifact import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, read_config
 from zoo.deploy.runtimes.loader import OnnxClassifier
@@ -244,3 +244,81 @@ def test_resuming_with_training_images_gone_names_them_and_what_to_do(
     data.rename(tmp_path / "moved")  # the whole folder
     r = zoo_here("finetune", "--resume", str(run), "--extend", "1", "--no-progress")
     assert r.returncode == 1 and f"are gone from {data}" in r.stderr
+    (tmp_path / "moved" / rel).write_bytes((digits16 / rel).read_bytes())
+    r = zoo_here("eval", str(run), "--data", str(tmp_path / "moved"), "--json")  # it was "all"
+    assert r.returncode == 0, r.stderr
+    val = json.loads((run / "split.json").read_text())["splits"]["val"]
+    assert (json.loads(r.stdout)["split"], json.loads(r.stdout)["n"]) == ("val", len(val))
+
+
+def test_export_names_a_gate_image_it_cannot_decode_instead_of_blaming_the_exporter(
+    digits16: Path, tmp_path: Path
+) -> None:
+    """A validation image truncated after training read "ONNX export of RUN failed (dynamo:
+    InputError: ...; legacy: InputError: ...)": both exporters tried for a data problem."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(digits16, data)
+    runs = tmp_path / "runs"
+    zoo_ok(
+        "finetune", "simple_cnn", "--data", str(data), "--epochs", "1", "--runs", str(runs),
+        "--name", "r", "--num-workers", "0", "--no-progress", "--no-report",
+    )  # fmt: skip
+    run = runs / "r"
+    for rel, _ in json.loads((run / "split.json").read_text())["splits"]["val"]:
+        (data / rel).write_bytes((data / rel).read_bytes()[:60])  # every one: the gate takes any
+    r = zoo_here("export", str(run), "-o", str(tmp_path / "m.onnx"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "Cannot decode" in r.stderr and "failed (dynamo" not in r.stderr
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_quantize_given_a_folder_names_the_onnx_file_in_it(tmp_path: Path) -> None:
+    """It said "ONNX file RUN does not exist." of a folder that exists and holds one."""
+    from zoo.deploy.quantize.options import QuantizeOptions
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    with pytest.raises(InputError) as exc:
+        QuantizeOptions(model=run)
+    assert str(exc.value) == (
+        f"{run} is a folder; zoo quantize takes an exported fp32 .onnx file: export one first "
+        f"(zoo export {run})."
+    )
+    float_model(run / "model" / "model.onnx")
+    for given in (run, run / "model"):
+        r = zoo_here("quantize", str(given))
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert (
+            f"{given} is a folder; zoo quantize takes an exported fp32 .onnx file: give "
+            in r.stderr
+        )
+        assert f"give {run / 'model' / 'model.onnx'}." in r.stderr
+
+
+def test_quantize_says_when_the_data_folders_are_not_the_models_classes(tmp_path: Path) -> None:
+    """``--data`` of other classes dropped the labels silently: no accuracy line, no word."""
+    from zoo.deploy.quantize.images import eval_images
+
+    for cls in ("a", "b"):
+        (tmp_path / "other" / cls).mkdir(parents=True)
+        Image.new("RGB", (40, 40), (9, 9, 9)).save(tmp_path / "other" / cls / "x.png")
+    other = str(tmp_path / "other")
+    got = eval_images(tmp_path / "m.onnx", other, ["cat", "dog"])
+    assert got.labels is None and got.description == (
+        f"2 images of {other} (unlabelled: a, b not among the model's classes, so agreement "
+        "with fp32 only, no accuracy)"
+    )
+    mine = eval_images(tmp_path / "m.onnx", other, ["a", "b"])
+    assert mine.labels is not None and mine.description == f"2 images of {other}"
+
+
+def test_eval_of_a_model_without_class_names_says_what_to_evaluate(digits16: Path) -> None:
+    r = zoo_here("eval", "simple_cnn", "--data", str(digits16))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (
+        "simple_cnn has no class names to match the folder's classes against: evaluate a "
+        in r.stderr
+    )
+    assert "(zoo finetune simple_cnn --data DIR, then zoo eval RUN)." in r.stderr

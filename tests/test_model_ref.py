@@ -192,7 +192,9 @@ def test_unknown_bare_word_suggests_and_lists_the_forms(cwd: Path) -> None:
 
 def test_create_model_refuses_an_onnx_file(cwd: Path) -> None:
     (cwd / "m.onnx").write_bytes(b"x")
-    with pytest.raises(ModelRefError, match=r"'m\.onnx' is an ONNX file, and this needs a PyTorch"):
+    with pytest.raises(
+        ModelRefError, match=r"'m\.onnx' is an ONNX file, and this command needs the PyTorch"
+    ):
         zoo.create_model("m.onnx")
 
 
@@ -362,3 +364,25 @@ def test_a_home_folder_of_no_user_is_a_plain_refusal(monkeypatch: pytest.MonkeyP
     no_home(monkeypatch)
     with pytest.raises(ModelRefError, match=r"does not exist \(\$HOME is unset to expand '~'\)"):
         ModelRef.parse("~/run")
+
+
+def test_an_exported_file_of_a_model_folder_names_that_folder(cwd: Path) -> None:
+    """The message ended "A model is named by ..., or an .onnx file." right after refusing
+    one; for a file inside a model folder it now names the folder to give instead."""
+    folder = cwd / "runs" / "r" / "model"
+    (folder / "variants").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    for file in (folder / "model.onnx", folder / "variants" / "int8-static.onnx"):
+        file.write_bytes(b"x")
+        rel = file.relative_to(cwd)
+        with pytest.raises(ModelRefError) as exc:
+            zoo.create_model(str(rel))
+        assert str(exc.value) == (
+            f"Model {str(rel)!r} is an ONNX file, and this command needs the PyTorch model: give "
+            f"the model folder it belongs to, {rel.parent if file.name == 'model.onnx' else rel.parent.parent} "
+            "(its variants: --variant NAME)."
+        )
+    (cwd / "m.onnx").write_bytes(b"x")  # outside any model folder
+    with pytest.raises(ModelRefError) as exc:
+        zoo.create_model("m.onnx")
+    assert str(exc.value).endswith("the registry name, run or model folder it was exported from.")

@@ -4,6 +4,7 @@ finished, one stopped with Ctrl-C (SIGINT) after its first epoch, one that faile
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,3 +185,21 @@ def test_compare_keeps_long_values_apart(runs: Path) -> None:
     row = next(line for line in lines if "schedule_segments" in line)
     cells = [c for c in row.split("schedule_segments")[1].split("  ") if c]
     assert len(cells) == 2 and all(c.endswith("…") and len(c) <= CELL_WIDTH for c in cells), row
+
+
+def test_arch_is_the_models_not_the_name_of_the_folder_it_started_from(
+    runs: Path, tmp_path: Path
+) -> None:
+    """A run started from ``runs/a/model`` listed its arch as ``model``."""
+    from zoo.train.runs import read_run
+
+    child = tmp_path / "child"
+    shutil.copytree(runs / "a", child)
+    cfg = json.loads((child / "config.json").read_text())
+    for given in (str(runs / "a" / "model"), str(runs / "a")):
+        (child / "config.json").write_text(json.dumps({**cfg, "model": given}))
+        assert read_run(child).arch == "mlp"  # from its own model folder
+        shutil.rmtree(child / "model", ignore_errors=True)  # still running: the parent's
+        assert read_run(child).arch == "mlp"
+    (child / "config.json").write_text(json.dumps({**cfg, "model": "resnet18"}))
+    assert read_run(child).arch == "resnet18"  # a registry name, as given

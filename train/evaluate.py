@@ -120,13 +120,19 @@ def evaluate_with(
 
 def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, Path | None]:
     """The folder's splits, and the run when they are the run's own (else a scan of ``data``
-    and None): the run's own for a run, its model folder or a file in them (:func:`find_run`)."""
+    and None): the run's own for a run, its model folder or a file in them (:func:`find_run`),
+    also when ``data`` is the run's data folder moved or copied (every file of its
+    ``split.json`` is there)."""
     ref = ModelRef.parse(model_arg)
     run = find_run(ref.path) if ref.is_path else None
     if run is not None:
-        saved = Splits.from_json(json.loads((run / SPLIT_FILE).read_text()))
+        d = json.loads((run / SPLIT_FILE).read_text())
+        saved = Splits.from_json(d)
         if data is None or Path(data).resolve() == saved.root:
             return saved, run
+        moved = Splits.from_json(d, root=Path(data).resolve())
+        if all((moved.root / rel).is_file() for files in moved.files.values() for rel, _ in files):
+            return moved, run  # the run's own images, moved or copied: its own splits
     if data is None:
         raise DataError(
             f"{model_arg} belongs to no run folder (one with a {SPLIT_FILE}): pass --data DIR."
@@ -192,7 +198,10 @@ def evaluate_split(
         raise DataError(f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)}).")
     names = list(info.label_names or [])
     if not names:
-        raise DataError(f"{model_arg} has no class names to match the folder's classes against.")
+        raise DataError(
+            f"{model_arg} has no class names to match the folder's classes against: evaluate "
+            f"a fine-tuned model (zoo finetune {model_arg} --data DIR, then zoo eval RUN)."
+        )
     index = {c: i for i, c in enumerate(names)}
     items = (
         [it for k, v in splits.files.items() for it in v] if split == "all" else splits.files[split]

@@ -61,7 +61,15 @@ class RunSummary:
 
     @property
     def arch(self) -> str:
-        return str(self.config.get("model", "?")).rstrip("/").split("/")[-1]
+        """The architecture: the run's model folder's (finished), else that of the run or
+        model folder it started from, else the registry name it was given."""
+        given = str(self.config.get("model", "?"))
+        for folder in (self.path / "model", Path(given) / "model", Path(given)):
+            try:
+                return str(json.loads((folder / "config.json").read_text())["arch"])
+            except (OSError, ValueError, KeyError, TypeError):  # absent, torn, not a model's
+                continue
+        return given.rstrip("/").split("/")[-1]
 
     @property
     def data(self) -> str:

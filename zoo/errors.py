@@ -158,11 +158,13 @@ class UsageError(InputError):
 
 class ModelRefError(InputError):
     """A model reference is malformed or names nothing (a bad Hub id or revision, a missing
-    path); the message quotes it and lists the accepted forms."""
+    path); the message quotes it and lists the accepted forms (``forms=False``: a form that
+    parsed but does not fit the command, where the list would offer it again)."""
 
-    def __init__(self, text: str, problem: str) -> None:
+    def __init__(self, text: str, problem: str, *, forms: bool = True) -> None:
         self.text, self.problem = text, problem
-        super().__init__(f"Model {text!r} {problem}. A model is named by {MODEL_REF_FORMS}.")
+        tail = f" A model is named by {MODEL_REF_FORMS}." if forms else ""
+        super().__init__(f"Model {text!r} {problem}.{tail}")
 
 
 class ChoiceError(InputError):

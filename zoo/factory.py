@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zoo.artifact import WEIGHTS_FILE, info_from_config, read_config
+from zoo.artifact import CONFIG_FILE, WEIGHTS_FILE, info_from_config, read_config
 from zoo.catalog import get_entry
 from zoo.errors import InputError, ModelRefError
 from zoo.metadata import ModelInfo, WeightSource
@@ -46,11 +46,17 @@ def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
     if ref.kind in ("timm", "hf-hub"):
         return get_entry(f"timm:{ref.timm_name}"), None
     if ref.kind in ("onnx", "openvino"):
+        owner = _model_folder_holding(ref.path)
         raise ModelRefError(
             ref.shown,
-            f"is an {'ONNX file' if ref.kind == 'onnx' else 'OpenVINO IR'}, and this needs a "
-            "PyTorch model: give the registry name or model "
-            "folder it was exported from",
+            f"is an {'ONNX file' if ref.kind == 'onnx' else 'OpenVINO IR'}, and this command "
+            "needs the PyTorch model: give "
+            + (
+                f"the model folder it belongs to, {owner} (its variants: --variant NAME)"
+                if owner is not None
+                else "the registry name, run or model folder it was exported from"
+            ),
+            forms=False,
         )
     if ref.kind == "hf":
         from zoo.hub import pull
@@ -174,6 +180,15 @@ def create_model_with_report(
 
         eff = replace(eff, params=count_params(model), metrics=(), parent=info.name)
     return model, eff, report
+
+
+def _model_folder_holding(path: Path) -> Path | None:
+    """The model folder an exported file sits in (its ``model.onnx``, a file or an OpenVINO
+    IR folder under its ``variants/``), if any."""
+    for folder in path.parents[:3]:  # as the user spelled it
+        if (folder / CONFIG_FILE).is_file():
+            return folder if folder != Path() else Path.cwd()
+    return None
 
 
 def create_model(

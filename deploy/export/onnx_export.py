@@ -339,6 +339,8 @@ def export_onnx(
                         kind="embedded" if embed_preprocessing else precision,
                     )  # fmt: skip
                     parity = replace(parity, knn=knn)
+            except InputError:  # the gate's images, not the exporter: no retry, no relabel
+                raise
             except Exception as exc:  # exporter/check failures: record, maybe fall back
                 attempt["error"] = f"{type(exc).__name__}: {first_line(exc, 400)}"
                 continue

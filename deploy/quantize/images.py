@@ -43,9 +43,14 @@ def eval_images(model: Path, data: str | None, classes: list[str]) -> EvalImages
         paths = real_images(data, limit=EVAL_LIMIT)
         if not paths:
             raise InputError(f"No images found in --data {data}: give a folder of real images.")
-        return EvalImages(
-            tuple(paths), labels_for(paths, classes), "data", f"{len(paths)} images of {data}"
-        )
+        labels, described = labels_for(paths, classes), f"{len(paths)} images of {data}"
+        if labels is None and classes:  # said, not silently dropped (eval refuses them)
+            other = sorted({p.parent.name for p in paths} - set(classes))
+            described += (
+                f" (unlabelled: {', '.join(other[:3])}{', ...' if len(other) > 3 else ''} "
+                "not among the model's classes, so agreement with fp32 only, no accuracy)"
+            )
+        return EvalImages(tuple(paths), labels, "data", described)
     run = find_run(model)
     if run is not None:
         imgs = run_validation_images(run, limit=EVAL_LIMIT)

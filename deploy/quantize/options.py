@@ -178,7 +178,7 @@ class QuantizeOptions:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
         UsageError: ``calib`` with dynamic mode; ``target_agreement`` out of (0, 1]; an
             ``output`` not named ``.onnx``.
-        InputError: ``output`` is an existing folder; ``engine`` nncf without static mode or with a ``method``;
+        InputError: ``model`` or ``output`` is an existing folder; ``engine`` nncf without static mode or with a ``method``;
             ``target_agreement`` without static ``ort`` mode, or with a ``method`` or
             ``per_channel`` of its own.
     """
@@ -198,6 +198,8 @@ class QuantizeOptions:
     allow_drop: bool = False
 
     def __post_init__(self) -> None:
+        if self.model.is_dir():
+            self._refuse_folder(self.model)
         ChoiceError.check("mode", self.mode, QUANT_MODES)
         if self.method is not None:
             ChoiceError.check("method", self.method, CALIB_METHODS)
@@ -220,6 +222,19 @@ class QuantizeOptions:
             )
         if self.output is not None:
             self._check_output(self.output)
+
+    @staticmethod
+    def _refuse_folder(model: Path) -> None:
+        """``model`` is a folder: name the exported file in it, or the export that makes one."""
+        inside = next(
+            (f for f in (model / "model.onnx", model / "model" / "model.onnx") if f.is_file()),
+            None,
+        )
+        raise InputError(
+            f"{model} is a folder; zoo quantize takes an exported fp32 .onnx file: "
+            + (f"give {inside}" if inside else f"export one first (zoo export {model})")
+            + "."
+        )
 
     def _check_output(self, out: Path) -> None:
         """``output`` names an ``.onnx`` file, refused before any calibration work rather than
