@@ -17,12 +17,8 @@ import torch
 from torch import nn
 
 from zoo.deploy.export.parity_report import compare
+from zoo.deploy.export.result import TORCHSCRIPT_NOTE
 from zoo.errors import first_line
-
-NOTE = (
-    "TorchScript (trace/script) is deprecated upstream; torch.export is the path forward "
-    "(and what the ONNX dynamo exporter uses)."
-)
 
 
 @dataclass(frozen=True)
@@ -191,7 +187,7 @@ def compare_jit(model: nn.Module, input_shapes: list[tuple[int, ...]]) -> JitRep
                     error = first_line(exc, 200)
                     r.checks.append(ShapeCheck(list(x.shape), float("inf"), False, error))
             results.append(r)
-    return JitReport(NOTE, [list(s) for s in input_shapes], tuple(results))
+    return JitReport(TORCHSCRIPT_NOTE, [list(s) for s in input_shapes], tuple(results))
 
 
 __all__ = ["JitReport", "PathResult", "ShapeCheck", "compare_jit", "compare_jit_model"]

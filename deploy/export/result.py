@@ -10,6 +10,13 @@ from typing import Any
 from zoo.deploy.export.parity_report import ParityReport
 from zoo.system import mib
 
+TORCHSCRIPT_NOTE = (
+    "TorchScript (trace/script) is deprecated upstream; torch.export is the path forward "
+    "(and what the ONNX dynamo exporter uses)."
+)
+"""Said once by ``zoo export --format torchscript`` and ``zoo compare-jit``, in place of
+torch's FutureWarning on each ``torch.jit`` call."""
+
 
 @dataclass
 class ExportResult:
@@ -98,10 +105,11 @@ class ExportResult:
 
     def warnings(self) -> list[str]:
         """What ``zoo export`` says on stderr (with or without ``--json``): a failed gate whose
-        file was written anyway (``--allow-mismatch``)."""
+        file was written anyway (``--allow-mismatch``); TorchScript's deprecation, once."""
+        said = [f"note: {TORCHSCRIPT_NOTE}"] if self.format == "torchscript" else []
         if self.parity is not None and not self.parity.passed:
-            return ["warning: parity FAILED (written because of --allow-mismatch)"]
-        return []
+            said.append("warning: parity FAILED (written because of --allow-mismatch)")
+        return said
 
 
 __all__ = ["ExportResult"]

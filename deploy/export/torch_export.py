@@ -3,6 +3,7 @@ mode under no-grad, compared with eager on seeded noise, and written atomically.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,9 @@ def export_torch(
         model=name,
         exporter=jit if fmt == "torchscript" else "torch.export",
     )
-    with atomic_output(out) as tmp, torch.no_grad():
-        if fmt == "torchscript":
+    with atomic_output(out) as tmp, torch.no_grad(), warnings.catch_warnings():
+        if fmt == "torchscript":  # torch warns on each jit call: result.warnings() says it once
+            warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
             built = torch.jit.trace(model, x) if jit == "trace" else torch.jit.script(model)
             torch.jit.save(built, str(tmp))
             loaded: Any = torch.jit.load(str(tmp))
