@@ -281,6 +281,10 @@ def test_quantize_given_a_folder_names_the_onnx_file_in_it(tmp_path: Path) -> No
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
     with pytest.raises(InputError) as exc:
+        QuantizeOptions(model=run)  # a folder of no kind of ours: no export to suggest
+    assert str(exc.value) == f"{run} is a folder; zoo quantize takes an exported fp32 .onnx file."
+    (run / "split.json").write_text("{}")  # a run's
+    with pytest.raises(InputError) as exc:
         QuantizeOptions(model=run)
     assert str(exc.value) == (
         f"{run} is a folder; zoo quantize takes an exported fp32 .onnx file: export one first "
@@ -312,6 +316,11 @@ def test_quantize_says_when_the_data_folders_are_not_the_models_classes(tmp_path
     )
     mine = eval_images(tmp_path / "m.onnx", other, ["a", "b"])
     assert mine.labels is not None and mine.description == f"2 images of {other}"
+    flat = str(tmp_path / "other" / "a")
+    assert eval_images(tmp_path / "m.onnx", flat, ["cat", "dog"]).description == (
+        f"1 images of {flat} (unlabelled: no class folders, so agreement with fp32 only, no "
+        "accuracy)"
+    )
 
 
 def test_eval_of_a_model_without_class_names_says_what_to_evaluate(digits16: Path) -> None:
@@ -322,3 +331,22 @@ def test_eval_of_a_model_without_class_names_says_what_to_evaluate(digits16: Pat
         in r.stderr
     )
     assert "(zoo finetune simple_cnn --data DIR, then zoo eval RUN)." in r.stderr
+
+
+def test_a_resume_checks_every_split_and_names_what_an_unfinished_run_started_from(
+    tmp_path: Path,
+) -> None:
+    from zoo.errors import DataError
+    from zoo.train.data import Splits
+    from zoo.train.resolve import _check_present
+
+    (tmp_path / "a").mkdir()
+    for name in ("t.png", "v.png"):
+        (tmp_path / "a" / name).write_bytes(b"x")
+    files = {"train": [("a/t.png", "a")], "val": [("a/v.png", "a")], "test": [("a/gone.png", "a")]}
+    splits = Splits(root=tmp_path, classes=["a"], files=files, layout="split")
+    run = tmp_path / "run"  # interrupted: no model/ yet
+    with pytest.raises(DataError) as exc:
+        _check_present(splits, run, "mobilenet_v2")
+    assert "1 of the images" in str(exc.value) and "(e.g. a/gone.png)" in str(exc.value)
+    assert str(exc.value).endswith("zoo finetune mobilenet_v2 --data DIR")

@@ -212,6 +212,11 @@ def test_overwrite_replaces_an_index_and_never_a_folder_of_another_kind(
     image = str(next(four_digits.glob("*/*.png")))
     r = zoo_here("similar", str(run), image)  # the advice names a new folder, not the run
     assert r.returncode == 1 and f"-o {run}-index` and pass that" in r.stderr
+    r = zoo_here("index", str(run), str(four_digits), "-o", ".", "--overwrite", cwd=run)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and f"-o {run}-index" in r.stderr
+    empty = tmp_path / "made-by-mkdir"
+    empty.mkdir()  # nothing in it to lose: used
+    assert zoo_here("index", str(run), str(four_digits), "-o", str(empty)).returncode == 0
     again = tmp_path / "again.index"
     shutil.copytree(index, again)
     r = zoo_here("index", str(run), str(four_digits), "-o", str(again), "--overwrite", "--json")

@@ -371,7 +371,8 @@ def test_an_exported_file_of_a_model_folder_names_that_folder(cwd: Path) -> None
     one; for a file inside a model folder it now names the folder to give instead."""
     folder = cwd / "runs" / "r" / "model"
     (folder / "variants").mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
+    for name in ("config.json", "model.safetensors", "README.md"):  # the folder's contract
+        (folder / name).write_text("{}")
     for file in (folder / "model.onnx", folder / "variants" / "int8-static.onnx"):
         file.write_bytes(b"x")
         rel = file.relative_to(cwd)
@@ -379,9 +380,13 @@ def test_an_exported_file_of_a_model_folder_names_that_folder(cwd: Path) -> None
             zoo.create_model(str(rel))
         assert str(exc.value) == (
             f"Model {str(rel)!r} is an ONNX file, and this command needs the PyTorch model: give "
-            f"the model folder it belongs to, {rel.parent if file.name == 'model.onnx' else rel.parent.parent} "
-            "(its variants: --variant NAME)."
+            f"the model folder it belongs to, {rel.parent if file.name == 'model.onnx' else rel.parent.parent}."
         )
+    (cwd / "runs" / "r" / "config.json").write_text("{}")  # a run's training config: not it
+    (cwd / "runs" / "r" / "m.onnx").write_bytes(b"x")
+    with pytest.raises(ModelRefError) as exc:
+        zoo.create_model("runs/r/m.onnx")
+    assert str(exc.value).endswith("the registry name, run or model folder it was exported from.")
     (cwd / "m.onnx").write_bytes(b"x")  # outside any model folder
     with pytest.raises(ModelRefError) as exc:
         zoo.create_model("m.onnx")

@@ -651,7 +651,7 @@ class DistillSummary:
             + (", labelled by the teacher: acc is agreement with it)" if self.unlabelled else ")"),
             f"{'params':9}{t.params:>{width},}  {s.params:>{width},}"
             f"   (student {s.params / max(1, t.params):.2f}× the teacher)",
-            f"{'fp32 MiB':9}{t.weights_mb:>{width}.3f}  {s.weights_mb:>{width}.3f}",
+            f"{'fp32 MiB':9}{t.weights_mb:>{width}}  {s.weights_mb:>{width}}",
             f"distilled at T {self.temperature:g}, alpha {self.alpha:g}, teacher logits "
             f"{self.logits}; latency: zoo export each, then zoo bench",
         ] + (

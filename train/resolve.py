@@ -146,7 +146,7 @@ def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:
     """
     if run is not None and (run / "split.json").exists():
         splits = data_mod.Splits.from_json(json.loads((run / "split.json").read_text()))
-        _check_present(splits, run)
+        _check_present(splits, run, cfg.model)
         return splits
     if cfg.distill is not None and cfg.distill.unlabelled:
         return label_by_teacher(cfg)
@@ -154,24 +154,24 @@ def read_splits(cfg: TrainConfig, run: Path | None) -> data_mod.Splits:
     return scan(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
 
 
-def _check_present(splits: data_mod.Splits, run: Path) -> None:
-    """A resumed run goes on with exactly the images it started with (its ``split.json``).
+def _check_present(splits: data_mod.Splits, run: Path, started_from: str) -> None:
+    """A resumed run goes on with exactly the images it started with (its ``split.json``,
+    every split).
 
     Raises:
-        DataError: some of them are gone (moved, renamed or deleted), named with their root.
+        DataError: some of them are gone (moved, renamed or deleted), named with their root,
+            and the new run to start instead (from this run once it has a model, else from
+            what it started from).
     """
-    gone = [
-        rel
-        for split in ("train", "val")
-        for rel, _ in splits.files.get(split, [])
-        if not (splits.root / rel).is_file()
-    ]
+    root, files = splits.root, [rel for rows in splits.files.values() for rel, _ in rows]
+    gone = [rel for rel in files if not (root / rel).is_file()]
     if gone:
+        start = run if (run / "model" / "config.json").is_file() else started_from
         raise DataError(
             f"{len(gone)} of the images {run} was trained on are gone from {splits.root} "
             f"(e.g. {gone[0]}): a resumed run goes on with exactly the images of its "
-            f"split.json. Put them back, or start a new run from this one on the folder as it "
-            f"is now: zoo finetune {run} --data DIR"
+            f"split.json. Put them back, or start a new run on the folder as it is now: "
+            f"zoo finetune {start} --data DIR"
         )
 
 

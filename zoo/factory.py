@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zoo.artifact import CONFIG_FILE, WEIGHTS_FILE, info_from_config, read_config
+from zoo.artifact import WEIGHTS_FILE, info_from_config, read_config
 from zoo.catalog import get_entry
 from zoo.errors import InputError, ModelRefError
 from zoo.metadata import ModelInfo, WeightSource
@@ -46,13 +46,15 @@ def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
     if ref.kind in ("timm", "hf-hub"):
         return get_entry(f"timm:{ref.timm_name}"), None
     if ref.kind in ("onnx", "openvino"):
-        owner = _model_folder_holding(ref.path)
+        from zoo.variants import model_folder_of
+
+        owner = model_folder_of(ref.path)
         raise ModelRefError(
             ref.shown,
             f"is an {'ONNX file' if ref.kind == 'onnx' else 'OpenVINO IR'}, and this command "
             "needs the PyTorch model: give "
             + (
-                f"the model folder it belongs to, {owner} (its variants: --variant NAME)"
+                f"the model folder it belongs to, {owner}"
                 if owner is not None
                 else "the registry name, run or model folder it was exported from"
             ),
@@ -180,15 +182,6 @@ def create_model_with_report(
 
         eff = replace(eff, params=count_params(model), metrics=(), parent=info.name)
     return model, eff, report
-
-
-def _model_folder_holding(path: Path) -> Path | None:
-    """The model folder an exported file sits in (its ``model.onnx``, a file or an OpenVINO
-    IR folder under its ``variants/``), if any."""
-    for folder in path.parents[:3]:  # as the user spelled it
-        if (folder / CONFIG_FILE).is_file():
-            return folder if folder != Path() else Path.cwd()
-    return None
 
 
 def create_model(

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from zoo.deploy.export.parity_report import compare
-from zoo.deploy.export.result import TORCHSCRIPT_NOTE
+from zoo.deploy.export.result import JIT_DEPRECATED, TORCHSCRIPT_NOTE
 from zoo.errors import first_line
 
 
@@ -105,6 +105,7 @@ def _build(
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str]]:
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", JIT_DEPRECATED, FutureWarning)  # the report's note
         if path == "trace":
             fn: Any = torch.jit.trace(model, example)
         elif path == "script":

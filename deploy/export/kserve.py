@@ -350,7 +350,7 @@ def export_kserve(
         manifest,
         flag="-o",
         writes="--format kserve writes the InferenceService manifest (the Triton repository beside it)",
-        name="isvc.yaml",
+        name="model.yaml",  # as the -o check of zoo export suggests
     )
     repo = repository_for(manifest)
     exported = export_triton(

@@ -15,7 +15,9 @@ TORCHSCRIPT_NOTE = (
     "(and what the ONNX dynamo exporter uses)."
 )
 """Said once by ``zoo export --format torchscript`` and ``zoo compare-jit``, in place of
-torch's FutureWarning on each ``torch.jit`` call."""
+torch's FutureWarning on each ``torch.jit`` call (:data:`JIT_DEPRECATED`)."""
+JIT_DEPRECATED = r"`torch\.jit\.\w+` is deprecated"
+"""torch's FutureWarning on each ``torch.jit`` call (a regex for ``warnings.filterwarnings``)."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 from zoo.deploy.choices import JIT_MODES, JitMode
 from zoo.deploy.export.onnx_export import EXPORT_BATCH, atomic_output, dummy_input, load_for_export
 from zoo.deploy.export.parity_report import ParityReport, compare
-from zoo.deploy.export.result import ExportResult
+from zoo.deploy.export.result import JIT_DEPRECATED, ExportResult
 from zoo.errors import ChoiceError, ParityError
 from zoo.ref import ModelRef
 from zoo.system import mib
@@ -52,7 +52,7 @@ def export_torch(
     )
     with atomic_output(out) as tmp, torch.no_grad(), warnings.catch_warnings():
         if fmt == "torchscript":  # torch warns on each jit call: result.warnings() says it once
-            warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+            warnings.filterwarnings("ignore", JIT_DEPRECATED, FutureWarning)
             built = torch.jit.trace(model, x) if jit == "trace" else torch.jit.script(model)
             torch.jit.save(built, str(tmp))
             loaded: Any = torch.jit.load(str(tmp))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from zoo.deploy.index.search import normalise
-from zoo.deploy.index.store import MANIFEST, IndexWriter, ModelIdentity
+from zoo.deploy.index.store import MANIFEST, IndexWriter, ModelIdentity, fresh_index_name
 from zoo.deploy.predict.scoring import Scorer
 from zoo.errors import InputError
 
@@ -107,6 +107,10 @@ class IndexSummary:
         )
 
 
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
 def build_index(
     model: str,
     folder: str | Path,
@@ -139,12 +143,12 @@ def build_index(
     """
     t0 = time.perf_counter()
     root, out = Path(folder).resolve(), Path(out)
-    if out.exists() and not (out / MANIFEST).is_file():  # --overwrite or not: not ours to delete
-        raise InputError(
+    if out.exists() and not (out / MANIFEST).is_file() and not _empty_dir(out):
+        raise InputError(  # --overwrite or not: not ours to delete
             f"-o {out} exists and is not a zoo index (no {MANIFEST}): --overwrite replaces an "
-            f"index only. Name a new folder, e.g. -o {out.with_name(out.name + '-index')}"
+            f"index only. Name a new folder, e.g. -o {fresh_index_name(out)}"
         )
-    if out.exists() and not overwrite:
+    if out.exists() and not overwrite and not _empty_dir(out):
         raise InputError(f"{out} already exists: pass --overwrite to replace it.")
     images = folder_images(root)
     identity = ModelIdentity.of(model)  # before loading: a random-weights entry is refused

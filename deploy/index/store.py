@@ -33,6 +33,13 @@ SHARD_ROWS = 4096  # rows per shard: what indexing holds at once (4096 × 1280 f
 TENSOR = "embeddings"
 
 
+def fresh_index_name(folder: Path) -> Path:
+    """Where to suggest an index go instead of ``folder``, a folder of another kind: beside it
+    (``runs/cnn`` → ``runs/cnn-index``; ``.`` and ``..`` resolved first)."""
+    folder = folder if folder.name not in ("", "..") else folder.resolve()
+    return folder.parent / f"{folder.name or 'root'}-index"
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     """Which model's embeddings an index holds.
@@ -148,7 +155,7 @@ class IndexManifest:
         folder = Path(index)
         path = folder / MANIFEST
         if not path.is_file():
-            target = folder.with_name(folder.name + "-index") if folder.exists() else folder
+            target = fresh_index_name(folder) if folder.exists() else folder
             raise InputError(
                 f"{folder} is not a zoo index (no {MANIFEST}): build one with "
                 f"`zoo index MODEL DIR -o {target}` and pass that."

@@ -45,11 +45,14 @@ def eval_images(model: Path, data: str | None, classes: list[str]) -> EvalImages
             raise InputError(f"No images found in --data {data}: give a folder of real images.")
         labels, described = labels_for(paths, classes), f"{len(paths)} images of {data}"
         if labels is None and classes:  # said, not silently dropped (eval refuses them)
-            other = sorted({p.parent.name for p in paths} - set(classes))
-            described += (
-                f" (unlabelled: {', '.join(other[:3])}{', ...' if len(other) > 3 else ''} "
-                "not among the model's classes, so agreement with fp32 only, no accuracy)"
+            other = sorted({p.parent.name for p in paths if p.parent != Path(data)} - set(classes))
+            why = (
+                f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''} not among the "
+                "model's classes"
+                if other
+                else "no class folders"
             )
+            described += f" (unlabelled: {why}, so agreement with fp32 only, no accuracy)"
         return EvalImages(tuple(paths), labels, "data", described)
     run = find_run(model)
     if run is not None:

@@ -225,15 +225,25 @@ class QuantizeOptions:
 
     @staticmethod
     def _refuse_folder(model: Path) -> None:
-        """``model`` is a folder: name the exported file in it, or the export that makes one."""
+        """``model`` is a folder: name the exported file in it, or (a run or model folder) the
+        export that makes one."""
+        from zoo.artifact import is_model_folder
+        from zoo.run_images import find_run
+
         inside = next(
             (f for f in (model / "model.onnx", model / "model" / "model.onnx") if f.is_file()),
             None,
         )
+        ours = find_run(model) is not None or is_model_folder(model)
         raise InputError(
-            f"{model} is a folder; zoo quantize takes an exported fp32 .onnx file: "
-            + (f"give {inside}" if inside else f"export one first (zoo export {model})")
-            + "."
+            f"{model} is a folder; zoo quantize takes an exported fp32 .onnx file"
+            + (
+                f": give {inside}."
+                if inside
+                else f": export one first (zoo export {model})."
+                if ours
+                else "."
+            )
         )
 
     def _check_output(self, out: Path) -> None:
