@@ -94,6 +94,15 @@ class Splits:
             seed=d.get("seed"),
         )
 
+    def missing(self) -> list[str]:
+        """The files of every split no longer under ``root`` (moved, renamed or deleted)."""
+        return [
+            rel
+            for rows in self.files.values()
+            for rel, _ in rows
+            if not (self.root / rel).is_file()
+        ]
+
     def fingerprint(self) -> str:
         """A short hash of the file list and labels (not the pixels): the data's identity."""
         h = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode())

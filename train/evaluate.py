@@ -131,7 +131,7 @@ def _splits_for(model_arg: str, data: str | None) -> tuple[Splits, Path | None]:
         if data is None or Path(data).resolve() == saved.root:
             return saved, run
         moved = Splits.from_json(d, root=Path(data).resolve())
-        if all((moved.root / rel).is_file() for files in moved.files.values() for rel, _ in files):
+        if not moved.missing():
             return moved, run  # the run's own images, moved or copied: its own splits
     if data is None:
         raise DataError(

@@ -163,8 +163,7 @@ def _check_present(splits: data_mod.Splits, run: Path, started_from: str) -> Non
             and the new run to start instead (from this run once it has a model, else from
             what it started from).
     """
-    root, files = splits.root, [rel for rows in splits.files.values() for rel, _ in rows]
-    gone = [rel for rel in files if not (root / rel).is_file()]
+    gone = splits.missing()
     if gone:
         start = run if (run / "model" / "config.json").is_file() else started_from
         raise DataError(

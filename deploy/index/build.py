@@ -143,13 +143,14 @@ def build_index(
     """
     t0 = time.perf_counter()
     root, out = Path(folder).resolve(), Path(out)
-    if out.exists() and not (out / MANIFEST).is_file() and not _empty_dir(out):
-        raise InputError(  # --overwrite or not: not ours to delete
-            f"-o {out} exists and is not a zoo index (no {MANIFEST}): --overwrite replaces an "
-            f"index only. Name a new folder, e.g. -o {fresh_index_name(out)}"
-        )
-    if out.exists() and not overwrite and not _empty_dir(out):
-        raise InputError(f"{out} already exists: pass --overwrite to replace it.")
+    if out.exists() and not _empty_dir(out):  # an empty folder has nothing to lose
+        if not (out / MANIFEST).is_file():  # --overwrite or not: not ours to delete
+            raise InputError(
+                f"-o {out} exists and is not a zoo index (no {MANIFEST}): --overwrite replaces "
+                f"an index only. Name a new folder, e.g. -o {fresh_index_name(out)}"
+            )
+        if not overwrite:
+            raise InputError(f"{out} already exists: pass --overwrite to replace it.")
     images = folder_images(root)
     identity = ModelIdentity.of(model)  # before loading: a random-weights entry is refused
     scorer = load_embedder(model, device=device)

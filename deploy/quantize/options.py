@@ -234,17 +234,12 @@ class QuantizeOptions:
             (f for f in (model / "model.onnx", model / "model" / "model.onnx") if f.is_file()),
             None,
         )
-        ours = find_run(model) is not None or is_model_folder(model)
-        raise InputError(
-            f"{model} is a folder; zoo quantize takes an exported fp32 .onnx file"
-            + (
-                f": give {inside}."
-                if inside
-                else f": export one first (zoo export {model})."
-                if ours
-                else "."
-            )
-        )
+        what = f"{model} is a folder; zoo quantize takes an exported fp32 .onnx file"
+        if inside is not None:
+            raise InputError(f"{what}: give {inside}.")
+        if find_run(model) is not None or is_model_folder(model):
+            raise InputError(f"{what}: export one first (zoo export {model}).")
+        raise InputError(f"{what}.")
 
     def _check_output(self, out: Path) -> None:
         """``output`` names an ``.onnx`` file, refused before any calibration work rather than
