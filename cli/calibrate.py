@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from zoo.calibration import DEFAULT_ACCEPTANCE
-from zoo.cli.common import DeviceOpt, JsonOpt, err, out, print_json
+from zoo.cli.common import DeviceOpt, JsonOpt, choice, err, out, print_json
 from zoo.cli.train_options import AcceptanceOpt, RejectOpt
+from zoo.run_images import Split
 
 
 def calibrate_cmd(
@@ -19,7 +20,15 @@ def calibrate_cmd(
         str | None,
         typer.Option("--data", help="image folder (default: the run's own validation split)"),
     ] = None,
-    split: Annotated[str, typer.Option(help="val | test | all: held-out images only")] = "val",
+    split: Annotated[
+        Split | None,
+        choice(
+            Split,
+            "--split",
+            help="held-out images only (default: val; a flat folder the model did not train "
+            "on: all)",
+        ),
+    ] = None,
     reject: RejectOpt = "off",
     acceptance: AcceptanceOpt = DEFAULT_ACCEPTANCE,
     batch_size: int = 64,

@@ -11,6 +11,7 @@ import typer
 from zoo import durable
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
 from zoo.deploy.index import KNN_K
+from zoo.run_images import Split
 from zoo.tta import Tta
 
 if TYPE_CHECKING:
@@ -64,11 +65,13 @@ def eval_cmd(
         str | None, typer.Option("--data", help="image folder (default: the run's own data)")
     ] = None,
     split: Annotated[
-        str,
-        typer.Option(
-            help="train | val | test | all (a folder the model did not train on: all its images)"
+        Split | None,
+        choice(
+            Split,
+            "--split",
+            help="which images (default: val; a flat folder the model did not train on: all)",
         ),
-    ] = "val",
+    ] = None,
     batch_size: int = 64,
     device: str = "auto",
     num_workers: int = 0,

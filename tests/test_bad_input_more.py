@@ -210,7 +210,7 @@ GOOD = {
 def test_a_config_json_of_the_wrong_kind_is_an_artifact_error(
     tmp_path: Path, config: bytes, says: str
 ) -> None:
-    assert read_config(_model_folder(tmp_path / "ok", json.dumps(GOOD).encode())) == GOOD
+    assert read_config(_model_folder(tmp_path / "ok", json.dumps(GOOD).encode())).raw == GOOD
     folder = _model_folder(tmp_path / "bad", config)
     with pytest.raises(ArtifactError, match=r"config\.json") as info:
         read_config(folder)

@@ -162,12 +162,13 @@ def test_revision_pin_selects_the_commit(digits_run: Path, tmp_path: Path, hf_ca
     with torch.no_grad():
         model.head.bias.add_(1.0)
     from zoo.artifact import read_config, save_model_folder
+    from zoo.model_config import ModelConfig
 
-    cfg = read_config(first)
+    cfg = read_config(first).to_dict()
     second = save_model_folder(
         model,
         tmp_path / "v2",
-        {k: v for k, v in cfg.items() if k != "weights_sha256"},
+        ModelConfig({k: v for k, v in cfg.items() if k != "weights_sha256"}),
         (first / "README.md").read_text(),
     )
     seed_repo(hf_cache, "me/pinned", _files(first), commit=C1, ref=None)

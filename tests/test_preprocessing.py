@@ -158,15 +158,16 @@ def test_model_folder_preprocessing_is_read_strictly(tmp_path) -> None:
     from zoo.artifact import CONFIG_FILE, info_from_config
     from zoo.bundle import bundle
     from zoo.catalog import model_info
+    from zoo.model_config import ModelConfig
 
     folder = bundle("simple_cnn", tmp_path / "m")
     config = json.loads((folder / CONFIG_FILE).read_text())
     config["preprocessing"] = {**config["preprocessing"], "input_size": [3, 48, 48]}
     config["preprocessing"]["resize_size"] = 48
-    info = info_from_config(folder, config, model_info("simple_cnn"))
+    info = info_from_config(folder, ModelConfig(config), model_info("simple_cnn"))
     assert info.input_size == (3, 48, 48) and info.preprocessing().resize_size == 48
     config["preprocessing"]["resize"] = 48
     with pytest.raises(
         ArtifactError, match=r"config\.json 'preprocessing' has an unknown key 'resize'"
     ):
-        info_from_config(folder, config, model_info("simple_cnn"))
+        info_from_config(folder, ModelConfig(config), model_info("simple_cnn"))

@@ -141,3 +141,10 @@ def test_eval_on_a_foreign_folder_uses_all_of_it(
     met = [r for r in got["per_class"] if r["support"] or r["predicted"]]
     assert {r["class"] for r in met if r["support"]} == {f"digit_{d}" for d in (1, 3, 7, 8)}
     assert got["macro_f1"] == pytest.approx(sum(r["f1"] for r in met) / len(met), abs=1e-6)
+    # an explicit --split is honoured (it was silently "all"): zoo's seeded split of the folder
+    e = run_zoo("eval", str(report[0]), "--data", str(four_digits), "--split", "val", "--json")
+    assert e.returncode == 0, e.stderr
+    got = json.loads(e.stdout)
+    assert got["split"] == "val" and 0 < got["n"] < 120
+    e = run_zoo("eval", str(report[0]), "--data", str(four_digits), "--split", "vall")
+    assert e.returncode == 2 and "val" in e.stderr and "Traceback" not in e.stderr

@@ -290,7 +290,7 @@ def test_resume_keeps_the_exports_and_they_read_as_stale(
 ) -> None:
     run, before = resumed
     model = run / "model"
-    assert read_config(model)["weights_sha256"] != exports(model)[0].source_sha256  # new weights
+    assert read_config(model).weights_sha256 != exports(model)[0].source_sha256  # new weights
     kept = {p.name: file_sha256(p) for p in (model / "model.onnx", *model.glob("variants/*.onnx"))}
     assert kept == before  # nothing deleted, nothing rewritten
     stale = stale_exports(model)

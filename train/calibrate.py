@@ -23,6 +23,7 @@ from zoo.calibration import (
     score_kind,
 )
 from zoo.errors import InputError
+from zoo.run_images import Split
 from zoo.train.calibration import ece_of
 from zoo.train.config import check_option
 
@@ -191,7 +192,7 @@ def calibrate_model(
     model_arg: str,
     *,
     data: str | None = None,
-    split: str = "val",
+    split: Split | None = None,
     reject: str = "off",
     acceptance: float = DEFAULT_ACCEPTANCE,
     batch_size: int = 64,
@@ -205,7 +206,8 @@ def calibrate_model(
     Args:
         model_arg: a run folder (its own validation split) or a model folder (with ``data``).
         data: the image folder (default: a run's own).
-        split: the split to fit on (never the training images).
+        split: the split to fit on (never the training images); None as in
+            :func:`zoo.train.evaluate.evaluate_split`.
         reject / acceptance: as :func:`fit_calibration`.
 
     Returns:

@@ -161,8 +161,9 @@ def scan(root: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> Split
     if not classes:
         raise DataError(
             f"{root} has no class folders. Expected DIR/<class>/<image> or "
-            "DIR/train/<class>/… + DIR/val/<class>/… (images without labels: zoo distill "
-            "TEACHER --unlabelled labels them with a teacher's answers)"
+            "DIR/train/<class>/… + DIR/val/<class>/… (images without labels: zoo predict MODEL "
+            "DIR answers for them, and zoo distill TEACHER --unlabelled trains on a teacher's "
+            "answers)"
         )
     _check_classes("", classes, root)
     _need_two(list(classes), root)

@@ -13,7 +13,7 @@ written (the old classes' top-1 before and after) and a rejection threshold is r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from zoo.errors import InputError, UsageError
+from zoo.model_config import ModelConfig
 from zoo.train.enroll_images import MIN_IMAGES, OldClassCheck
 
 
@@ -164,8 +165,8 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
         )
     folder = ref.model_folder
     config = read_config(folder)
-    classes = list(config["class_names"])
-    if config.get("multi_label"):
+    classes = list(config.class_names)
+    if config.multi_label:
         raise InputError(f"{opts.model} is multi-label: zoo enroll adds single-label classes.")
     if opts.class_name in classes:
         raise InputError(
@@ -262,14 +263,14 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     new_config = _config(config, opts.class_name, head.in_features, record, check, calibration)
     new_info = replace(
         info,
-        tag=new_config["tag"],
+        tag=new_config.tag or info.tag,
         num_classes=len(classes) + 1,
         label_names=(*classes, opts.class_name),
-        params=new_config["params"],
-        gflops=new_config["gflops"],
+        params=new_config.params or info.params,
+        gflops=new_config.gflops if new_config.gflops is not None else info.gflops,
     )
-    card = finetuned_card(new_info, new_config) + _card_section(new_config["enrolled"])
-    enrolled = _build(config["base"], len(classes) + 1, net, head_name, row)
+    card = finetuned_card(new_info, new_config) + _card_section(new_config.enrolled)
+    enrolled = _build(config.base, len(classes) + 1, net, head_name, row)
     save_model_folder(enrolled, out, new_config, card, knn=bank)
     return EnrollResult(
         out=out,
@@ -284,17 +285,14 @@ def enroll(opts: EnrollOptions) -> EnrollResult:
     )
 
 
-def _knn_bank(
-    config: dict[str, Any], folder: Path, images: int, new: Callable[[], np.ndarray]
-) -> Any:
+def _knn_bank(config: ModelConfig, folder: Path, images: int, new: Callable[[], np.ndarray]) -> Any:
     """For a ``knn`` rule, the bank with the new class's embeddings added (``new()``: each
     image's eval view and :data:`~zoo.train.enroll_images.BANK_VIEWS` augmented views) and k
     lowered to the number of its ``images`` (a class of 5 images has no 10th neighbour of
     its own); None otherwise."""
-    from zoo.artifact import read_calibration
     from zoo.knn import KnnBank
 
-    cal = read_calibration(config, folder)
+    cal = config.calibration
     if cal is None or cal.reject is None or cal.reject.score != "knn":
         return None
     old = KnnBank.load(folder)
@@ -302,7 +300,7 @@ def _knn_bank(
 
 
 def _calibration(
-    config: dict[str, Any],
+    config: ModelConfig,
     folder: Path,
     val_logits: np.ndarray | None,
     check: OldClassCheck | None,
@@ -313,10 +311,9 @@ def _calibration(
     enrolled bank), else kept as fitted before."""
     import torch
 
-    from zoo.artifact import read_calibration
     from zoo.train.calibrate import fit_rejection
 
-    cal = read_calibration(config, folder)
+    cal = config.calibration
     if cal is None:
         return None, None
     if cal.reject is None:
@@ -354,32 +351,34 @@ def _build(base: str, num_classes: int, net: Any, head: str, row: Any) -> Any:
 
 
 def _config(
-    config: dict[str, Any],
+    config: ModelConfig,
     class_name: str,
     features: int,
     record: dict[str, Any],
     check: OldClassCheck | None,
     calibration: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """``config.json`` of the enrolled folder: one class more, its record appended."""
-    new = {k: v for k, v in config.items() if k not in ("zoo_schema", "zoo_version")}
-    tag = config.get("tag") or "model"
+) -> ModelConfig:
+    """``config.json`` of the enrolled folder: one class more, its record appended (the
+    weights hash and schema are the new folder's, added when it is written)."""
+    skip = ("zoo_schema", "zoo_version", "weights_sha256")
+    new = {k: v for k, v in config.to_dict().items() if k not in skip}
+    tag = config.tag or "model"
     new.update(
         tag=f"{tag}-{class_slug(class_name)}",
-        num_classes=config["num_classes"] + 1,
-        class_names=[*config["class_names"], class_name],
-        params=config.get("params", 0) + features + 1,
-        gflops=round(config.get("gflops", 0.0) + features / 1e9, 9),
-        lineage=[*config.get("lineage", [config["base"]]), tag],
+        num_classes=config.num_classes + 1,
+        class_names=[*config.class_names, class_name],
+        params=(config.params or 0) + features + 1,
+        gflops=round((config.gflops or 0.0) + features / 1e9, 9),
+        lineage=[*config.lineage, tag],
         calibration=calibration,
-        enrolled=[*config.get("enrolled", []), record],
+        enrolled=[*config.enrolled, record],
         # the validation metrics were the old model's; after enrolment only top-1 is measured
         metrics={"val/acc": check.acc_after} if check else {},
     )
-    return new
+    return ModelConfig(new)
 
 
-def _card_section(records: list[dict[str, Any]]) -> str:
+def _card_section(records: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for r in records:
         old = r.get("old_classes")

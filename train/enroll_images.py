@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from zoo.errors import DataError, InputError
+from zoo.model_config import ModelConfig
 
 MIN_IMAGES = 5
 REFERENCE_LIMIT = 512  # reference images embedded (a seeded sample of the run's training split)
@@ -172,9 +173,7 @@ def view_embedder(net: Any, info: Any, device: Any, seed: int = 0) -> Views:
     return run
 
 
-def reference_images(
-    model: str, folder: Path, config: dict[str, Any], data: Path | None
-) -> Reference:
+def reference_images(model: str, folder: Path, config: ModelConfig, data: Path | None) -> Reference:
     """The reference images: ``data`` when given, else a seeded sample of the training split
     of the run ``folder`` belongs to (or, for a folder enrolled before, the run recorded).
 
@@ -184,11 +183,11 @@ def reference_images(
     """
     from zoo.run_images import find_run, run_validation_images
 
-    classes = list(config["class_names"])
+    classes = list(config.class_names)
     index = {c: i for i, c in enumerate(classes)}
     run = find_run(folder)
     if run is None:  # a folder enrolled before, written away from its run
-        recorded = [e.get("reference_run") for e in config.get("enrolled", [])]
+        recorded = [e.get("reference_run") for e in config.enrolled]
         run = next((Path(r) for r in reversed(recorded) if r and find_run(r)), None)
     if data is not None:
         return _data_reference(data, index, run)

@@ -20,7 +20,7 @@ from zoo.errors import DataError, UsageError
 from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
-from zoo.run_images import SPLIT_FILE, find_run, still_on_disk
+from zoo.run_images import SPLIT_FILE, Split, find_run, still_on_disk
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
@@ -166,7 +166,7 @@ def evaluate_split(
     model_arg: str,
     *,
     data: str | None,
-    split: str,
+    split: Split | None,
     batch_size: int,
     device: str,
     num_workers: int,
@@ -192,8 +192,8 @@ def evaluate_split(
     score: Forward = scorer.forward if scorer is not None else model
     info = info_of(model)
     splits, own_run = _splits_for(model_arg, data)
-    if splits.layout == "flat" and own_run is None and split == "val":
-        split = "all"  # a folder the model never trained on: every image is held out
+    if split is None:  # a flat folder the model never trained on: every image is held out
+        split = "all" if splits.layout == "flat" and own_run is None else "val"
     if split not in splits.files and split != "all":
         raise DataError(f"{splits.root} has no {split!r} split (has: {', '.join(splits.files)}).")
     names = list(info.label_names or [])
@@ -271,7 +271,7 @@ def run_eval(
     model_arg: str,
     *,
     data: str | None,
-    split: str,
+    split: Split | None,
     batch_size: int,
     device: str,
     num_workers: int,
@@ -282,8 +282,9 @@ def run_eval(
     Args:
         model_arg: a model reference (a run folder evaluates its own ``split.json``).
         data: the image folder (default: a run's own data).
-        split: ``val``, ``train``, ``test`` or ``all``; a flat class folder that is not the
-            run's own is evaluated whole (``val`` means all of it: the model never saw it).
+        split: ``val``, ``train``, ``test`` or ``all``; None: ``val``, or ``all`` of a flat
+            class folder that is not the run's own (the model never saw any of it). A named
+            split of such a folder is zoo's seeded split of it, as ``zoo finetune`` makes.
         batch_size: images per forward pass.
         device: ``auto``, ``cpu``, ``cuda``….
         num_workers: DataLoader workers.

@@ -16,6 +16,7 @@ from zoo import durable
 from zoo.artifact import WEIGHTS_FILE, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.metadata import WeightSource
+from zoo.model_config import ModelConfig
 from zoo.profile import count_gflops
 from zoo.train.plots import plot_confusion, plot_curves
 from zoo.train.recipes import policy_string
@@ -53,7 +54,7 @@ class RunResult:
         return self.parts.state
 
 
-def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[str, Any]:
+def model_config(r: RunResult, calibration: Calibration | None = None) -> ModelConfig:
     """config.json of the model folder: architecture, classes, preprocessing, lineage, metrics,
     and the calibration fitted on validation (None: multi-label, whose thresholds are its own)."""
     parts, val = r.parts, r.val
@@ -65,9 +66,9 @@ def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[s
         from zoo.artifact import read_config
 
         pc = read_config(parent_folder)
-        lineage = [*pc.get("lineage", [pc["base"]]), pc.get("tag") or parent_folder.name]
+        lineage = [*pc.lineage, pc.tag or parent_folder.name]
     splits = r.data.splits
-    return {
+    config = {
         "base": base,
         "arch": parts.info.arch,
         "tag": f"ft-{r.run.path.name}",
@@ -117,6 +118,7 @@ def model_config(r: RunResult, calibration: Calibration | None = None) -> dict[s
             "quantization_aware": bool(r.cfg.distill is not None and r.cfg.distill.qat),
         },
     }
+    return ModelConfig(config)
 
 
 def fit_run_calibration(r: RunResult) -> tuple[Calibration, KnnBank | None]:
@@ -177,10 +179,10 @@ def finish_run(r: RunResult) -> None:
     config = model_config(r, calibration)
     info = replace(
         r.parts.info,
-        tag=config["tag"],
-        parent=config["base"],
+        tag=config.tag or r.parts.info.tag,
+        parent=config.base,
         weights=WeightSource(kind="local"),
-        gflops=config["gflops"],
+        gflops=config.gflops if config.gflops is not None else r.parts.info.gflops,
     )
     card = finetuned_card(info, config)
     run = r.run.path
@@ -217,7 +219,7 @@ def finish_run(r: RunResult) -> None:
         "per_class": val["per_class"],
         "confusion_matrix": val.get("confusion_matrix"),
         "thresholds": val.get("thresholds"),
-        "calibration": config["calibration"],
+        "calibration": calibration.to_dict() if calibration is not None else None,
         "classes": data.classes,
         "quarantined": data.check.corrupt,
         "data_check": data.check.to_dict(),

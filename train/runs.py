@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from zoo.errors import InputError, UsageError
+from zoo.artifact import read_config
+from zoo.errors import InputError, UsageError, ZooError
 from zoo.tracking import TrackingRecord, read_record
 from zoo.train.config import RUNTIME_KEYS
 
@@ -66,9 +67,11 @@ class RunSummary:
         given = str(self.config.get("model", "?"))
         for folder in (self.path / "model", Path(given) / "model", Path(given)):
             try:
-                return str(json.loads((folder / "config.json").read_text())["arch"])
-            except (OSError, ValueError, KeyError, TypeError):  # absent, torn, not a model's
+                arch = read_config(folder).arch
+            except (ZooError, OSError):  # absent, torn, not a model folder
                 continue
+            if arch:
+                return arch
         return given.rstrip("/").split("/")[-1]
 
     @property

@@ -16,7 +16,7 @@ from zoo import durable
 from zoo.calibration import Calibration
 from zoo.errors import ArtifactError
 from zoo.metadata import ModelInfo, WeightSource
-from zoo.preprocessing import Preprocessing
+from zoo.model_config import ModelConfig
 
 if TYPE_CHECKING:  # reading a folder's config must not import torch
     from torch import nn
@@ -85,7 +85,7 @@ def stray_files(folder: Path) -> list[str]:
     return problems
 
 
-def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+def read_config(folder: str | os.PathLike[str]) -> ModelConfig:
     folder = Path(folder)
     missing = sorted(f for f in REQUIRED_FILES if not (folder / f).is_file())
     if missing:
@@ -129,54 +129,34 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} says num_classes={config['num_classes']} but lists "
             f"{len(config['class_names'])} class names."
         )
-    return config
+    return ModelConfig(config, where=path)
 
 
-def info_from_config(folder: Path, config: dict[str, Any], base: ModelInfo) -> ModelInfo:
+def info_from_config(folder: Path, config: ModelConfig, base: ModelInfo) -> ModelInfo:
     """The registry view of a fine-tuned folder: its parent's metadata, its own head/labels."""
-    if "preprocessing" in config:  # absent only in folders written before it was recorded
-        pre = Preprocessing.from_dict(
-            config["preprocessing"], where=f"{folder / CONFIG_FILE} 'preprocessing'"
-        )
+    pre = config.preprocessing  # None only in folders written before it was recorded
+    if pre is not None:
         base = base.with_preprocessing(pre)
+    tag = config.tag or f"ft-{folder.name}"
     return replace(
         base,
-        tag=config.get("tag") or f"ft-{folder.name}",
-        num_classes=config["num_classes"],
-        label_names=tuple(config["class_names"]),
-        params=config.get("params", base.params),
-        gflops=config.get("gflops", base.gflops),  # at its own input size (zoo finetune)
+        tag=tag,
+        num_classes=config.num_classes,
+        label_names=config.class_names,
+        params=config.params if config.params is not None else base.params,
+        gflops=config.gflops if config.gflops is not None else base.gflops,  # at its own size
         weights=WeightSource(
-            kind="local", path=str(folder / WEIGHTS_FILE), sha256=config["weights_sha256"]
+            kind="local", path=str(folder / WEIGHTS_FILE), sha256=config.weights_sha256
         ),
-        metrics=tuple(
-            (k, float(v))
-            for k, v in config.get("metrics", {}).items()
-            if isinstance(v, int | float)
-        ),
+        metrics=tuple(config.metrics.items()),
         metrics_source="measured by zoo on the run's validation split",
-        parent=config["base"],
-        lineage=(
-            *config.get("lineage", [config["base"]]),
-            config.get("tag") or f"ft-{folder.name}",
-        ),
-        multi_label=bool(config.get("multi_label", False)),
-        thresholds=tuple(config["thresholds"]) if config.get("thresholds") else None,
-        calibration=read_calibration(config, folder),
-        description=f"{base.arch} fine-tuned by zoo from {config['base']}.",
+        parent=config.base,
+        lineage=(*config.lineage, tag),
+        multi_label=config.multi_label,
+        thresholds=config.thresholds,
+        calibration=config.calibration,
+        description=f"{base.arch} fine-tuned by zoo from {config.base}.",
     )
-
-
-def read_calibration(config: dict[str, Any], folder: Path) -> Calibration | None:
-    """A folder's fitted calibration (None: never calibrated, or written before zoo did).
-
-    Raises:
-        ArtifactError: the stored value is malformed.
-    """
-    found = config.get("calibration")
-    if not found:
-        return None
-    return Calibration.from_dict(found, where=f"{folder / CONFIG_FILE} 'calibration'")
 
 
 def quantization_aware(folder: Path) -> bool | None:
@@ -188,9 +168,8 @@ def quantization_aware(folder: Path) -> bool | None:
     Raises:
         ArtifactError: ``folder`` is not a valid model folder.
     """
-    train = read_config(folder).get("train")
-    said = train.get("quantization_aware") if isinstance(train, dict) else None
-    if isinstance(said, bool):
+    said = read_config(folder).quantization_aware
+    if said is not None:
         return said
     from zoo.run_images import find_run
 
@@ -215,14 +194,14 @@ def write_calibration(folder: Path, calibration: Calibration) -> Path:
         ArtifactError: ``folder`` is not a model folder.
     """
     config = read_config(folder)
-    write_json(folder / CONFIG_FILE, {**config, "calibration": calibration.to_dict()})
+    write_json(folder / CONFIG_FILE, {**config.to_dict(), "calibration": calibration.to_dict()})
     return folder / CONFIG_FILE
 
 
 def save_model_folder(
     model: nn.Module,
     out_dir: str | os.PathLike[str],
-    config: dict[str, Any],
+    config: ModelConfig,
     card: str,
     onnx_path: Path | None = None,
     *,
@@ -257,13 +236,13 @@ def save_model_folder(
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         from zoo.weights import sha256_file
 
-        config = {
+        stored = {
             "zoo_schema": SCHEMA_VERSION,
             "zoo_version": zoo_version(),
-            **config,
+            **config.to_dict(),
             "weights_sha256": sha256_file(tmp / WEIGHTS_FILE),
         }
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / CONFIG_FILE).write_text(json.dumps(stored, indent=2) + "\n")
         (tmp / CARD_FILE).write_text(card)
         if onnx_path is not None:
             shutil.copy2(onnx_path, tmp / ONNX_FILE)

@@ -15,16 +15,15 @@ from zoo.catalog import get_entry
 from zoo.errors import InputError, UnsafeWeightsError, first_line
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
+from zoo.model_config import ModelConfig
 from zoo.ref import ModelRef
 from zoo.variants import variants_dir
 from zoo.weights import read_state_dict, sha256_file
 
 
-def _config_for(
-    info: Any, *, base: str, lineage: list[str], extra: dict[str, Any]
-) -> dict[str, Any]:
+def _config_for(info: Any, *, base: str, lineage: list[str], extra: dict[str, Any]) -> ModelConfig:
     n = info.num_classes
-    return {
+    config = {
         "base": base,
         "arch": info.arch,
         "tag": info.tag,
@@ -39,6 +38,7 @@ def _config_for(
         "metrics": dict(info.metrics),
         **extra,
     }
+    return ModelConfig(config)
 
 
 def check_replaceable(out: Path) -> None:

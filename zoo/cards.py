@@ -19,6 +19,8 @@ from zoo.metadata import ModelInfo
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
 
+    from zoo.model_config import ModelConfig
+
 _USAGE = """```python
 import zoo
 
@@ -114,37 +116,36 @@ Source: {info.metrics_source or "—"}
     return f"---\n{data.to_yaml()}\n---\n{body}"
 
 
-def finetuned_card(info: ModelInfo, config: dict[str, Any]) -> str:
+def finetuned_card(info: ModelInfo, config: ModelConfig) -> str:
     """Card of a fine-tuned model folder, with the metrics measured by zoo and its lineage."""
-    metrics = {k: v for k, v in config.get("metrics", {}).items() if isinstance(v, int | float)}
+    metrics, data = config.metrics, config.data
     results = [
         EvalResult(
             task_type="image-classification",
             dataset_type="imagefolder",
-            dataset_name=config.get("data", {}).get("name", "imagefolder"),
+            dataset_name=data.name or "imagefolder",
             dataset_split="validation",
             metric_type=k.split("/")[-1],
             metric_name=k,
-            metric_value=float(v),
+            metric_value=v,
         )
         for k, v in metrics.items()
     ]
-    lineage = " → ".join([*config.get("lineage", [config["base"]]), info.name])
+    lineage = " → ".join([*config.lineage, info.name])
     rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in metrics.items()) or "| (none) | |"
-    classes = ", ".join(config["class_names"][:20]) + (
-        " …" if len(config["class_names"]) > 20 else ""
-    )
+    classes = ", ".join(config.class_names[:20]) + (" …" if len(config.class_names) > 20 else "")
+    num_images = data.num_images if data.num_images is not None else "?"
     body = f"""
 # {info.name}
 
-Fine-tuned by zoo from `{config["base"]}` on {config.get("data", {}).get("num_images", "?")} images ({config["num_classes"]} classes: {classes}).
+Fine-tuned by zoo from `{config.base}` on {num_images} images ({config.num_classes} classes: {classes}).
 
 ## Lineage
 {lineage}
 
-- Parent weights: {config.get("parent_weights", "—")}
-- Training data fingerprint: `{config.get("data", {}).get("fingerprint", "—")}`
-- Strategy: {config.get("train", {}).get("strategy", "—")}, epochs: {config.get("train", {}).get("epochs", "—")}
+- Parent weights: {config.parent_weights or "—"}
+- Training data fingerprint: `{data.fingerprint or "—"}`
+- Strategy: {config.strategy or "—"}, epochs: {config.epochs if config.epochs is not None else "—"}
 - Compute: {info.gflops:.4g} GFLOPs at {"×".join(map(str, info.input_size))}, batch 1 (the size it was trained at; 1 multiply-add = 1 FLOP)
 
 ## Measured results (validation split)
@@ -162,10 +163,8 @@ zoo predict path/to/this/folder image.jpg
 zoo export path/to/this/folder -o model.onnx
 ```
 """
-    data = _card_data(
-        info, eval_results=results, extra={"zoo_lineage": config.get("lineage", [config["base"]])}
-    )
-    return f"---\n{data.to_yaml()}\n---\n{body}"
+    card = _card_data(info, eval_results=results, extra={"zoo_lineage": list(config.lineage)})
+    return f"---\n{card.to_yaml()}\n---\n{body}"
 
 
 def validate_card_locally(text: str) -> ModelCard:

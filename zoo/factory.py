@@ -67,7 +67,7 @@ def resolve(name: str | ModelRef) -> tuple[Entry, Path | None]:
     else:
         folder = ref.model_folder
     config = read_config(folder)  # raises with the precise contract violation
-    base = get_entry(config["base"])
+    base = get_entry(config.base)
     return Entry(info_from_config(folder, config, base.info), base.builder), folder
 
 

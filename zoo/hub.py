@@ -138,8 +138,8 @@ def verify_snapshot(snapshot: Path, repo: str) -> None:
     config = read_config(snapshot)
     weights = snapshot / WEIGHTS_FILE
     actual = verify_locked(f"{repo}@{snapshot.name}/{WEIGHTS_FILE}", weights)
-    if actual != config["weights_sha256"]:
-        raise WeightsIntegrityError(str(weights), config["weights_sha256"], actual)
+    if actual != config.weights_sha256:
+        raise WeightsIntegrityError(str(weights), str(config.weights_sha256), actual)
 
 
 def _remote_pickles(repo: str, rev: str | None) -> list[str]:

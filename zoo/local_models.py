@@ -14,7 +14,7 @@ from zoo.metadata import ModelInfo
 def _info(folder: Path) -> ModelInfo | None:
     try:
         config = read_config(folder)
-        return info_from_config(folder, config, get_entry(config["base"]).info)
+        return info_from_config(folder, config, get_entry(config.base).info)
     except (ZooError, OSError, json.JSONDecodeError):
         return None  # not a valid zoo folder: not listed
 
@@ -30,7 +30,7 @@ def unreadable_runs(runs_root: str | Path = "runs") -> list[tuple[str, str]]:
         if is_model_folder(run / "model"):
             try:
                 config = read_config(run / "model")
-                get_entry(config["base"])
+                get_entry(config.base)
             except (ZooError, OSError) as exc:
                 found.append((str(run), str(exc)))
     return found

@@ -16,10 +16,12 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from zoo.errors import DataError
 
 SPLIT_FILE = "split.json"
+Split = Literal["train", "val", "test", "all"]  # what an evaluation scores ("all": every image)
 DEFAULT_SAMPLE = 64  # export's gate: enough to catch a wrong graph, cheap on 2 cores
 DEFAULT_SEED = 0
 

@@ -142,18 +142,20 @@ def lineage_tags(run: Path, record: TrackingRecord) -> dict[str, str]:
     """What a registered version says of where it came from: the zoo run, its MLflow run,
     the data fingerprint, the parent weights and the shipped weights' sha256 (from the run's
     ``model/config.json`` and ``report.json``)."""
-    cfg = json.loads((run / "model" / "config.json").read_text())
+    from zoo.artifact import read_config
+
+    cfg = read_config(run / "model")
     report_path = run / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     tags = {
         "zoo.run": str(run.resolve()),
         "zoo.mlflow_run_id": record.run_id,
-        "zoo.data.name": str(cfg.get("data", {}).get("name", "")),
-        "zoo.data.fingerprint": str(cfg.get("data", {}).get("fingerprint", "")),
-        "zoo.base": str(cfg.get("base", "")),
-        "zoo.parent_weights": str(cfg.get("parent_weights", "")),
-        "zoo.parent_weights_sha256": str(cfg.get("parent_weights_sha256") or ""),
-        "zoo.lineage": json.dumps(cfg.get("lineage", [])),
+        "zoo.data.name": cfg.data.name or "",
+        "zoo.data.fingerprint": cfg.data.fingerprint or "",
+        "zoo.base": cfg.base,
+        "zoo.parent_weights": cfg.parent_weights or "",
+        "zoo.parent_weights_sha256": cfg.parent_weights_sha256 or "",
+        "zoo.lineage": json.dumps(list(cfg.lineage)),
         "zoo.weights_sha256": str(report.get("weights_sha256", "")),
     }
     return {k: v for k, v in tags.items() if v}

@@ -22,13 +22,15 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from zoo.artifact import ONNX_FILE, VARIANTS_DIR, is_model_folder, read_calibration, read_config
+from zoo.artifact import ONNX_FILE, VARIANTS_DIR, is_model_folder, read_config
 from zoo.calibration import Calibration
 from zoo.errors import ArtifactError, InputError
+from zoo.model_config import ModelConfig
 
 IR_FILE = "model.xml"  # the IR inside a variant folder (zoo export --format openvino)
 EXPORT_NAME = ONNX_FILE  # the folder's own export, listed by stale_exports only
@@ -378,9 +380,11 @@ def _metadata(path: Path, kind: VariantKind) -> dict[str, Any]:
 
 
 def _variant(
-    name: str, path: Path, kind: VariantKind, folder: Path, config: dict[str, Any]
+    name: str, path: Path, kind: VariantKind, folder: Path, config: ModelConfig
 ) -> Variant:
     """The file ``path`` of the model folder ``folder``, whose ``config.json`` is ``config``."""
+    from zoo.onnx_meta import read_calibration
+
     try:
         meta = _metadata(path, kind)
     except (InputError, ValueError):  # unreadable: listed, with no source weights
@@ -394,23 +398,26 @@ def _variant(
         kind=kind,
         folder=folder,
         source_sha256=meta.get("source_weights_sha256"),
-        weights_sha256=str(config["weights_sha256"]),
+        weights_sha256=str(config.weights_sha256),
         source_epoch=_int_or_none(meta.get("source_epoch")),
-        folder_epoch=_shipped_epoch(config),
+        folder_epoch=config.shipped_epoch,
         precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
         quantization=_quant_mode(quant),
         flags=ExportFlags.from_metadata(meta),
         quantized_from=Path(source) if isinstance(source, str) and source else None,
         target_agreement=_float_or_none(made.get("target_agreement")),
-        calibration_stale=_calibration(meta, path) != _calibration(config, folder),
+        calibration_stale=_calibration(lambda: read_calibration(meta, path), meta)
+        != _calibration(lambda: config.calibration, config.raw),
     )
 
 
-def _calibration(record: dict[str, Any], where: Path) -> Calibration | str | None:
+def _calibration(
+    read: Callable[[], Calibration | None], record: Mapping[str, Any]
+) -> Calibration | str | None:
     """The calibration a file's metadata or a folder's config holds (None: none; a
     malformed one: its text, which compares unequal to any other)."""
     try:
-        return read_calibration(record, where)
+        return read()
     except ArtifactError:
         return json.dumps(record.get("calibration"), sort_keys=True)
 
@@ -429,12 +436,6 @@ def _quant_mode(quant: Any) -> str | None:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _shipped_epoch(config: dict[str, Any]) -> int | None:
-    """The epoch whose weights the folder holds (``config.json`` ``train.shipped_epoch``)."""
-    train = config.get("train")
-    return _int_or_none(train.get("shipped_epoch")) if isinstance(train, dict) else None
 
 
 def list_variants(folder: str | os.PathLike[str]) -> list[Variant]:

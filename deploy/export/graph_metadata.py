@@ -74,8 +74,7 @@ def _shipped_epoch(ref: ModelRef) -> int | None:
         return None
     from zoo.artifact import read_config
 
-    epoch = read_config(ref.model_folder).get("train", {}).get("shipped_epoch")
-    return int(epoch) if isinstance(epoch, int) else None
+    return read_config(ref.model_folder).shipped_epoch
 
 
 def _quantization_aware(ref: ModelRef) -> bool | None:

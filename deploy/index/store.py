@@ -73,7 +73,7 @@ class ModelIdentity:
         elif ref.kind in ("run", "model-folder"):  # the sha256 loading checks the file against
             from zoo.artifact import read_config
 
-            h.update(str(read_config(ref.model_folder)["weights_sha256"]).encode())
+            h.update(str(read_config(ref.model_folder).weights_sha256).encode())
         elif ref.kind == "registry":
             from zoo.catalog import model_info
 
