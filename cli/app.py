@@ -113,6 +113,32 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:
+        said = _path_error(exc)
+        if said is None or debug:
+            raise
+        print(f"error: {said}", file=sys.stderr)
+        print(f"(set {DEBUG_ENV}=1 for the full traceback)", file=sys.stderr)
+        sys.exit(1)
+
+
+def _path_error(exc: OSError) -> str | None:
+    """What a file-system refusal of a path the user gave means (None: not one of those, a
+    traceback). The commands check their outputs first; this is the net under them."""
+    import errno
+
+    where = exc.filename if exc.filename is not None else "a path"
+    meaning = {
+        errno.ENOTDIR: "a folder on this path is a file: give a path whose folders are folders",
+        errno.EEXIST: "exists as a file where a folder was needed: name another path",
+        errno.EISDIR: "is a folder where a file was needed: name a file",
+        errno.EACCES: "permission denied: choose a place you can write to (or read)",
+        errno.EPERM: "operation not permitted: choose a place you can write to",
+        errno.EROFS: "is on a read-only file system: choose another place",
+        errno.ENOSPC: "no space left on the device: free some space and run again",
+        errno.ENAMETOOLONG: "the name is too long for the file system",
+    }.get(exc.errno or 0)
+    return None if meaning is None else f"{where}: {meaning}."
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def calibrate_cmd(
     )  # fmt: skip
     if as_json:
         print_json(result.to_dict())
+        why = result.calibration.why_not_kept(result.split)
+        if why is not None:  # the JSON's fit.why; said where a person reads it too
+            err.print(f"temperature kept at 1: {why}", markup=False)
     else:
         out.print(result.line(), markup=False)
     err.print(f"written to {result.config}", markup=False)

@@ -15,7 +15,10 @@ def enroll_cmd(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="run folder or model folder")],
     images: Annotated[
         list[Path],
-        typer.Argument(metavar="IMAGES...", help="at least 5 images of the new class"),
+        typer.Argument(
+            metavar="IMAGES...",
+            help="at least 5 images of the new class (files, or folders: the images in them)",
+        ),
     ],
     class_name: Annotated[
         str, typer.Option("--class", help="the new class's name (not one the model has)")
@@ -42,10 +45,11 @@ def enroll_cmd(
 ) -> None:
     """Add a class from a few images (at least 5) without retraining: the classifier gains
     one row; export, predict, serve and eval use the result unchanged."""
+    from zoo.images import image_files
     from zoo.train.enroll import EnrollOptions, enroll
 
     opts = EnrollOptions(
-        model=model, class_name=class_name, images=tuple(images), out=output,
+        model=model, class_name=class_name, images=image_files(images), out=output,
         in_place=in_place, data=data, device=device,
     )  # fmt: skip
     result = enroll(opts)

@@ -125,6 +125,7 @@ def eval_cmd(
     """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
     from zoo.ref import ModelRef
     from zoo.run_images import find_run
+    from zoo.train.check import left_out_note
     from zoo.train.evaluate import evaluate_split
 
     if report_out is not None and not report:
@@ -185,11 +186,19 @@ def eval_cmd(
         markup=False,
     )
     if result.get("missing"):
+        n = result["missing"]
         err.print(
-            f"note: {result['missing']} of the run's {result['split']} images are no longer on "
-            "disk (moved or deleted since the run) and are left out",
+            f"note: {n} of the run's {result['split']} images {'is' if n == 1 else 'are'} no "
+            "longer on disk (moved or deleted since the run) and "
+            f"{'is' if n == 1 else 'are'} left out",
             markup=False,
         )
+    for note in (
+        left_out_note(ev.unreadable, f"the {result['split']} images"),
+        left_out_note(separation.unreadable, "the --ood images") if separation else None,
+    ):
+        if note:
+            err.print(note, markup=False)
     names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
         "acc": "top-1" if "top5" in result else "exact-match",
         "balanced_acc": "balanced",

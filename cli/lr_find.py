@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from zoo import durable
 from zoo.cli.common import JsonOpt, err, interrupt_exits, out, print_json
 from zoo.cli.finetune import finetune_cmd
 from zoo.cli.train_options import train_config
@@ -46,6 +47,7 @@ def _lr_find(
         raise typer.BadParameter(f"--start {start:g} must be above 0 and below --end {end:g}")
     if plot.suffix.lower() != ".png":
         raise InputError(f"--plot {plot}: give a .png file")
+    durable.refuse_folder(plot, flag="--plot", writes="lr-find draws one PNG", name="lr_find.png")
     with interrupt_exits(
         "interrupted: zoo lr-find writes nothing before its sweeps end (they train copies); "
         "run it again (fewer --steps or --sweeps take less time)"

@@ -73,7 +73,12 @@ def predict_cmd(
         ),
     ] = D["workers"],
     strict: Annotated[
-        bool, typer.Option("--strict", help="--out: stop at the first file that cannot be read")
+        bool,
+        typer.Option(
+            "--strict",
+            help="stop at the first file that cannot be read (default: score the others, "
+            "report each unreadable one and exit 1; --out: list them in FILE.errors.jsonl)",
+        ),
     ] = D["strict"],
     overwrite: Annotated[
         bool,
@@ -120,8 +125,9 @@ def predict_cmd(
 ) -> None:
     """Top-k labels. From an ONNX file alone, preprocessing and class names come from its metadata.
 
-    Without --out the labels are printed (a few images, all in memory); with --out any number
-    of images are scored into a file, resumably. A model with a rejection rule answers
+    Without --out the labels are printed (a few images, all in memory): an unreadable image is
+    reported on stderr and the others are still scored, then the command exits 1; with --out
+    any number of images are scored into a file, resumably. A model with a rejection rule answers
     `unknown` for an image scoring below its threshold (JSON and --out rows add `label`,
     `accepted` and `score`).
     """
@@ -136,23 +142,38 @@ def predict_cmd(
         )  # fmt: skip
         _predict_to_file(options, as_json=as_json)
         return
-    if strict or overwrite or embeddings or engine != D["engine"] or address:
+    if overwrite or embeddings or engine != D["engine"] or address:
         raise typer.BadParameter(
-            "--strict, --overwrite, --embeddings, --engine and --address apply to --out only."
+            "--overwrite, --embeddings, --engine and --address apply to --out only."
         )
     from zoo.deploy.predict.inputs import check_inputs, iter_inputs
-    from zoo.deploy.predict.scoring import predict
+    from zoo.deploy.predict.scoring import Unreadable, predict_each
 
     check_inputs(inputs)
-    results = predict(
-        model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta, reject=not no_reject
-    )
-    if as_json:
+    results = predict_each(
+        model, list(iter_inputs(inputs)), k=top_k, device=device, tta=tta,
+        reject=not no_reject, strict=strict,
+    )  # fmt: skip
+    failed = [r for r in results if isinstance(r, Unreadable)]
+    if as_json:  # one array, in input order: an unreadable input's entry is {"image", "error"}
         print_json([r.to_dict() for r in results])
-        return
-    for r in results:
-        for line in r.lines():
-            out.print(line)
+    else:
+        for r in results:
+            if not isinstance(r, Unreadable):
+                for line in r.lines():
+                    out.print(line)
+    for u in failed:  # after the answers: stdout stays the answers alone
+        where = "" if str(u.image) in u.reason else f"{u.image}: "  # the reason names it
+        err.print(f"not scored: {where}{u.reason}", markup=False)
+    if failed:
+        n, total = len(failed), len(results)
+        err.print(
+            f"error: {n:,} of {total:,} inputs could not be scored (each listed above; "
+            f"{total - n:,} answered): fix or remove them, or use --out FILE to list them in "
+            "FILE.errors.jsonl and exit 0.",
+            markup=False,
+        )
+        raise typer.Exit(1)
 
 
 def _predict_to_file(options: PredictFileOptions, *, as_json: bool) -> None:

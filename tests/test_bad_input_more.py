@@ -251,7 +251,7 @@ def test_resuming_with_training_images_gone_names_them_and_what_to_do(
     assert (json.loads(r.stdout)["split"], json.loads(r.stdout)["n"]) == ("val", len(val))
 
 
-def test_export_names_a_gate_image_it_cannot_decode_instead_of_blaming_the_exporter(
+def test_export_leaves_out_a_gate_image_damaged_since_and_never_blames_the_exporter(
     digits16: Path, tmp_path: Path
 ) -> None:
     """A validation image truncated after training read "ONNX export of RUN failed (dynamo:
@@ -266,11 +266,16 @@ def test_export_names_a_gate_image_it_cannot_decode_instead_of_blaming_the_expor
         "--name", "r", "--num-workers", "0", "--no-progress", "--no-report",
     )  # fmt: skip
     run = runs / "r"
-    for rel, _ in json.loads((run / "split.json").read_text())["splits"]["val"]:
-        (data / rel).write_bytes((data / rel).read_bytes()[:60])  # every one: the gate takes any
+    val = [rel for rel, _ in json.loads((run / "split.json").read_text())["splits"]["val"]]
+    (data / val[0]).write_bytes((data / val[0]).read_bytes()[:60])
+    r = zoo_here("export", str(run), "-o", str(tmp_path / "one.onnx"))  # one damaged: left out
+    assert r.returncode == 0, r.stderr
+    assert f"1 that no longer decodes left out (e.g. {data / val[0]})" in r.stderr + r.stdout
+    for rel in val:
+        (data / rel).write_bytes((data / rel).read_bytes()[:60])  # every one
     r = zoo_here("export", str(run), "-o", str(tmp_path / "m.onnx"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert "Cannot decode" in r.stderr and "failed (dynamo" not in r.stderr
+    assert "decodes any more" in r.stderr and "failed (dynamo" not in r.stderr
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -350,3 +355,121 @@ def test_a_resume_checks_every_split_and_names_what_an_unfinished_run_started_fr
         _check_present(splits, run, "mobilenet_v2")
     assert "1 of the images" in str(exc.value) and "(e.g. a/gone.png)" in str(exc.value)
     assert str(exc.value).endswith("zoo finetune mobilenet_v2 --data DIR")
+
+
+def test_outputs_under_a_file_or_outside_runs_are_refused_before_any_work(
+    digits16: Path, tmp_path: Path
+) -> None:
+    """``ev.json/x.png`` (``ev.json`` a file) ended in FileExistsError/NotADirectoryError
+    tracebacks after the work; ``--name ../escaped`` wrote outside ``--runs``."""
+    blocker = tmp_path / "ev.json"
+    blocker.write_text("{}")
+    cases = [
+        ("lr-find", "simple_cnn", "--data", str(digits16), "--weights", "none",
+         "--plot", str(blocker / "x.png")),
+        ("eval", "simple_cnn", "--data", str(digits16), "--report",
+         "--report-out", str(blocker / "r.html")),
+        ("finetune", "simple_cnn", "--data", str(digits16), "--weights", "none",
+         "--runs", str(blocker)),
+        ("finetune", "simple_cnn", "--data", str(digits16), "--weights", "none",
+         "--runs", str(blocker / "runs")),
+    ]  # fmt: skip
+    for args in cases:
+        r = zoo_here(*args, cwd=tmp_path)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert str(blocker) in r.stderr and "file" in r.stderr, (args, r.stderr)
+    assert blocker.read_text() == "{}"
+    for name in ("../escaped", "a/b", ".."):
+        r = zoo_here(
+            "finetune", "simple_cnn", "--data", str(digits16), "--weights", "none",
+            "--runs", str(tmp_path / "runs"), "--name", name, cwd=tmp_path,
+        )  # fmt: skip
+        assert r.returncode == 2 and "give a folder name, not a path" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ev.json"]
+
+
+def test_a_path_the_file_system_refuses_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    """The net under every command's own checks: ENOTDIR, EISDIR, EACCES … are said in a
+    line naming the path (exit 1); any other OSError stays a traceback (a bug of ours)."""
+    import errno
+
+    from zoo.cli.app import _path_error
+
+    said = _path_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", "ev.json/p.csv"))
+    assert said is not None and said.startswith("ev.json/p.csv: a folder on this path is a file")
+    assert "a folder where a file was needed" in str(
+        _path_error(IsADirectoryError(errno.EISDIR, "Is a directory", "d.csv"))
+    )
+    assert _path_error(OSError(errno.EIO, "I/O error", "x")) is None
+
+
+def test_an_image_damaged_after_training_is_left_out_of_eval_with_a_note(
+    digits16: Path, tmp_path: Path
+) -> None:
+    """A validation image truncated after training stopped ``zoo eval`` (and ``--ood`` stopped
+    at one broken file) where a deleted one is left out and finetune quarantines it."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(digits16, data)
+    zoo_ok(
+        "finetune", "simple_cnn", "--weights", "none", "--data", str(data), "--epochs", "1",
+        "--runs", str(tmp_path / "runs"), "--name", "r", "--num-workers", "0", "--no-progress",
+        "--no-report",
+    )  # fmt: skip
+    run = tmp_path / "runs" / "r"
+    val = json.loads((run / "split.json").read_text())["splits"]["val"]
+    broken = data / val[0][0]
+    broken.write_bytes(broken.read_bytes()[:40])  # a truncated PNG
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for i, name in enumerate(sorted(p.name for p in (data / "digit_3").iterdir())[:4]):
+        shutil.copy(data / "digit_3" / name, outside / f"{i}.png")
+    (outside / "bad.png").write_bytes(b"not an image")
+    r = zoo_here("eval", str(run), "--ood", str(outside), "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["n"] == len(val) - 1
+    assert [u["path"] for u in got["unreadable"]] == [str(broken)]
+    assert got["ood"]["n_out"] == 4
+    assert [Path(u["path"]).name for u in got["ood"]["unreadable"]] == ["bad.png"]
+    r = zoo_here("eval", str(run))
+    assert r.returncode == 0, r.stderr
+    assert f"note: 1 of the val images does not decode (changed or damaged; e.g. {broken}" in (
+        r.stderr
+    )
+
+
+def test_freeze_epochs_that_nothing_reads_is_refused_and_one_past_the_end_is_said(
+    digits16: Path, tmp_path: Path
+) -> None:
+    """``--freeze-epochs`` with ``--strategy full`` was accepted and ignored; with gradual and
+    ``--freeze-epochs`` ≥ ``--epochs`` the run was silently a linear probe."""
+    r = zoo_here(
+        "finetune", "simple_cnn", "--weights", "none", "--data", str(digits16),
+        "--freeze-epochs", "2", "--runs", str(tmp_path), "--dry-run", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--freeze-epochs applies to --strategy gradual" in r.stderr
+    assert "strategy is full" in r.stderr
+    r = zoo_here(
+        "finetune", "mobilenet_v2", "--data", str(digits16), "--image-size", "32",
+        "--freeze-epochs", "5", "--epochs", "2", "--runs", str(tmp_path), "--dry-run",
+        "--num-workers", "0", "--no-progress", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "note: --freeze-epochs 5 ≥ --epochs 2: the backbone stays frozen" in r.stderr
+
+
+def test_enroll_takes_a_folder_of_images(digits16: Path, tmp_path: Path) -> None:
+    """``zoo enroll RUN --class star star/`` said "1 image(s) given" of a folder of six."""
+    from zoo.images import image_files
+
+    folder = digits16 / "digit_3"
+    files = image_files([folder, tmp_path / "missing.png"])
+    assert files[:-1] == tuple(sorted(folder.iterdir())) and files[-1] == tmp_path / "missing.png"
+    few = tmp_path / "few"
+    few.mkdir()
+    for p in sorted(folder.iterdir())[:3]:
+        (few / p.name).write_bytes(p.read_bytes())
+    r = zoo_here("enroll", str(tmp_path / "no-run"), str(few), "--class", "star")
+    assert r.returncode == 2 and "3 image(s) given for 'star'" in r.stderr, r.stderr

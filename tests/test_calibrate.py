@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from tests.conftest import zoo_here
-from zoo.calibration import DEFAULT_SCORE, Calibration, Rejection, ood_score
+from zoo.calibration import (
+    DEFAULT_SCORE,
+    MIN_FIT_IMAGES,
+    TEMPERATURE_RANGE,
+    Calibration,
+    Rejection,
+    TemperatureFit,
+    ood_score,
+)
 from zoo.errors import ArtifactError
 from zoo.train.calibrate import (
     acceptance_cut,
@@ -39,12 +47,73 @@ def test_calibration_lowers_the_nll_and_keeps_every_top1() -> None:
     z = torch.randn(2000, 10, generator=g) * 6  # far too sharp for labels drawn at T = 3
     y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g)[:, 0]
     cal = fit_calibration(z, y)
+    assert cal.fit is not None and cal.fit.kept and cal.why_not_kept() is None  # a real fit
+    assert cal.temperature == cal.fit.temperature == pytest.approx(3.0, rel=0.1)
+    assert cal.temperature_line().startswith(f"temperature {cal.temperature:.4g}, expected")
     nll = torch.nn.functional.cross_entropy
     assert nll(z / cal.temperature, y) < nll(z, y)
     assert cal.ece_after < 0.5 * cal.ece_before  # the issue's goal, on a known miscalibration
     probs = cal.probabilities(z.numpy())
     assert (probs.argmax(1) == z.numpy().argmax(1)).all()
     assert cal.ece_after == pytest.approx(ece_of(z, y, cal.temperature), abs=1e-6)
+
+
+def test_a_perfectly_separated_set_keeps_the_raw_softmax_and_says_why() -> None:
+    """Every top-1 right: the NLL falls all the way to T → 0, so the fit runs to the bound and
+    would make every answer read 1.0000 (the issue's 15-image run); kept at T = 1 instead."""
+    lo = TEMPERATURE_RANGE[0]
+    for n in (15, 200):  # too few, and plenty: separated either way
+        z = torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
+        y = z.argmax(1)
+        assert fit_temperature(z, y) == lo
+        cal = fit_calibration(z, y, reject="msp")
+        assert cal.temperature == 1.0 and cal.fit is not None and not cal.fit.kept
+        assert cal.fit.temperature == lo and cal.fit.not_kept[0] == "separated"
+        assert ("too_few" in cal.fit.not_kept) == (n < MIN_FIT_IMAGES)
+        assert cal.ece_after == cal.ece_before == pytest.approx(ece_of(z, y, 1.0), abs=1e-6)
+        assert cal.reject is not None  # the rule is fitted at the kept temperature
+        assert cal.reject == fit_rejection(z, "msp", 1.0, 0.95)
+    assert cal.why_not_kept() == "the fit ran to the bound 0.01 (validation perfectly separated)"
+    small = fit_calibration(*(lambda z: (z, z.argmax(1)))(torch.eye(4).repeat(4, 1)[:15] * 3))
+    assert small.temperature_line() == (
+        "temperature kept at 1: the fit ran to the bound 0.01 (validation perfectly separated, "
+        f"15 images: too few to calibrate); expected calibration error {small.ece_before:.4f} on "
+        "15 validation images"
+    )
+    d = small.to_dict()
+    assert d["temperature"] == 1.0 and d["fit"]["kept"] is False
+    assert d["fit"]["not_kept"] == ["separated", "too_few"] and "too few" in d["fit"]["why"]
+
+
+def test_a_fit_that_raises_the_ece_keeps_the_raw_softmax() -> None:
+    """40 images, 38 right at a calibrated 0.95 and two confident errors: the NLL optimum
+    (T ≈ 1.4) softens the right ones to pay for the errors, and the ECE rises."""
+    m = float(np.log(0.95 / 0.05))
+    z = torch.tensor([[m, 0.0]] * 38 + [[6.0, 0.0]] * 2, dtype=torch.float64)
+    y = torch.tensor([0] * 38 + [1] * 2)
+    cal = fit_calibration(z, y)
+    assert cal.fit is not None and cal.fit.not_kept == ("ece_not_lowered",)
+    assert 1.2 < cal.fit.temperature < 1.6 and cal.fit.ece > cal.ece_before
+    assert cal.temperature == 1.0 and cal.ece_after == cal.ece_before
+    assert cal.why_not_kept() == (
+        f"the fit (T {cal.fit.temperature:.4g}) raised the ECE {cal.ece_before:.4f} → "
+        f"{cal.fit.ece:.4f}"
+    )
+
+
+def test_a_fit_at_the_upper_bound_or_on_too_few_images_keeps_the_raw_softmax() -> None:
+    g = torch.Generator().manual_seed(3)
+    z, y = torch.randn(400, 4, generator=g) * 3, torch.randint(0, 4, (400,), generator=g)
+    cal = fit_calibration(z, y)  # logits unrelated to the labels: uniform is the NLL optimum
+    assert cal.fit is not None and cal.fit.not_kept[0] == "upper_bound"
+    assert cal.temperature == 1.0 and cal.fit.temperature >= 0.95 * TEMPERATURE_RANGE[1]
+    assert "ran to the bound 100" in (cal.why_not_kept() or "")
+    z = torch.randn(7, 5, generator=g) * 6  # over-confident, but seven images
+    y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g)[:, 0]
+    y[0] = (z[0].argmax() + 1) % 5  # one error: not separated
+    cal = fit_calibration(z, y)
+    assert cal.temperature == 1.0 and cal.fit is not None and "too_few" in cal.fit.not_kept
+    assert (cal.why_not_kept() or "").endswith("(7 images: too few to calibrate)")
 
 
 def test_rejection_threshold_is_the_conformal_quantile() -> None:
@@ -83,6 +152,19 @@ def test_calibration_round_trip_and_malformed_values() -> None:
         2.0, Rejection("msp", 0.7, 0.95), fitted_on=10, ece_before=0.2, ece_after=0.05
     )
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), where="x") == cal
+    kept_at_1 = Calibration(
+        1.0, fitted_on=15, ece_before=0.6, ece_after=0.6,
+        fit=TemperatureFit(0.01, 0.0001, ("separated", "too_few")),
+    )  # fmt: skip
+    assert Calibration.from_dict(json.loads(json.dumps(kept_at_1.to_dict())), where="x") == (
+        kept_at_1
+    )
+    old = {k: v for k, v in cal.to_dict().items() if k != "fit"}  # written before fits were judged
+    assert Calibration.from_dict(old, where="x").fit is None
+    with pytest.raises(ArtifactError, match=r"malformed.*Unknown reason 'bad'"):
+        Calibration.from_dict(
+            {"temperature": 1, "fit": {"temperature": 2, "not_kept": ["bad"]}}, where="cfg.json"
+        )
     with pytest.raises(ArtifactError, match=r"cfg.json: calibration is malformed.*positive"):
         Calibration.from_dict({"temperature": -1}, where="cfg.json")
     with pytest.raises(ArtifactError, match=r"Unknown rejection score 'mahalanobis'"):
@@ -232,6 +314,32 @@ def test_an_export_made_before_zoo_calibrate_reads_as_stale_until_exported_again
     assert zoo_here("export", str(cal)).returncode == 0  # the refresh command
     again = zoo_here("predict", str(onnx_file), image)
     assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+
+
+def test_calibrate_on_too_few_images_keeps_t_1_and_says_so(
+    run: Path, four_digits: Path, tmp_path: Path
+) -> None:
+    few = tmp_path / "few"
+    for d in sorted(four_digits.iterdir()):
+        (few / d.name).mkdir(parents=True)
+        for p in sorted(d.iterdir())[:3]:
+            (few / d.name / p.name).symlink_to(p.resolve())
+    cal = tmp_path / "cnn"
+    shutil.copytree(run, cal, symlinks=True)
+    c = zoo_here("calibrate", str(cal), "--data", str(few), "--reject", "msp", "--json")
+    assert c.returncode == 0, c.stderr
+    got = json.loads(c.stdout)
+    assert got["fitted_on"] == 12 and got["temperature"] == 1.0
+    assert got["fit"]["kept"] is False and "too_few" in got["fit"]["not_kept"]
+    assert got["ece_after"] == got["ece_before"]
+    assert f"temperature kept at 1: {got['fit']['why']}" in c.stderr
+    assert "12 images: too few to calibrate" in got["fit"]["why"]
+    stored = Calibration.from_dict(_config(cal)["calibration"], where="config")
+    assert stored.temperature == 1.0 and stored.fit is not None and not stored.fit.kept
+    assert stored.reject is not None and stored.reject.score == "msp"
+    line = zoo_here("calibrate", str(cal), "--data", str(few))
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.startswith("temperature kept at 1: the fit (T ")
 
 
 def test_calibrate_refuses_bad_input(run: Path) -> None:

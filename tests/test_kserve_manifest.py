@@ -303,3 +303,23 @@ def test_an_output_of_the_wrong_kind_is_refused_before_anything_is_written(
         assert f"-o {target} {words}" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt", "out"]
     assert not list(folder.iterdir()) and a_file.read_text() == "keep"
+
+
+def test_a_second_export_to_the_same_manifest_replaces_its_repository_whole(
+    triton: tuple[Path, dict, str], tmp_path: Path
+) -> None:
+    """Exporting another model to the same ``-o`` rewrote the manifest but left the first
+    model in the repository its ``storageUri`` names, for Triton to load as well."""
+    import shutil
+
+    manifest, report, _ = triton
+    out = tmp_path / "again"
+    shutil.copytree(manifest.parent, out)
+    r = zoo_here("export", "simple_cnn", "--format", "kserve", "-o", str(out / "isvc.yaml"))
+    assert r.returncode == 0, r.stderr
+    repo = out / "isvc_model_repository"
+    names = [p.name for p in repo.iterdir()]
+    assert len(names) == 1 and names != [report["model_name"]], names
+    isvc = ks.load_manifest((out / "isvc.yaml").read_text())
+    assert isvc.metadata.annotations["zoo.model-name"] == names[0]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no scratch left

@@ -16,10 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from zoo.calibration import (
+    BOUND_TOLERANCE,
     DEFAULT_ACCEPTANCE,
+    MIN_FIT_IMAGES,
     REJECT_MODES,
+    TEMPERATURE_RANGE,
     Calibration,
+    NotKept,
     Rejection,
+    TemperatureFit,
     score_kind,
 )
 from zoo.errors import InputError
@@ -40,11 +45,15 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
         targets: ``(N,)`` class indices.
 
     Returns:
-        T > 0 (1.0 for no samples).
+        T in :data:`~zoo.calibration.TEMPERATURE_RANGE` (1.0 for no samples; its lower end
+        when every top-1 is right: the NLL then falls all the way to T → 0).
     """
     if not len(logits):
         return 1.0
     x, y = logits.detach().double().cpu(), targets.detach().long().cpu()
+    lo, hi = TEMPERATURE_RANGE
+    if _separated(x, y):  # LBFGS would stop wherever the gradient flattens out
+        return lo
     log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
 
@@ -56,8 +65,41 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
     opt.step(closure)
     t = float(log_t.detach().exp())
-    # all-correct separable logits drive T → 0 (infinitely sharp); keep a usable range
-    return min(max(t, 1e-2), 1e2) if math.isfinite(t) else 1.0
+    return min(max(t, lo), hi) if math.isfinite(t) else 1.0
+
+
+def _separated(logits: torch.Tensor, targets: torch.Tensor) -> bool:
+    """No row's target logit below another: every row's NLL falls (or holds) as T falls."""
+    return bool((logits <= logits.gather(1, targets[:, None])).all())
+
+
+def judge_temperature(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, ece_before: float
+) -> TemperatureFit:
+    """Whether a fitted temperature can be trusted: not when every top-1 is right (no finite
+    optimum), when it ran to (within :data:`~zoo.calibration.BOUND_TOLERANCE` of) an end of
+    :data:`~zoo.calibration.TEMPERATURE_RANGE`, when it does not lower the ECE on the images
+    it was fitted on, or when they are fewer than :data:`~zoo.calibration.MIN_FIT_IMAGES`.
+
+    Args:
+        temperature: :func:`fit_temperature`'s value on ``logits`` / ``targets``.
+        ece_before: their ECE at T = 1 (rounded as stored).
+    """
+    n = len(logits)
+    ece = round(ece_of(logits, targets, temperature), 6) if n else None
+    why: list[NotKept] = []
+    lo, hi = TEMPERATURE_RANGE
+    if n and _separated(logits.detach().double().cpu(), targets.detach().long().cpu()):
+        why.append("separated")
+    elif math.log(temperature / lo) <= BOUND_TOLERANCE:
+        why.append("lower_bound")
+    elif math.log(hi / temperature) <= BOUND_TOLERANCE:
+        why.append("upper_bound")
+    if n and ece is not None and not ece < ece_before:
+        why.append("ece_not_lowered")
+    if n < MIN_FIT_IMAGES:
+        why.append("too_few")
+    return TemperatureFit(temperature=temperature, ece=ece, not_kept=tuple(why))
 
 
 def acceptance_cut(scores: np.ndarray, acceptance: float) -> float:
@@ -109,7 +151,9 @@ def fit_calibration(
     acceptance: float = DEFAULT_ACCEPTANCE,
     knn: np.ndarray | None = None,
 ) -> Calibration:
-    """Temperature, ECE before and after, and with ``reject`` a rejection rule.
+    """Temperature, ECE before and after, and with ``reject`` a rejection rule (fitted at the
+    kept temperature). The fitted temperature is kept only when :func:`judge_temperature`
+    trusts it; otherwise T = 1 (the model's own softmax) and ``fit`` says why.
 
     Args:
         logits: ``(N, K)`` validation logits.
@@ -123,15 +167,18 @@ def fit_calibration(
     """
     if reject not in REJECT_MODES:
         raise InputError(f"--reject {reject!r}: one of {', '.join(REJECT_MODES)}.")
-    t = fit_temperature(logits, targets)
+    ece_before = round(ece_of(logits, targets, 1.0), 6)
+    fit = judge_temperature(logits, targets, fit_temperature(logits, targets), ece_before)
+    t = fit.temperature if fit.kept else 1.0
     return Calibration(
         temperature=t,
         reject=None
         if reject == "off"
         else fit_rejection(logits, score_kind(reject), t, acceptance, knn),
         fitted_on=len(logits),
-        ece_before=round(ece_of(logits, targets, 1.0), 6),
-        ece_after=round(ece_of(logits, targets, t), 6),
+        ece_before=ece_before,
+        ece_after=fit.ece if fit.kept else ece_before,
+        fit=fit,
     )
 
 
@@ -176,10 +223,12 @@ class CalibrateResult:
 
     def line(self) -> str:
         c = self.calibration
+        why = c.why_not_kept(self.split)
         text = (
-            f"temperature {c.temperature:.4g}: ECE {c.ece_before:.4f} → {c.ece_after:.4f} on "
-            f"{c.fitted_on} {self.split} images (accuracy {self.accuracy:.4f}, unchanged)"
-        )
+            f"temperature kept at 1: {why}; ECE {c.ece_before:.4f}"
+            if why is not None
+            else f"temperature {c.temperature:.4g}: ECE {c.ece_before:.4f} → {c.ece_after:.4f}"
+        ) + f" on {c.fitted_on} {self.split} images (accuracy {self.accuracy:.4f}, unchanged)"
         if c.reject is not None:
             text += (
                 f"; rejects below {c.reject.score} {c.reject.threshold:.4g} "
@@ -282,5 +331,6 @@ __all__ = [
     "fit_calibration",
     "fit_rejection",
     "fit_temperature",
+    "judge_temperature",
     "val_logits",
 ]

@@ -136,8 +136,8 @@ def check_files(
         with ThreadPoolExecutor(max_workers=workers or max(2, available_cpus() * 2)) as pool:
             for fc in pool.map(lambda p: _check_file(p, image_cache), todo):
                 results[fc.path] = fc
-        if use_cache:
-            new = {}
+        if use_cache:  # merged: a check of some files (eval's split) keeps the others' entries
+            new = dict(entries)
             for p in paths:
                 st = p.stat()
                 new[str(p)] = {
@@ -150,6 +150,38 @@ def check_files(
 
             write_json(cache_path, {"version": CACHE_VERSION, "files": new})
     return results
+
+
+@dataclass(frozen=True)
+class Readable:
+    """The files of a list that decode, in order, and those that do not (each with why)."""
+
+    paths: tuple[Path, ...]
+    unreadable: tuple[FileCheck, ...]
+
+
+def left_out_note(unreadable: tuple[FileCheck, ...], what: str) -> str | None:
+    """A line for stderr naming the ``unreadable`` files of ``what`` left out (None: none)."""
+    if not unreadable:
+        return None
+    first = unreadable[0]
+    n = len(unreadable)
+    return (
+        f"note: {n} of {what} {'does' if n == 1 else 'do'} not decode (changed or damaged; "
+        f"e.g. {first.path}: {first.error}) and {'is' if n == 1 else 'are'} left out, as zoo "
+        "finetune quarantines them: zoo check DIR lists them all"
+    )
+
+
+def readable(root: Path, paths: list[Path]) -> Readable:
+    """``paths`` (under ``root``) decoded as training decodes them (:func:`check_files`:
+    cached by size and mtime, so the images of a run's own check cost no second decode)."""
+    checks = check_files(root, paths)
+    bad = tuple(checks[str(p)] for p in paths if not checks[str(p)].ok)
+    if not bad:
+        return Readable(tuple(paths), ())
+    gone = {fc.path for fc in bad}
+    return Readable(tuple(p for p in paths if str(p) not in gone), bad)
 
 
 def check_splits(

@@ -13,7 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
 from zoo.calibration import DEFAULT_ACCEPTANCE, RejectMode
-from zoo.errors import ConfigError, UsageError
+from zoo.errors import ConfigError, InputError, UsageError
 from zoo.tracking import Track
 
 Strategy = Literal["linear", "full", "gradual"]
@@ -291,6 +291,31 @@ def check_bounds(cfg: TrainConfig) -> None:
     """
     for name in BOUNDS:
         check_option(name, getattr(cfg, name))
+    check_places(cfg)
+
+
+def check_places(cfg: TrainConfig) -> None:
+    """``--name`` is one folder name under ``--runs``, which is (or can become) a folder.
+
+    Raises:
+        UsageError: ``--name`` holds a path (``../x``, ``a/b``) or is ``.``/``..``.
+        InputError: ``--runs`` is a file, or lies under one.
+    """
+    from pathlib import Path
+
+    from zoo import durable
+
+    name = cfg.name
+    if name is not None and (name in ("", ".", "..") or "/" in name or "\\" in name):
+        raise UsageError(
+            f"--name {name!r}: give a folder name, not a path (the run goes to "
+            f"{cfg.runs_root}/NAME; choose the parent folder with --runs).",
+            param_hint="--name",
+        )
+    runs = Path(cfg.runs_root)
+    if runs.exists() and not runs.is_dir():
+        raise InputError(f"--runs {runs} is a file: give a folder for the runs (made if absent).")
+    durable.refuse_file_above(runs, flag="--runs")
 
 
 def default_lr(optimizer: OptimizerName) -> float:

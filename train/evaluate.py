@@ -21,6 +21,7 @@ from zoo.factory import create_model, info_of
 from zoo.metadata import ModelInfo
 from zoo.ref import ModelRef
 from zoo.run_images import SPLIT_FILE, Split, find_run, still_on_disk
+from zoo.train.check import FileCheck, readable
 from zoo.train.data import MULTI_SEP, ImageFolderDataset, Splits, scan
 from zoo.train.metrics import summarize, summarize_multilabel
 from zoo.transforms import eval_transform
@@ -152,6 +153,7 @@ class Evaluated:
     logits: torch.Tensor
     targets: torch.Tensor
     result: dict[str, Any]
+    unreadable: tuple[FileCheck, ...] = ()  # images left out: they do not decode (any more)
 
 
 def _combine(logits: torch.Tensor, multi_label: bool) -> torch.Tensor:
@@ -226,6 +228,16 @@ def evaluate_split(
         ]
     else:
         samples = [(splits.root / rel, index[cls]) for rel, cls in items]
+    decodes = readable(splits.root, [p for p, _ in samples])  # as training quarantines them
+    if decodes.unreadable:
+        keep = set(decodes.paths)
+        samples = [s for s in samples if s[0] in keep]
+        if not samples:
+            raise DataError(
+                f"None of the {len(decodes.unreadable)} {split} images of {splits.root} decodes "
+                f"(e.g. {decodes.unreadable[0].path}: {decodes.unreadable[0].error}): zoo check "
+                f"{splits.root} lists them."
+            )
     summary = summarize_multilabel if info.multi_label else summarize  # (multi-label:
     # thresholds re-tuned on this split, as in training)
     if check_tta(tta) == "none":
@@ -261,10 +273,12 @@ def evaluate_split(
         }
     if missing:
         extra["missing"] = missing  # the run's images no longer on disk, left out
+    if decodes.unreadable:  # left out too, each with why
+        extra["unreadable"] = [{"path": fc.path, "error": fc.error} for fc in decodes.unreadable]
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
     if scorer is not None:
         result["scored_by"] = scorer.name
-    return Evaluated(model, info, names, samples, logits, targets, result)
+    return Evaluated(model, info, names, samples, logits, targets, result, decodes.unreadable)
 
 
 def run_eval(

@@ -147,12 +147,7 @@ def fit_run_calibration(r: RunResult) -> tuple[Calibration, KnnBank | None]:
         if cal.reject is not None
         else ""
     )
-    print(
-        f"calibration: temperature {cal.temperature:.4g}, expected calibration error "
-        f"{cal.ece_before:.4f} → {cal.ece_after:.4f} on {cal.fitted_on} validation images{rule}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"calibration: {cal.temperature_line()}{rule}", file=sys.stderr, flush=True)
     return cal, bank
 
 

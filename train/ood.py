@@ -7,6 +7,7 @@ rule, what it accepts of each."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from zoo.calibration import LOGIT_SCORES, Calibration, ood_score
 from zoo.errors import DataError
 from zoo.images import list_images
 from zoo.train.calibrate import acceptance_cut
+from zoo.train.check import FileCheck, Readable, readable
 from zoo.train.evaluate import EvalForward, Evaluated, evaluate_with
 
 if TYPE_CHECKING:
@@ -57,12 +59,14 @@ class OodReport:
     rule: dict[str, Any] | None = None
     accepted_in: float | None = None
     rejected_out: float | None = None
+    unreadable: tuple[FileCheck, ...] = ()  # outside images left out: they do not decode
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "folder": self.folder,
             "n_in": self.n_in,
             "n_out": self.n_out,
+            "unreadable": [{"path": fc.path, "error": fc.error} for fc in self.unreadable],
             "scores": {s.score: s.to_dict() for s in self.separations},
             "rule": self.rule,
             "accepted_in": self.accepted_in,
@@ -124,14 +128,11 @@ def separation(
     return tuple(found)
 
 
-def folder_logits(
-    ev: Evaluated, folder: Path, *, scorer: EvalForward | None, batch_size: int, num_workers: int
-) -> np.ndarray:
-    """The logits of every image under ``folder`` (any layout), by the evaluated model (or
-    ``scorer``: a variant of it).
+def outside_images(folder: Path) -> Readable:
+    """The images under ``folder`` (any layout) that decode, and those that do not.
 
     Raises:
-        DataError: the folder is missing or holds no images.
+        DataError: the folder is missing or holds no readable images.
     """
     if not folder.is_dir():
         raise DataError(
@@ -140,6 +141,24 @@ def folder_logits(
     paths = list_images(folder)
     if not paths:
         raise DataError(f"--ood {folder} holds no images (.jpg, .png, …).")
+    found = readable(folder.resolve(), [p.resolve() for p in paths])
+    if not found.paths:
+        raise DataError(
+            f"--ood {folder}: none of its {len(paths)} images decodes (e.g. "
+            f"{found.unreadable[0].path}: {found.unreadable[0].error})."
+        )
+    return found
+
+
+def folder_logits(
+    ev: Evaluated,
+    paths: Sequence[Path],
+    *,
+    scorer: EvalForward | None,
+    batch_size: int,
+    num_workers: int,
+) -> np.ndarray:
+    """The logits of ``paths`` by the evaluated model (or ``scorer``: a variant of it)."""
     device = next(ev.model.parameters()).device
     by = scorer or EvalForward(ev.model, "the model")
     batches = by.loader([(p, 0) for p in paths], ev.info, batch_size, num_workers)
@@ -173,8 +192,9 @@ def evaluate_ood(
     if ev.info.multi_label:
         raise DataError("--ood covers single-label models (softmax scores).")
     cal = ev.info.calibration or Calibration(temperature=1.0)
+    outside = outside_images(Path(folder))
     out = folder_logits(
-        ev, Path(folder), scorer=scorer, batch_size=batch_size, num_workers=num_workers
+        ev, outside.paths, scorer=scorer, batch_size=batch_size, num_workers=num_workers
     )
     inside = ev.logits.double().numpy()
     rule = cal.reject
@@ -185,8 +205,7 @@ def evaluate_ood(
         device = next(ev.model.parameters()).device
         held_out = [p for p, _ in ev.samples]
         knn_in = bank.scores(embed_images(ev.model, ev.info, held_out, device=device))
-        outside = list_images(Path(folder))
-        knn_out = bank.scores(embed_images(ev.model, ev.info, outside, device=device))
+        knn_out = bank.scores(embed_images(ev.model, ev.info, list(outside.paths), device=device))
         more = (ExternalScore("knn", knn_in, knn_out), *(m for m in more if m.score != "knn"))
     judged = rule is not None and (rule.score != "knn" or knn_in is not None)  # else no bank
     return OodReport(
@@ -197,6 +216,7 @@ def evaluate_ood(
         rule=rule.to_dict() if rule else None,
         accepted_in=float(1 - cal.decide(inside, knn_in)[1].mean()) if judged else None,  # type: ignore[union-attr]
         rejected_out=float(cal.decide(out, knn_out)[1].mean()) if judged else None,  # type: ignore[union-attr]
+        unreadable=outside.unreadable,
     )
 
 

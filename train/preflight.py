@@ -76,7 +76,9 @@ def preflight(parts: RunParts) -> dict[str, Any]:
         f"({trainable:,} trainable now), output ({x.shape[0]}, {n_classes}); strategy "
         f"{cfg.strategy}"
     )
-    if parts.load_report:
+    if state.epoch:  # resumed: the checkpoint's weights replaced the built model's
+        say(f"weights: the run's checkpoint after epoch {state.epoch}")
+    elif parts.load_report:
         say(f"weights: {parts.load_report.summary()}")
     priced = ", ".join(
         f"{t['epochs']} {'frozen-backbone' if t['frozen'] else 'full'} epoch(s) at "

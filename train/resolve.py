@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.device import pick_device
-from zoo.errors import CheckpointError, DataError, InputError
+from zoo.errors import CheckpointError, DataError, InputError, UsageError
 from zoo.factory import require_weights, resolve, weight_source
 from zoo.metadata import ModelInfo
 from zoo.registry import Entry
@@ -101,6 +101,19 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             f"--strategy {strategy} freezes a backbone, but {cfg.model} has random weights "
             "(--weights none or no pretrained weights): random-init models train fully. "
             "Use --strategy full."
+        )
+    if "freeze_epochs" in explicit and strategy != "gradual":  # else read by nothing
+        raise UsageError(
+            f"--freeze-epochs applies to --strategy gradual (the backbone frozen that many "
+            f"epochs, then trained); this run's strategy is {strategy}: drop it, or add "
+            "--strategy gradual.",
+            param_hint="--freeze-epochs",
+        )
+    if strategy == "gradual" and cfg.freeze_epochs >= cfg.epochs and not cfg.resume:
+        say(
+            f"note: --freeze-epochs {cfg.freeze_epochs} ≥ --epochs {cfg.epochs}: the backbone "
+            "stays frozen the whole run, a linear probe (--strategy linear; --resume RUN "
+            "--extend N would train it)"
         )
     if cfg.cache_features and strategy != "linear":
         raise InputError(

@@ -16,7 +16,7 @@ from zoo.errors import CheckpointError
 from zoo.train.checkpoint import load_checkpoint
 from zoo.train.config import RUNTIME_KEYS, TrainConfig
 from zoo.train.console import say
-from zoo.train.run_dir import RunDir
+from zoo.train.run_dir import RunDir, hold_run
 
 STAT_KEYS = ("loss", "correct", "n")  # an epoch's running sums, per rank
 
@@ -35,6 +35,7 @@ def prepare_resume(
         raise CheckpointError(f"{path} is not a zoo run folder (no config.json).")
     saved = TrainConfig.from_dict(json.loads((path / "config.json").read_text()))
     run = RunDir(path, top_k=saved.top_k_checkpoints)
+    hold_run(path)  # before anything reads or repairs it: one process trains a run
     # Only what the user typed is compared; everything else comes from the run itself.
     before, asked = saved.to_dict(), cfg.to_dict()
     diff = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from zoo import durable
+from zoo.errors import CheckpointError
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.config import TrainConfig
 
@@ -193,6 +195,42 @@ def _wait_past_event_files(logdir: Path) -> None:
         time.sleep(0.05)
 
 
+LOCK_FILE = ".zoo-run.lock"
+"""Locked (``flock``) by the process training into the run: a second ``--resume`` of a run in
+training is refused. The OS drops the lock when that process ends, ``kill -9`` included."""
+_held: dict[Path, Any] = {}  # run → this process's lock (re-entrant: one process, one run)
+
+
+def hold_run(path: Path) -> None:
+    """Lock ``path`` for this process until :func:`release_run` (or the process ends); under
+    torchrun rank 0 holds it for the group (the ranks of one run are one trainer).
+
+    Raises:
+        CheckpointError: another process is training into the run.
+    """
+    from filelock import FileLock, Timeout
+
+    key = path.resolve()
+    if key in _held or int(os.environ.get("RANK", "0")) != 0:
+        return
+    lock = FileLock(key / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise CheckpointError(
+            f"{path} is being trained by another process (the run itself, or another "
+            "--resume of it): wait for it to finish or stop it, then resume. Two processes "
+            "writing one run would mix their checkpoints and metrics."
+        ) from None
+    _held[key] = lock
+
+
+def release_run(path: Path) -> None:
+    lock = _held.pop(path.resolve(), None)
+    if lock is not None:
+        lock.release()
+
+
 def _auto_name(cfg: TrainConfig) -> str:
     arch = cfg.model.rstrip("/").split("/")[-1].split(".")[0].replace(":", "_")
     if cfg.distill is not None and cfg.distill.qat:  # the same model: runs/digits → digits-qat
@@ -201,7 +239,8 @@ def _auto_name(cfg: TrainConfig) -> str:
 
 
 def publish_run_dir(cfg: TrainConfig, files: dict[str, Any]) -> Path:
-    """Create ``runs/<name>`` (or ``<name>-2``, … the first free one) complete or not at all.
+    """Create ``runs/<name>`` (or ``<name>-2``, … the first free one) complete or not at all,
+    held by this process (:func:`hold_run`).
 
     ``config.json`` (with ``run_dir`` set) and ``files`` (name → JSON value, e.g. the split)
     are written into a hidden temporary folder that is then renamed into place.
@@ -224,6 +263,7 @@ def publish_run_dir(cfg: TrainConfig, files: dict[str, Any]) -> Path:
                 config = replace(cfg, run_dir=str(path)).to_dict()
                 (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
                 if durable.publish_dir(tmp, path, label="."):
+                    hold_run(path)  # (rank 0 publishes) before any other process can resume it
                     return path
             i += 1
     except BaseException:

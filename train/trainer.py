@@ -37,7 +37,7 @@ from zoo.train.preflight import preflight
 from zoo.train.progress import make_progress
 from zoo.train.resolve import Resolved, resolve_config
 from zoo.train.resume import repair_run
-from zoo.train.run_dir import RunDir, publish_run_dir
+from zoo.train.run_dir import RunDir, publish_run_dir, release_run
 
 
 def fit(
@@ -123,6 +123,7 @@ def _train(
         raise Interrupted(resume_hint(run.path)) from None
     finally:
         notify(observers, "run_ended", run.path, status)
+        release_run(run.path)
 
 
 def _open_run(

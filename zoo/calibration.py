@@ -53,6 +53,25 @@ def score_kind(reject: str) -> str:
 
 
 REJECT_MODES: tuple[str, ...] = ("off", "auto", *SCORE_KINDS)
+TEMPERATURE_RANGE: tuple[float, float] = (1e-2, 1e2)
+"""The temperatures a fit may reach; one that runs to either end is not kept
+(:class:`TemperatureFit`)."""
+BOUND_TOLERANCE = 0.05
+"""How near a bound, in ``log T``, counts as at it (5%: LBFGS flattens out before the end)."""
+MIN_FIT_IMAGES = 20
+"""Fewer fitting images than this: the temperature is not kept. One parameter fitted on them
+follows single images, and the 10-bin ECE that judges it is mostly noise (≈ 0.24/√N ≥ 0.05)."""
+NotKept = Literal["separated", "lower_bound", "upper_bound", "ece_not_lowered", "too_few"]
+"""Why a fitted temperature was not kept: every top-1 right (the NLL falls all the way to
+T → 0), the fit ran to the lower or the upper end of :data:`TEMPERATURE_RANGE`, it did not
+lower the ECE on the images it was fitted on, or fewer than :data:`MIN_FIT_IMAGES` of them."""
+NOT_KEPT: tuple[str, ...] = (
+    "separated",
+    "lower_bound",
+    "upper_bound",
+    "ece_not_lowered",
+    "too_few",
+)
 UNKNOWN_LABEL = "unknown"
 """The label ``zoo predict`` and ``zoo serve`` answer for a rejected image. A model may have a
 class of that name: the answers' ``accepted`` field, never the label, says which it is."""
@@ -141,6 +160,51 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class TemperatureFit:
+    """What the temperature fit reached, and whether the :class:`Calibration` kept it.
+
+    Attributes:
+        temperature: the NLL-minimising temperature, clamped to :data:`TEMPERATURE_RANGE`.
+        ece: the expected calibration error at it on the fitting images (None: no images).
+        not_kept: why it was not kept, the main reason first (empty: kept, the calibration's
+            temperature is this one; otherwise the calibration keeps T = 1, the raw softmax).
+    """
+
+    temperature: float
+    ece: float | None = None
+    not_kept: tuple[NotKept, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ArtifactError(
+                f"The fitted temperature must be a positive number, got {self.temperature}."
+            )
+        bad = [r for r in self.not_kept if r not in NOT_KEPT]
+        if bad:
+            raise ArtifactError(f"Unknown reason {bad[0]!r}: one of {', '.join(NOT_KEPT)}.")
+
+    @property
+    def kept(self) -> bool:
+        return not self.not_kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "ece": self.ece,
+            "kept": self.kept,
+            "not_kept": list(self.not_kept),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TemperatureFit:
+        return cls(
+            temperature=float(d["temperature"]),
+            ece=d.get("ece"),
+            not_kept=tuple(d.get("not_kept") or ()),
+        )
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Temperature scaling (Guo et al. 2017) and the optional rejection rule of a model.
 
@@ -149,7 +213,10 @@ class Calibration:
             changes, only how confident it reads).
         reject: the rule answering ``unknown`` (None: every image gets a class).
         fitted_on: how many validation images it was fitted on.
-        ece_before / ece_after: the expected calibration error on them, raw and scaled.
+        ece_before / ece_after: the expected calibration error on them, raw and at
+            ``temperature`` (the same when the fit was not kept).
+        fit: the temperature fit and whether it was kept (None: not recorded, as written
+            before zoo checked its fits, or set by hand).
     """
 
     temperature: float
@@ -157,6 +224,7 @@ class Calibration:
     fitted_on: int = 0
     ece_before: float | None = None
     ece_after: float | None = None
+    fit: TemperatureFit | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -172,6 +240,7 @@ class Calibration:
             "fitted_on": self.fitted_on,
             "ece_before": self.ece_before,
             "ece_after": self.ece_after,
+            "fit": None if self.fit is None else {**self.fit.to_dict(), "why": self.why_not_kept()},
         }
 
     @classmethod
@@ -195,9 +264,56 @@ class Calibration:
                 fitted_on=int(d.get("fitted_on", 0)),
                 ece_before=d.get("ece_before"),
                 ece_after=d.get("ece_after"),
+                fit=TemperatureFit.from_dict(d["fit"]) if d.get("fit") else None,
             )
         except (KeyError, TypeError, ValueError, ArtifactError) as exc:
             raise ArtifactError(f"{where}: calibration is malformed ({exc}).") from exc
+
+    def why_not_kept(self, images: str = "validation") -> str | None:
+        """Why the fitted temperature was not kept, in words (None: kept, or no fit recorded):
+        ``the fit ran to the bound 0.01 (validation perfectly separated, 15 images: too few to
+        calibrate)``. ``images``: what the fitting images were (a split's name)."""
+        if self.fit is None or self.fit.kept:
+            return None
+        f, why = self.fit, self.fit.not_kept
+        lo, hi = TEMPERATURE_RANGE
+        notes = {
+            "separated": f"{images} perfectly separated",
+            "lower_bound": "the NLL optimum lies below it",
+            "upper_bound": "the logits carry no usable confidence",
+        }
+        if why[0] in ("separated", "lower_bound"):
+            head = f"the fit ran to the bound {lo:g}"
+        elif why[0] == "upper_bound":
+            head = f"the fit ran to the bound {hi:g}"
+        elif why[0] == "ece_not_lowered":
+            verb = "raised" if (f.ece or 0.0) > (self.ece_before or 0.0) else "did not lower"
+            head = (
+                f"the fit (T {f.temperature:.4g}) {verb} the ECE {self.ece_before or 0.0:.4f} "
+                f"→ {f.ece or 0.0:.4f}"
+            )
+        else:
+            head = f"the fit (T {f.temperature:.4g}) is not trusted"
+        said = [notes[r] for r in why if r in notes]
+        if "too_few" in why:
+            said.append(f"{self.fitted_on} images: too few to calibrate")
+        return head + (f" ({', '.join(said)})" if said else "")
+
+    def temperature_line(self, images: str = "validation") -> str:
+        """The fit in one line, as ``zoo finetune`` ends: ``temperature 1.8, expected
+        calibration error 0.1200 → 0.0300 on 400 validation images``, or ``temperature kept
+        at 1: <why>; expected calibration error 0.1435 on 7 validation images``."""
+        why = self.why_not_kept(images)
+        if why is not None:
+            return (
+                f"temperature kept at 1: {why}; expected calibration error "
+                f"{self.ece_before or 0.0:.4f} on {self.fitted_on} {images} images"
+            )
+        return (
+            f"temperature {self.temperature:.4g}, expected calibration error "
+            f"{self.ece_before or 0.0:.4f} → {self.ece_after or 0.0:.4f} on {self.fitted_on} "
+            f"{images} images"
+        )
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """Calibrated softmax of ``(N, K)`` logits, float64."""
@@ -257,17 +373,23 @@ def ood_score(logits: np.ndarray, kind: str, temperature: float = 1.0) -> np.nda
 
 
 __all__ = [
+    "BOUND_TOLERANCE",
     "DEFAULT_ACCEPTANCE",
     "DEFAULT_SCORE",
     "KNN_K",
     "LOGIT_SCORES",
+    "MIN_FIT_IMAGES",
+    "NOT_KEPT",
     "REJECT_MODES",
     "SCORE_KINDS",
+    "TEMPERATURE_RANGE",
     "UNKNOWN_LABEL",
     "Calibration",
+    "NotKept",
     "RejectMode",
     "Rejection",
     "ScoreKind",
+    "TemperatureFit",
     "Verdict",
     "ood_score",
     "score_kind",

@@ -155,12 +155,30 @@ def refuse_folder(path: Path, *, flag: str, writes: str, name: str) -> None:
         name: a file name to suggest inside the folder.
 
     Raises:
-        InputError: ``path`` is a folder.
+        InputError: ``path`` is a folder, or a folder above it is a file.
     """
     if path.is_dir():
         raise InputError(
             f"{flag} {path} is a folder; {writes}: name the file (e.g. {flag} {path / name})."
         )
+    refuse_file_above(path, flag=flag)
+
+
+def refuse_file_above(path: Path, *, flag: str) -> None:
+    """Refuse an output path under an existing file (``ev.json/r.html``), before any work:
+    no folder can be made there.
+
+    Raises:
+        InputError: a parent of ``path`` is a file (not a folder).
+    """
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(
+                    f"{flag} {path}: {parent} is a file, not a folder, so nothing can be "
+                    "written under it; name a path in a folder."
+                )
+            return
 
 
 @contextmanager

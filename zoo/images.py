@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import IO, Any
@@ -51,6 +52,12 @@ def list_images(folder: Path) -> list[Path]:
         ),
         key=lambda p: natural_key(str(p.relative_to(folder))),
     )
+
+
+def image_files(paths: Sequence[Path]) -> tuple[Path, ...]:
+    """``paths`` with each folder replaced by the images under it (:func:`list_images`);
+    files (and paths that do not exist, for the caller to name) kept as given."""
+    return tuple(p for given in paths for p in (list_images(given) if given.is_dir() else [given]))
 
 
 def open_image(

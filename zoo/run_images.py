@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from zoo.errors import DataError
+from zoo.errors import DataError, InputError
+from zoo.images import open_image
 
 SPLIT_FILE = "split.json"
 Split = Literal["train", "val", "test", "all"]  # what an evaluation scores ("all": every image)
@@ -44,6 +45,7 @@ class RunImages:
     total: int
     seed: int = DEFAULT_SEED
     split: str = "val"
+    unreadable: tuple[Path, ...] = ()  # met while sampling, left out: they no longer decode
 
     def describe(self, count: int | None = None) -> str:
         """For reports: which images, e.g. ``64 of run digits's 359 validation images (seed 0)``
@@ -51,8 +53,16 @@ class RunImages:
         n = len(self.paths) if count is None else count
         of = f"{n} of" if n < self.total else "all"
         kind = "validation" if self.split == "val" else self.split
-        return f"{of} run {self.run.name}'s {self.total} {kind} images" + (
-            f" (seed {self.seed})" if n < self.total else ""
+        bad = len(self.unreadable)
+        return (
+            f"{of} run {self.run.name}'s {self.total} {kind} images"
+            + (f" (seed {self.seed})" if n < self.total else "")
+            + (
+                f"; {bad} that no longer {'decodes' if bad == 1 else 'decode'} left out "
+                f"(e.g. {self.unreadable[0]})"
+                if bad
+                else ""
+            )
         )
 
 
@@ -89,15 +99,38 @@ def run_validation_images(
         raise DataError(f"{run / SPLIT_FILE} cannot be read ({exc}): pass --data DIR.") from exc
     present = [(root / rel, label) for rel, label in still_on_disk(rows, root, split, run)]
     random.Random(seed).shuffle(present)
-    chosen = present if limit is None else present[:limit]
+    chosen: list[tuple[Path, str]] = []
+    unreadable: list[Path] = []
+    for path, label in present:  # in the seeded order, until ``limit`` decode
+        if limit is not None and len(chosen) == limit:
+            break
+        if _decodes(path):
+            chosen.append((path, label))
+        else:  # damaged since the run: left out, as its data check quarantines
+            unreadable.append(path)
+    if present and not chosen:
+        raise DataError(
+            f"None of run {run}'s {split} images under {root} decodes any more (e.g. "
+            f"{unreadable[0]}): pass --data DIR with images like the run's."
+        )
     return RunImages(
         run=run,
         paths=tuple(p for p, _ in chosen),
         labels=tuple(label for _, label in chosen),
-        total=len(present),
+        total=len(present) - (len(unreadable) if limit is None else 0),
         seed=seed,
         split=split,
+        unreadable=tuple(unreadable),
     )
+
+
+def _decodes(path: Path) -> bool:
+    """Whether ``path`` decodes as training decodes it (:func:`zoo.images.open_image`)."""
+    try:
+        open_image(path)
+    except InputError:
+        return False
+    return True
 
 
 def still_on_disk(

@@ -401,8 +401,8 @@ def _variant(
         weights_sha256=str(config.weights_sha256),
         source_epoch=_int_or_none(meta.get("source_epoch")),
         folder_epoch=config.shipped_epoch,
-        precision=str(meta.get("precision") or ("int8" if quant else "fp32")),
-        quantization=_quant_mode(quant),
+        precision=precision_of(meta),
+        quantization=quant_mode(meta),
         flags=ExportFlags.from_metadata(meta),
         quantized_from=Path(source) if isinstance(source, str) and source else None,
         target_agreement=_float_or_none(made.get("target_agreement")),
@@ -427,11 +427,22 @@ def _float_or_none(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-def _quant_mode(quant: Any) -> str | None:
-    """``dynamic``, ``static`` (onnxruntime) or ``nncf``, from a quantized file's metadata."""
+def quant_mode(meta: Mapping[str, Any]) -> str | None:
+    """``dynamic``, ``static`` (onnxruntime) or ``nncf`` for a file ``zoo quantize`` made
+    (its metadata's ``quantization`` record); None for any other file."""
+    quant = meta.get("quantization")
     if not isinstance(quant, dict):
         return None
     return "nncf" if quant.get("engine") == "nncf" else quant.get("mode")
+
+
+def precision_of(meta: Mapping[str, Any]) -> str:
+    """An exported file's precision from its zoo metadata: ``int8`` for a file ``zoo
+    quantize`` made (which keeps its fp32 source's ``precision`` key), else that key
+    (``fp32`` where none is recorded)."""
+    if isinstance(meta.get("quantization"), dict):
+        return "int8"
+    return str(meta.get("precision") or "fp32")
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,7 +325,8 @@ def export_kserve(
     weights: str | None = None,
     embed_preprocessing: bool = False,
 ) -> KServeResult:
-    """Write the Triton repository beside ``manifest``, then the ``InferenceService`` serving it.
+    """Write the Triton repository beside ``manifest`` (replacing an old one whole), then the
+    ``InferenceService`` serving it.
 
     Args:
         model: what to export (a model reference or its text).
@@ -353,16 +355,26 @@ def export_kserve(
         name="model.yaml",  # as the -o check of zoo export suggests
     )
     repo = repository_for(manifest)
-    exported = export_triton(
-        model,
-        repo,
-        max_batch=max_batch,
-        opset=opset,
-        data=data,
-        weights=weights,
-        embed_preprocessing=embed_preprocessing,
-    )
+    # built whole beside it and swapped in: the manifest's storage holds its one model (a
+    # second export to the same -o once left the first model there for Triton to load too)
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    scratch = durable.temp_path(repo, folder=True)
+    try:
+        exported = export_triton(
+            model,
+            scratch,
+            max_batch=max_batch,
+            opset=opset,
+            data=data,
+            weights=weights,
+            embed_preprocessing=embed_preprocessing,
+        )
+        durable.replace_dir(scratch, repo, label=repo.name)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     model_name = Path(exported.path).name
+    exported.path = str(repo / model_name)
     uri = storage_uri or repo.resolve().as_uri()
     spec = ServiceSpec(model_name, runtime, uri, max_batch, image or DEFAULT_IMAGE)
     text = manifest_text(build_inference_service(spec))

@@ -6,7 +6,8 @@ Folders and globs are walked one directory at a time (each directory's entries i
 order, hidden entries skipped, symlinked folders followed once); only image files
 (:data:`zoo.images.IMAGE_EXTENSIONS`) are taken from them. A list file gives one path per
 line (blank lines and ``#`` comments skipped), relative paths being relative to the list's own
-folder; its paths are taken as they are, so a missing one becomes an error row. Written by
+folder; its paths are taken as they are, so a missing one becomes an error row (each one a
+:class:`Listed` path, which knows the line and list it came from, for the messages). Written by
 hand: ``glob``/``rglob`` return directory order (not sorted), and sorting their whole output
 would hold every path in memory.
 """
@@ -30,6 +31,48 @@ ACCEPTED = (
     f"image files ({', '.join(sorted(IMAGE_EXTENSIONS))}), folders, globs ('photos/**/*.jpg', "
     "quoted) or UTF-8 text files listing image paths, one per line"
 )
+
+
+class Listed(str):
+    """A path read from a list of paths: the path itself (a ``str``, as every other input),
+    and where it came from, so that a message about it names the line the user wrote.
+
+    Attributes:
+        list_file: the list of paths, as given.
+        line: its line number (1-based).
+    """
+
+    list_file: str
+    line: int
+
+    def __new__(cls, path: str, list_file: str, line: int) -> Listed:
+        self = super().__new__(cls, path)
+        self.list_file, self.line = list_file, line
+        return self
+
+    def __reduce__(self) -> tuple[type[Listed], tuple[str, str, int]]:  # to a worker and back
+        return Listed, (str(self), self.list_file, self.line)
+
+    @property
+    def origin(self) -> str:
+        """Where the path came from: ``line 3 of the list photos/todo.txt``."""
+        return f"line {self.line} of the list {self.list_file}"
+
+
+def described(path: str) -> str:
+    """``path`` as a message names it: a :class:`Listed` one with its origin
+    (``a/hello (line 1 of the list a/notes.txt)``)."""
+    return f"{path} ({path.origin})" if isinstance(path, Listed) else str(path)
+
+
+def unreadable_reason(path: str, exc: Exception) -> str:
+    """Why the input ``path`` could not be scored, from what opening it raised: a path read
+    from a list is named with the line and list it came from."""
+    if not isinstance(path, Listed):
+        return str(exc)
+    if not os.path.lexists(path):
+        return f"Image file {described(path)} does not exist."
+    return f"{exc} ({path} is {path.origin}.)"
 
 
 def _is_glob(text: str) -> bool:
@@ -156,7 +199,7 @@ def check_list_file(path: str) -> None:
         raise _not_a_list(path, f"it holds control bytes such as {bad[0]!r}, so it is binary")
 
 
-def _list_file(path: str) -> Iterator[str]:
+def _list_file(path: str) -> Iterator[Listed]:
     check_list_file(path)
     root = os.path.dirname(path)
     try:
@@ -169,7 +212,8 @@ def _list_file(path: str) -> Iterator[str]:
                         f"{line[:200]!r}. Give one image path per line."
                     )
                 if line and not line.startswith("#"):
-                    yield line if os.path.isabs(line) else os.path.join(root, line)
+                    name = line if os.path.isabs(line) else os.path.join(root, line)
+                    yield Listed(name, path, number)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(
             f"Cannot read the list of paths {path!r} ({exc}): give a UTF-8 text file with "
@@ -184,7 +228,8 @@ def iter_inputs(specs: Sequence[str]) -> Iterator[str]:
         specs: image files, folders, globs and text files listing paths (one per line).
 
     Yields:
-        Paths, spelled from the given ones (a folder ``photos`` yields ``photos/a.jpg``).
+        Paths, spelled from the given ones (a folder ``photos`` yields ``photos/a.jpg``); a
+        path read from a list is a :class:`Listed` one (a ``str`` that knows its line).
 
     Raises:
         InputError: an input that is none of these (a missing path that is not a glob), or a
@@ -210,18 +255,45 @@ def check_inputs(specs: Sequence[str]) -> None:
 
     Raises:
         InputError: a path that does not exist and is not a glob, a file that is neither an
-            image nor a text list of paths, or nothing to score.
+            image nor a text list of paths, a list none of whose paths exists, or nothing to
+            score.
     """
     for spec in specs:
         if not (os.path.exists(spec) or _is_glob(spec)):
             raise _missing(spec)
         if os.path.isfile(spec) and not is_image_file(Path(spec)):
             check_list_file(spec)  # every list, not only the first one the job reaches
+            _check_some_exist(spec)
     if next(iter_inputs(specs), None) is None:
         raise InputError(
             f"The inputs {', '.join(map(repr, specs))} name no image (no file with an image "
             "extension in the folders, nothing the globs match, an empty list)."
         )
+
+
+def _check_some_exist(path: str) -> None:
+    """Refuse a list of paths none of which exists (read up to its first existing path): a
+    file the user did not mean as a list (notes), or paths relative to another folder.
+
+    Raises:
+        InputError: the list names paths and none exists; the message says the file was read
+            as a list of image paths, one per line, and quotes its first path and line.
+    """
+    first, count = None, 0
+    for listed in _list_file(path):
+        if os.path.exists(listed):
+            return
+        first, count = first or listed, count + 1
+    if first is None:  # an empty list: "name no image" if nothing else does
+        return
+    others = {1: "", 2: ", nor does the other path it names"}.get(
+        count, f", nor do the other {count - 1:,} paths it names"
+    )
+    raise InputError(
+        f"Input {path!r} is not an image, so it was read as a list of image paths, one per "
+        f"line (relative to the list's folder), but none of its paths exists: "
+        f"{described(first)} does not exist{others}. Give {ACCEPTED}."
+    )
 
 
 def count_inputs(specs: Sequence[str]) -> int:
@@ -236,10 +308,13 @@ def describe_inputs(specs: Sequence[str]) -> list[str]:
 
 __all__ = [
     "ACCEPTED",
+    "Listed",
     "check_inputs",
     "check_list_file",
     "count_inputs",
     "describe_inputs",
+    "described",
     "expand_glob",
     "iter_inputs",
+    "unreadable_reason",
 ]

@@ -48,8 +48,9 @@ class PredictFileOptions:
             row its top-k only, ``zoo predict --no-reject``).
 
     Raises:
-        InputError: an unknown output extension or engine, embeddings into CSV, an option
-            below 1, or a loaded Scorer with another engine, ``tta`` or embeddings it lacks.
+        InputError: ``out`` a folder or under a file, an unknown output extension or engine,
+            embeddings into CSV, an option below 1, or a loaded Scorer with another engine,
+            ``tta`` or embeddings it lacks.
     """
 
     model: str | ModelRef | Scorer
@@ -70,8 +71,9 @@ class PredictFileOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))  # a str is welcome too
-        from zoo.deploy.predict.store import format_of  # csv/pyarrow: not at CLI start-up
+        from zoo.deploy.predict.store import FORMATS, format_of  # csv: not at CLI start-up
 
+        self._check_out_path(FORMATS)
         fmt = format_of(self.out)
         for name in ("top_k", "chunk_size", "batch_size"):
             value = getattr(self, name)
@@ -92,6 +94,20 @@ class PredictFileOptions:
             or (self.embeddings and scorer.embed is None)
         ):
             raise InputError("Pass a model reference, not a loaded Scorer, for this engine/option.")
+
+    def _check_out_path(self, formats: dict[str, str]) -> None:
+        """Refuse an ``out`` that can never be written, before any work (else the job scores
+        every image and fails at its last step): a folder, or a path under a file
+        (:func:`zoo.durable.refuse_folder`, the one place for these messages)."""
+        from zoo import durable
+
+        suffix = self.out.suffix.lower()
+        durable.refuse_folder(
+            self.out,
+            flag="--out",
+            writes="zoo predict writes one .csv, .jsonl or .parquet file",
+            name="predictions" + (suffix if suffix in formats else ".csv"),
+        )
 
 
 def option_defaults() -> dict[str, Any]:

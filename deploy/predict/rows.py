@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 
 from zoo.calibration import UNKNOWN_LABEL, Verdict
+from zoo.deploy.predict.inputs import unreadable_reason
 from zoo.deploy.predict.scoring import Scorer
 from zoo.deploy.runtimes.decisions import SEPARATOR
 from zoo.images import open_image
@@ -23,11 +24,12 @@ def decode(
     path: str, prepare: Callable[[Image.Image], np.ndarray], source: str | bytes | None = None
 ) -> Decoded:
     """Open (``source``: the encoded bytes, or another path to read; default ``path``) and
-    preprocess one input; a file that cannot be read gives its reason instead of an array."""
+    preprocess one input; a file that cannot be read gives its reason instead of an array (a
+    path from a list of paths: naming its line, :func:`~zoo.deploy.predict.inputs.unreadable_reason`)."""
     try:
         return path, prepare(open_image(path if source is None else source)), None
     except (OSError, ValueError) as exc:  # InputError (missing, undecodable, a bomb) included
-        return path, None, str(exc)
+        return path, None, unreadable_reason(path, exc) if source is None else str(exc)
 
 
 def _row(

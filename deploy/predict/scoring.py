@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from zoo.calibration import UNKNOWN_LABEL, Rejection, Verdict
+from zoo.deploy.predict.inputs import unreadable_reason
 from zoo.deploy.runtimes.classifier import Assessed, judge_logits
 from zoo.deploy.runtimes.decisions import DEFAULT_THRESHOLD, Decisions, decision_rule
 from zoo.errors import InputError
@@ -78,6 +79,19 @@ class Prediction:
             return [f"{self.image}:", f"  {UNKNOWN_LABEL}  ({why})"]
         decided = [] if self.labels is None else [f"  labels: {', '.join(self.labels) or '(none)'}"]
         return [f"{self.image}:", *(f"  {t.score:.4f}  {t.label}" for t in self.top), *decided]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An input :func:`predict_each` could not score (missing, undecodable, too large), and
+    why (the reason names the path, and for a path from a list its line)."""
+
+    image: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """``zoo predict --json``'s entry for it: ``{"image", "error"}``."""
+        return {"image": str(self.image), "error": self.reason}
 
 
 @dataclass(frozen=True)
@@ -363,9 +377,62 @@ def predict(
     )
     if not images:
         return []
-    x = scorer.batch([scorer.prepare(open_image(p)) for p in images])
-    a = scorer.scored(x)
+    return _predictions(scorer, images, [scorer.prepare(open_image(p)) for p in images], k)
+
+
+def _predictions(scorer: Scorer, images: list[str], samples: list[Any], k: int) -> list[Prediction]:
+    """The predictions of ``images``, prepared as ``samples``, in one model call."""
+    if not images:
+        return []
+    a = scorer.scored(scorer.batch(samples))
     return [
         Prediction(img, scorer.top(row, k), v, scorer.decided(row))
         for img, row, v in zip(images, a.probs, scorer.verdicts(a), strict=True)
     ]
+
+
+def predict_each(
+    model: str | ModelRef | Scorer,
+    images: list[str],
+    *,
+    k: int = 5,
+    device: str = "cpu",
+    tta: str = "none",
+    reject: bool = True,
+    strict: bool = False,
+) -> list[Prediction | Unreadable]:
+    """Like :func:`predict`, but an image that cannot be read does not stop the others: it
+    gives an :class:`Unreadable` in its place (``zoo predict`` without ``--out``; the same
+    policy as ``--out``'s errors file).
+
+    Args:
+        strict: stop at the first image that cannot be read instead (``--strict``).
+
+    Returns:
+        One :class:`Prediction` or :class:`Unreadable` per image, in order.
+
+    Raises:
+        InputError: ``strict`` and an image is missing or unreadable (its reason, and what
+            ``--strict`` does).
+        Everything :func:`load_scorer` raises.
+    """
+    scorer = (
+        model
+        if isinstance(model, Scorer)
+        else load_scorer(model, device=device, tta=tta, reject=reject)
+    )
+    samples: list[tuple[str, Any]] = []
+    failed: dict[int, Unreadable] = {}
+    for i, path in enumerate(images):
+        try:
+            samples.append((path, scorer.prepare(open_image(path))))
+        except (OSError, ValueError) as exc:  # InputError (missing, undecodable, a bomb) too
+            reason = unreadable_reason(path, exc)
+            if strict:
+                raise InputError(
+                    f"{reason} --strict stops at the first input that cannot be read: fix or "
+                    f"remove {str(path)!r}, or drop --strict to have the others scored."
+                ) from exc
+            failed[i] = Unreadable(path, reason)
+    scored = iter(_predictions(scorer, [p for p, _ in samples], [x for _, x in samples], k))
+    return [failed[i] if i in failed else next(scored) for i in range(len(images))]

@@ -10,8 +10,10 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +46,16 @@ from zoo.errors import (
 from zoo.images import open_image
 
 log = logging.getLogger("zoo.serve")
+
+
+def precision_of(meta: Mapping[str, Any]) -> str:
+    """A served file's precision for the ready line: ``int8 (static)`` (with the
+    quantization mode, :func:`zoo.variants.quant_mode`) or ``fp32``, ``fp16``…"""
+    from zoo.variants import precision_of as file_precision
+    from zoo.variants import quant_mode
+
+    mode = quant_mode(meta)
+    return f"{file_precision(meta)} ({mode})" if mode else file_precision(meta)
 
 
 @dataclass(frozen=True)
@@ -133,7 +145,7 @@ class ModelServer:
                 "max delay %s ms, max queue %s, timeout %s ms",
                 self.name,
                 self.cfg.model_path,
-                f"{clf.runtime} {clf.meta.get('precision', 'fp32')}",
+                f"{clf.runtime} {precision_of(clf.meta)}",
                 self.cfg.device,
                 clf.threads,
                 self.cfg.max_batch,

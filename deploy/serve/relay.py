@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ log = logging.getLogger("zoo.serve")
 
 MODEL_PREFIX = "/v2/models/"
 """The paths that belong to one model: ``/v2/models/NAME[/...]``, relayed to its owner."""
+PEER_START_S = 10.0
+"""How long a worker waits for another worker's relay socket, not reached yet, to be opened:
+the workers open theirs at about the same time, once every model is loaded, so a request
+in the first moments may ask a peer whose socket is not there yet."""
 
 
 class HttpCall(msgspec.Struct, tag=True):
@@ -152,6 +157,8 @@ class Peers:
         self._server: asyncio.AbstractServer | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self.families: MetricFamilies | None = None  # where crossings count (the app's)
+        self._reached: set[int] = set()  # the peers connected to once: started
+        self._starting_until = time.monotonic() + PEER_START_S
 
     def socket_of(self, worker: int) -> Path:
         return self.relay_dir / f"{worker}.sock"
@@ -165,10 +172,7 @@ class Peers:
         """Raises: ConnectionError: the worker does not answer (not started, or gone)."""
         conn = self._connections.get(worker)
         if conn is None or conn.closed:
-            try:
-                reader, writer = await asyncio.open_unix_connection(self.socket_of(worker))
-            except OSError as exc:
-                raise ConnectionError(str(exc)) from exc
+            reader, writer = await self._connect(worker)
             opened = self._connections.get(worker)  # by another call meanwhile: one is enough
             if opened is not None and not opened.closed:
                 writer.close()
@@ -176,6 +180,32 @@ class Peers:
             else:
                 conn = self._connections[worker] = _Connection(reader, writer)
         return await conn.call(self._encoder.encode(call))
+
+    async def _connect(self, worker: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to ``worker``'s relay socket; one not reached yet is waited for while
+        the server starts (:data:`PEER_START_S`).
+
+        Raises: ConnectionError: the socket is not there or not answering, saying so.
+        """
+        path = self.socket_of(worker)
+        while True:
+            try:
+                opened = await asyncio.open_unix_connection(path)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if worker not in self._reached and time.monotonic() < self._starting_until:
+                    await asyncio.sleep(0.02)  # not opened yet: that worker is starting
+                    continue
+                what = (
+                    "is not there" if isinstance(exc, FileNotFoundError) else "refuses connections"
+                )
+                raise ConnectionError(
+                    f"its relay socket {path} {what}: worker {worker} is not serving "
+                    "(not started yet, restarting, or exited: the server's log says why)"
+                ) from exc
+            except OSError as exc:
+                raise ConnectionError(f"its relay socket {path}: {exc}") from exc
+            self._reached.add(worker)
+            return opened
 
     async def relay(self, name: str, call: HttpCall | GrpcCall) -> Reply:
         """``call`` answered by the worker that owns model ``name``.

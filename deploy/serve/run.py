@@ -20,7 +20,7 @@ from zoo.deploy.serve.startup import (
     setup_logging,
     uvicorn_config,
 )
-from zoo.errors import InputError, first_line
+from zoo.errors import ArtifactError, InputError, first_line
 from zoo.ref import RUNTIME_KINDS, ModelRef
 
 
@@ -39,6 +39,8 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
 
     Raises:
         ModelRefError / UnknownModelError: the reference does not parse.
+        ArtifactError: a Triton model repository (``zoo export --format triton``), or one
+            model's folder in one: refused before any export, naming its ONNX files.
         Everything :func:`zoo.deploy.export.onnx_export.export_onnx` raises, for an on-the-fly export.
     """
     ref = ModelRef.parse(model)
@@ -48,6 +50,9 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
         candidate = ref.model_folder / ONNX_FILE
         if candidate.is_file():
             return candidate
+        refusal = _triton_refusal(ref.path)
+        if refusal is not None:  # refused before the export's warning, which would not come true
+            raise refusal
     from zoo.deploy.export.onnx_export import export_onnx
 
     out = workdir / ONNX_FILE
@@ -56,6 +61,28 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
     )
     export_onnx(ref, out)
     return out
+
+
+def _triton_refusal(folder: Path) -> ArtifactError | None:
+    """Why ``folder`` is not served when it is a Triton model repository (``zoo export
+    --format triton``: ``NAME/config.pbtxt`` and ``NAME/1/model.onnx``) or one model's folder
+    in one, naming the ONNX files to serve instead; None: it is neither."""
+    if (folder / "config.pbtxt").is_file():
+        what, graphs = (
+            "a Triton model's folder (config.pbtxt)",
+            sorted(folder.glob("*/" + ONNX_FILE)),
+        )
+    elif any(folder.glob("*/config.pbtxt")):
+        what, graphs = "a Triton model repository", sorted(folder.glob("*/*/" + ONNX_FILE))
+    else:
+        return None
+    instead = " ".join(f"{g.parent.parent.name}={g}" for g in graphs)
+    return ArtifactError(
+        f"{folder} is {what}, as zoo export --format triton writes it, not a zoo model folder: "
+        "zoo serve does not read Triton's config.pbtxt; serve the ONNX file inside it instead"
+        + (f": zoo serve {instead}" if instead else " (it holds no NAME/1/model.onnx)")
+        + ", or the run or model folder it was exported from"
+    )
 
 
 def default_name(onnx_path: Path) -> str:
