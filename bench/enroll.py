@@ -110,12 +110,12 @@ def measure(
     outside: list[Path] | None = None,
 ) -> dict[str, Any]:
     """The enrolled model (and the two simpler recipes) on images no step saw."""
-    from zoo.artifact import read_calibration, read_config
+    from zoo.artifact import read_config
     from zoo.ref import ModelRef
     from zoo.train.enroll_images import reference_images
 
     net, run_embed = embed(run)
-    classes = list(read_config(ModelRef.parse(str(run)).model_folder)["class_names"])
+    classes = list(read_config(ModelRef.parse(str(run)).model_folder).class_names)
     new = len(classes)
     y = np.array([i for _, i in old_test])
     before, f_old = run_embed([p for p, _ in old_test])
@@ -140,8 +140,8 @@ def measure(
         result["n_outside"] = len(outside)
 
     # the rejection rule: refitted by zoo enroll on val, and the one fitted before enrolment
-    cal_after = read_calibration(read_config(enrolled), enrolled)
-    cal_before = read_calibration(read_config(ModelRef.parse(str(run)).model_folder), run)
+    cal_after = read_config(enrolled).calibration
+    cal_before = read_config(ModelRef.parse(str(run)).model_folder).calibration
     if cal_after and cal_after.reject and cal_before and cal_before.reject:
         from zoo.knn import KnnBank
 

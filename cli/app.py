@@ -130,7 +130,7 @@ def _path_error(exc: OSError) -> str | None:
     where = exc.filename if exc.filename is not None else "a path"
     meaning = {
         errno.ENOTDIR: "a folder on this path is a file: give a path whose folders are folders",
-        errno.EEXIST: "exists as a file where a folder was needed: name another path",
+        errno.EEXIST: "already exists where a new file or folder was to be made: name another path",
         errno.EISDIR: "is a folder where a file was needed: name a file",
         errno.EACCES: "permission denied: choose a place you can write to (or read)",
         errno.EPERM: "operation not permitted: choose a place you can write to",

@@ -152,7 +152,9 @@ def assert_same_run(ref: Path, got: Path) -> None:
     """``got`` equals the uninterrupted ``ref``: the same files (no temporary ones left),
     checkpoints and weights bitwise, the same metrics rows, report, config, TensorBoard
     scalars and plots; only wall-clock timings and the folder's own path differ."""
-    hidden = [str(p.relative_to(got)) for p in got.rglob(".*")]
+    from zoo.train.run_dir import LOCK_FILE
+
+    hidden = [str(p.relative_to(got)) for p in got.rglob(".*") if p.name != LOCK_FILE]
     assert not hidden, f"left behind: {hidden}"
     assert files(got) == files(ref)
     for name in sorted(files(ref)):

@@ -346,7 +346,7 @@ def test_calibrate_refuses_bad_input(run: Path) -> None:
     r = zoo_here("calibrate", "simple_cnn")
     assert r.returncode == 1 and "not a run or model folder" in r.stderr
     r = zoo_here("calibrate", str(run), "--split", "train")
-    assert r.returncode == 1 and "overfits the temperature" in r.stderr
+    assert r.returncode == 2 and "overfits the temperature" in r.stderr  # a usage error
     r = zoo_here("calibrate", str(run), "--acceptance", "1.5")
     assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
     r = zoo_here("calibrate", str(run), "--reject", "mahalanobis")

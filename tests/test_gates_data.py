@@ -213,8 +213,9 @@ def test_missing_or_empty_folder(tmp_path: Path) -> None:
         scan(tmp_path / "empty")
     assert str(exc.value) == (
         f"{(tmp_path / 'empty').resolve()} has no class folders. Expected DIR/<class>/<image> or "
-        "DIR/train/<class>/… + DIR/val/<class>/… (images without labels: zoo distill "
-        "TEACHER --unlabelled labels them with a teacher's answers)"
+        "DIR/train/<class>/… + DIR/val/<class>/… (images without labels: zoo predict MODEL "
+        "DIR answers for them, and zoo distill TEACHER --unlabelled trains on a teacher's "
+        "answers)"
     )
 
 

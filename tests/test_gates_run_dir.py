@@ -26,6 +26,7 @@ from zoo.train import run_dir
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.config import TrainConfig
 from zoo.train.run_dir import (
+    LOCK_FILE,
     RunDir,
     at_epoch_end,
     metrics_files,
@@ -487,6 +488,7 @@ def test_publish_makes_the_folder_complete_under_the_first_free_name(
     assert sorted(p.name for p in runs.iterdir()) == ["mlp-digits", "mlp-digits-2", "r"]
     for path in (first, second):
         assert sorted(p.name for p in path.iterdir()) == [
+            LOCK_FILE,  # held by the process that published it (this one)
             "checkpoints",
             "classes.json",
             "config.json",

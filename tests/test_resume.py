@@ -74,7 +74,7 @@ def test_a_run_in_training_refuses_a_second_resume(digits16: Path, tmp_path: Pat
     )  # fmt: skip
     before = {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
     first = subprocess.Popen(
-        [sys.executable, "-m", "zoo.cli.app", "finetune", "--resume", str(run), "--extend", "200"],
+        [sys.executable, "-m", "zoo.cli.app", "finetune", "--resume", str(run), "--extend", "5000"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

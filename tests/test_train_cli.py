@@ -146,7 +146,7 @@ def test_a_run_whose_validation_images_were_unreadable_evaluates_reports_and_exp
     e = zoo_here("eval", str(run))
     assert e.returncode == 0, e.stderr
     assert f"{readable_val - 1} images" in e.stdout
-    assert "1 of the run's val images are no longer on disk" in e.stderr
+    assert "1 of the run's val images is no longer on disk" in e.stderr
     shutil.rmtree(data / "val")  # every validation image gone: nothing to evaluate, said
     gone = zoo_here("eval", str(run))
     assert gone.returncode == 1 and (

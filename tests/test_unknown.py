@@ -318,9 +318,13 @@ def test_a_knn_rule_without_its_bank_is_refused_plainly(knn_run: Path, tmp_path:
     copy = tmp_path / "cnn"
     shutil.copytree(knn_run, copy, symlinks=True)
     (copy / "model" / "knn_bank.safetensors").unlink()
+    from PIL import Image
+
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(image)
     for cmd in (
         ("export", str(copy), "-o", str(tmp_path / "x.onnx")),
-        ("predict", str(copy), __file__),
+        ("predict", str(copy), str(image)),
     ):
         r = zoo_here(*cmd)  # refused before any work: in this process
         assert r.returncode == 1, r.stderr

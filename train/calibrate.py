@@ -27,7 +27,7 @@ from zoo.calibration import (
     TemperatureFit,
     score_kind,
 )
-from zoo.errors import InputError
+from zoo.errors import InputError, UsageError
 from zoo.run_images import Split
 from zoo.train.calibration import ece_of
 from zoo.train.config import check_option
@@ -69,8 +69,10 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def _separated(logits: torch.Tensor, targets: torch.Tensor) -> bool:
-    """No row's target logit below another: every row's NLL falls (or holds) as T falls."""
-    return bool((logits <= logits.gather(1, targets[:, None])).all())
+    """Every row's target logit above all its others: every row's NLL falls as T falls (a
+    tie is not separated: all-equal logits are no evidence of anything)."""
+    others = logits.scatter(1, targets[:, None], float("-inf"))
+    return bool((others < logits.gather(1, targets[:, None])).all())
 
 
 def judge_temperature(
@@ -277,7 +279,10 @@ def calibrate_model(
             "config.json (fine-tune first, or give the model folder)."
         )
     if split == "train":
-        raise InputError("Calibrating on the training images overfits the temperature: use val.")
+        raise UsageError(
+            "Calibrating on the training images overfits the temperature: use val.",
+            param_hint="--split",
+        )
     ev = evaluate_split(
         model_arg, data=data, split=split, batch_size=batch_size, device=device,
         num_workers=num_workers,

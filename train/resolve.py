@@ -109,7 +109,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
             "--strategy gradual.",
             param_hint="--freeze-epochs",
         )
-    if strategy == "gradual" and cfg.freeze_epochs >= cfg.epochs and not cfg.resume:
+    frozen_all = strategy == "gradual" and cfg.freeze_epochs >= cfg.epochs
+    if frozen_all and "freeze_epochs" in explicit and not cfg.resume:
         say(
             f"note: --freeze-epochs {cfg.freeze_epochs} ≥ --epochs {cfg.epochs}: the backbone "
             "stays frozen the whole run, a linear probe (--strategy linear; --resume RUN "

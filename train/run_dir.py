@@ -198,11 +198,11 @@ def _wait_past_event_files(logdir: Path) -> None:
 LOCK_FILE = ".zoo-run.lock"
 """Locked (``flock``) by the process training into the run: a second ``--resume`` of a run in
 training is refused. The OS drops the lock when that process ends, ``kill -9`` included."""
-_held: dict[Path, Any] = {}  # run → this process's lock (re-entrant: one process, one run)
+_held: dict[Path, Any] = {}  # run → this process's lock (one fit() at a time holds it)
 
 
 def hold_run(path: Path) -> None:
-    """Lock ``path`` for this process until :func:`release_run` (or the process ends); under
+    """Lock ``path`` for this process until :func:`release_runs` (or the process ends); under
     torchrun rank 0 holds it for the group (the ranks of one run are one trainer).
 
     Raises:
@@ -225,10 +225,10 @@ def hold_run(path: Path) -> None:
     _held[key] = lock
 
 
-def release_run(path: Path) -> None:
-    lock = _held.pop(path.resolve(), None)
-    if lock is not None:
-        lock.release()
+def release_runs() -> None:
+    """Release every run this process holds (:func:`zoo.train.fit` ends: trained or not)."""
+    while _held:
+        _held.popitem()[1].release()
 
 
 def _auto_name(cfg: TrainConfig) -> str:

@@ -37,7 +37,7 @@ from zoo.train.preflight import preflight
 from zoo.train.progress import make_progress
 from zoo.train.resolve import Resolved, resolve_config
 from zoo.train.resume import repair_run
-from zoo.train.run_dir import RunDir, publish_run_dir, release_run
+from zoo.train.run_dir import RunDir, publish_run_dir, release_runs
 
 
 def fit(
@@ -89,6 +89,7 @@ def fit(
             "command again"
         ) from None
     finally:
+        release_runs()  # a refusal after the run was locked (a changed option…) keeps none
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -123,7 +124,6 @@ def _train(
         raise Interrupted(resume_hint(run.path)) from None
     finally:
         notify(observers, "run_ended", run.path, status)
-        release_run(run.path)
 
 
 def _open_run(

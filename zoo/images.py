@@ -55,9 +55,16 @@ def list_images(folder: Path) -> list[Path]:
 
 
 def image_files(paths: Sequence[Path]) -> tuple[Path, ...]:
-    """``paths`` with each folder replaced by the images under it (:func:`list_images`);
-    files (and paths that do not exist, for the caller to name) kept as given."""
-    return tuple(p for given in paths for p in (list_images(given) if given.is_dir() else [given]))
+    """``paths`` with each folder replaced by the images directly in it (not its subfolders:
+    a data root's class folders are not one class); files (and paths that do not exist, for
+    the caller to name) kept as given."""
+    return tuple(
+        p
+        for given in paths
+        for p in (
+            [q for q in list_images(given) if q.parent == given] if given.is_dir() else [given]
+        )
+    )
 
 
 def open_image(

@@ -85,7 +85,8 @@ class ModelConfig:
     @property
     def lineage(self) -> tuple[str, ...]:
         """Every model this one descends from, oldest first (default: its base)."""
-        return tuple(str(x) for x in self.raw.get("lineage") or [self.raw["base"]])
+        found = self.raw["lineage"] if "lineage" in self.raw else [self.raw["base"]]
+        return tuple(str(x) for x in found or ())
 
     @property
     def multi_label(self) -> bool:

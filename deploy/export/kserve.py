@@ -355,6 +355,11 @@ def export_kserve(
         name="model.yaml",  # as the -o check of zoo export suggests
     )
     repo = repository_for(manifest)
+    if repo.exists() and not repo.is_dir():
+        raise InputError(
+            f"{repo} is a file; --format kserve writes the Triton repository there (beside "
+            f"{manifest.name}): move the file, or name another -o."
+        )
     # built whole beside it and swapped in: the manifest's storage holds its one model (a
     # second export to the same -o once left the first model there for Triton to load too)
     repo.parent.mkdir(parents=True, exist_ok=True)

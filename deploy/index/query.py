@@ -128,7 +128,7 @@ def knn_scores(searcher: Searcher, rows: np.ndarray, k: int = KNN_K) -> np.ndarr
 
 def embed_all(scorer: Scorer, paths: Sequence[str | Path], batch_size: int) -> np.ndarray:
     """``(n, D)`` normalised embeddings of readable ``paths`` (unreadable ones are left out,
-    as :func:`zoo.train.ood.folder_logits` would have refused them already)."""
+    as :func:`zoo.train.ood.outside_images` leaves them out of the logits)."""
     parts = [e.rows for e in embed_paths(scorer, map(str, paths), batch_size=batch_size) if e.paths]
     return np.concatenate(parts)
 
