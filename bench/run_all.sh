@@ -118,6 +118,23 @@ NEEDS=(
   "qat|nncf|nncf"
 )
 
+# Figures that depend on the CPU's integer dot products (int8 kernels, OpenVINO, NNCF): on a CPU
+# without VNNI they are written to <name>_avx2.json (<name>_noavx2.json without AVX2 either)
+# beside the VNNI machine's <name>.json, so that neither replaces the other; the docs show
+# both, each with its flags.
+ISA_DEPENDENT=" deploy_bench openvino_bench quantize_defaults qat qat_photos "
+if grep -qwE 'avx512_vnni|avx_vnni|amx_int8' /proc/cpuinfo; then isa_suffix=""
+elif grep -qw avx2 /proc/cpuinfo; then isa_suffix="_avx2"
+else isa_suffix="_noavx2"; fi
+
+args_of() {  # a script's arguments on this CPU: $1 name, $2 its arguments in SUITE
+  if [ -n "$isa_suffix" ] && [[ "$ISA_DEPENDENT" == *" $1 "* ]]; then
+    echo "$2 --out docs/bench/$1$isa_suffix.json"
+  else
+    echo "$2"
+  fi
+}
+
 allow_busy=0 dry=0 only="" group=all
 while [ $# -gt 0 ]; do
   case $1 in
@@ -152,6 +169,7 @@ if [ $dry -eq 1 ]; then
   for row in "${selected[@]}"; do
     IFS='|' read -r name grp est args <<<"$row"
     by_group[$grp]=$((${by_group[$grp]:-0} + est))
+    args=$(args_of "$name" "$args")
     printf '%-20s %-8s ~%4ss  python bench/%s.py %s\n' "$name" "$grp" "$est" "$name" "$args"
     # the last recorded run, the basis of the estimate
     "$PY" - "$ROOT/docs/bench/$name.json" <<'PYEOF' 2>/dev/null || true
@@ -201,6 +219,7 @@ started=$SECONDS
 echo "estimated: $((total / 60)) min; logs in $LOGS" >&2
 for row in "${selected[@]}"; do
   IFS='|' read -r name grp est args <<<"$row"
+  args=$(args_of "$name" "$args")
   t0=$SECONDS
   echo "== $name (~${est}s): python bench/$name.py $args" >&2
   # shellcheck disable=SC2086

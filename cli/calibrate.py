@@ -46,7 +46,7 @@ def calibrate_cmd(
     )  # fmt: skip
     if as_json:
         print_json(result.to_dict())
-        why = result.calibration.why_not_kept(result.split)
+        why = result.calibration.why_not_kept()
         if why is not None:  # the JSON's fit.why; said where a person reads it too
             err.print(f"temperature kept at 1: {why}", markup=False)
     else:

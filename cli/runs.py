@@ -21,7 +21,7 @@ def ls_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """One line per run: arch, data, best metric, epochs, time, state
-    (done/interrupted/failed)."""
+    (done/interrupted/failed); a zoo tune search's trials as SEARCH/trial-000."""
     from zoo.train.runs import list_runs
 
     runs = list_runs(root)

@@ -1425,11 +1425,30 @@ def busy(d: dict[str, Any]) -> bool:
     return bool(load and cpus and load[0] > cpus)
 
 
-def machine_label(d: dict[str, Any]) -> str:
-    """``16 CPUs, NVIDIA H200`` / ``2 CPUs``: the machine a result file was measured on."""
+def int8_isa(d: dict[str, Any]) -> str:
+    """The class of integer dot products a result file's CPU had, which int8 and OpenVINO
+    figures depend on: ``AMX``, ``AVX-512 VNNI``, ``AVX-VNNI``, ``AVX2, no VNNI`` or
+    ``no AVX2`` (``flags not recorded`` for older files)."""
+    flags = d["provenance"]["machine"].get("cpu_flags")
+    if flags is None:
+        return "flags not recorded"
+    for flag, name in (
+        ("amx_int8", "AMX"),
+        ("avx512_vnni", "AVX-512 VNNI"),
+        ("avx_vnni", "AVX-VNNI"),
+        ("avx2", "AVX2, no VNNI"),
+    ):
+        if flag in flags:
+            return name
+    return "no AVX2"
+
+
+def machine_label(d: dict[str, Any], *, isa: bool = False) -> str:
+    """``16 CPUs, NVIDIA H200`` / ``2 CPUs`` (with ``isa``: ``2 CPUs, AVX2, no VNNI``): the
+    machine a result file was measured on."""
     m = d["provenance"]["machine"]
     gpus = m.get("gpus") or []
-    return ", ".join([f"{m.get('logical_cpus', '?')} CPUs", *gpus[:1]])
+    return ", ".join([f"{m.get('logical_cpus', '?')} CPUs", *gpus[:1], *[int8_isa(d)][:isa]])
 
 
 def summary(
@@ -1444,10 +1463,18 @@ def summary(
     ops = {"<=": "≤", ">=": "≥", "<": "<"}
     t = Table("", "goal", "target", "measured", "met?", "measured at", "raw")
     per_bench = Counter(d["bench"] for d in results.values())
+    isas: dict[str, set[str]] = {}
+    for d in results.values():
+        isas.setdefault(d["bench"], set()).add(int8_isa(d))
     for name, d in results.items():
         mark = marks[name]
-        # a bench measured on several machines (2 cores here, 16 on the GPU machine): say which
-        where = f" ({machine_label(d)})" if per_bench[d["bench"]] > 1 else ""
+        # a bench measured on several machines (2 cores here, 16 on the GPU machine; CPUs with
+        # and without VNNI for the int8 figures): say which
+        where = (
+            f" ({machine_label(d, isa=len(isas[d['bench']]) > 1)})"
+            if per_bench[d["bench"]] > 1
+            else ""
+        )
         if mark.commits_since:
             out.computed.setdefault(name, set()).add(str(mark.commits_since))
         for h in d["results"].get("headlines", []):

@@ -630,3 +630,18 @@ def test_t_interval_of_paired_seed_differences() -> None:
     assert ci["low"] == pytest.approx(2 - 4.3027 / 3**0.5, abs=1e-3)
     assert ci["high"] == pytest.approx(2 + 4.3027 / 3**0.5, abs=1e-3)
     assert t_interval([0.3])["low"] is None  # one seed: no interval, never a verdict
+
+
+def test_int8_figures_of_two_instruction_sets_are_told_apart() -> None:
+    """The same bench measured on a VNNI machine and on an AVX2-only one (run_all.sh writes
+    the latter to <bench>_avx2.json): the summary names each row's instruction set."""
+    vnni = {"provenance": {"machine": {"logical_cpus": 2, "cpu_flags": ["avx2", "avx512_vnni"]}}}
+    avx2 = {"provenance": {"machine": {"logical_cpus": 2, "cpu_flags": ["avx2", "fma"]}}}
+    assert gen.int8_isa(vnni) == "AVX-512 VNNI" and gen.int8_isa(avx2) == "AVX2, no VNNI"
+    assert gen.machine_label(avx2) == "2 CPUs"
+    assert gen.machine_label(avx2, isa=True) == "2 CPUs, AVX2, no VNNI"
+    assert gen.int8_isa({"provenance": {"machine": {}}}) == "flags not recorded"
+    suite = (ROOT / "bench" / "run_all.sh").read_text()
+    assert 'echo "$2 --out docs/bench/$1$isa_suffix.json"' in suite
+    dependent = re.search(r'ISA_DEPENDENT=" ([\w ]+) "', suite)
+    assert dependent is not None and "qat_photos" in dependent.group(1).split()

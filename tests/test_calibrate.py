@@ -83,6 +83,16 @@ def test_a_perfectly_separated_set_keeps_the_raw_softmax_and_says_why() -> None:
     d = small.to_dict()
     assert d["temperature"] == 1.0 and d["fit"]["kept"] is False
     assert d["fit"]["not_kept"] == ["separated", "too_few"] and "too few" in d["fit"]["why"]
+    # zoo calibrate --split test: the stored reason names the images it was fitted on
+    on_test = fit_calibration(
+        *(lambda z: (z, z.argmax(1)))(torch.eye(4).repeat(4, 1)[:15] * 3), images="test"
+    )
+    back = Calibration.from_dict(on_test.to_dict(), where="config.json")
+    assert back.fitted_images == "test" and back == on_test
+    assert on_test.to_dict()["fit"]["why"].startswith(
+        "the fit ran to the bound 0.01 (test perfectly"
+    )
+    assert on_test.temperature_line().endswith("on 15 test images")
 
 
 def test_a_fit_that_raises_the_ece_keeps_the_raw_softmax() -> None:

@@ -12,7 +12,7 @@ import torch
 from sklearn.metrics import balanced_accuracy_score
 from sklearn.utils.class_weight import compute_class_weight
 
-from tests.conftest import run_zoo
+from tests.conftest import run_zoo, zoo_here
 from zoo.errors import InputError
 from zoo.train.check import CheckReport
 from zoo.train.config import TrainConfig
@@ -108,6 +108,39 @@ def test_the_hint_names_the_options_until_one_acts() -> None:
     both = imbalance_hint(report, "auto", "balanced")
     assert both is not None and "twice" in both
     assert imbalance_hint(CheckReport(root="/d", imbalance={"val": 9.0}), "none", "shuffle") is None
+
+
+def test_the_hint_never_suggests_the_monitor_already_given() -> None:
+    """``--monitor val/balanced_acc`` (or val/macro_f1, also every class equally) is named as
+    in effect, not suggested again; val/acc or val/loss (or the default) still get it."""
+    report = CheckReport(root="/d", imbalance={"train": 9.0})
+    for monitor in ("val/balanced_acc", "val/macro_f1"):
+        hint = imbalance_hint(report, "none", "shuffle", monitor)
+        assert hint is not None and "9.0×" in hint
+        assert f"--monitor {monitor} already picks the best epoch" in hint
+        assert hint.count("--monitor") == 1 and "try --sampler balanced or --class-weights" in hint
+    for monitor in (None, "val/acc", "val/loss"):
+        hint = imbalance_hint(report, "none", "shuffle", monitor)
+        assert hint is not None and "--monitor val/balanced_acc to pick the best epoch" in hint
+    acting = imbalance_hint(report, "auto", "shuffle", "val/balanced_acc")
+    assert acting is not None and "--monitor" not in acting and "--sampler" not in acting
+
+
+def test_finetune_names_the_monitor_given_as_in_effect(small_digits: Path, tmp_path: Path) -> None:
+    """``zoo finetune --monitor val/balanced_acc --dry-run`` on an imbalanced folder: the hint
+    it prints names that monitor as in effect and suggests only the options not given."""
+    data = tmp_path / "imbalanced"
+    for d in range(4):
+        (data / f"digit_{d}").mkdir(parents=True)
+        for f in sorted((small_digits / f"digit_{d}").iterdir())[: 30 if d < 2 else 3]:
+            (data / f"digit_{d}" / f.name).symlink_to(f)
+    r = zoo_here("finetune", "mlp", "--data", str(data), "--runs", str(tmp_path / "runs"),
+                 "--num-workers", "0", "--no-progress", "--val-fraction", "0.34", "--dry-run",
+                 "--monitor", "val/balanced_acc")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "hint: class imbalance in train" in r.stderr
+    assert "--monitor val/balanced_acc already picks the best epoch" in r.stderr
+    assert "and --monitor val/balanced_acc to pick" not in r.stderr
 
 
 def test_finetune_on_an_imbalanced_folder_with_both_options(

@@ -148,3 +148,31 @@ def test_eval_on_a_foreign_folder_uses_all_of_it(
     assert got["split"] == "val" and 0 < got["n"] < 120
     e = run_zoo("eval", str(report[0]), "--data", str(four_digits), "--split", "vall")
     assert e.returncode == 2 and "val" in e.stderr and "Traceback" not in e.stderr
+
+
+def test_report_says_why_a_fitted_temperature_was_not_kept(
+    report: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """A run whose fit zoo did not trust (here: written as fitted on 15 test images that were
+    perfectly separated) gets the raw softmax, and the page says why, not just "T = 1"."""
+    import shutil
+
+    import torch
+
+    from zoo.artifact import write_calibration
+    from zoo.train.calibrate import fit_calibration
+
+    run = tmp_path / "cnn"
+    shutil.copytree(report[0], run)
+    z = torch.eye(4).repeat(4, 1)[:15] * 3
+    cal = fit_calibration(z, z.argmax(1), images="test")
+    write_calibration(run / "model", cal)
+    e = run_zoo("eval", str(run), "--report", "--json")
+    assert e.returncode == 0, e.stderr
+    page = (run / "report.html").read_text()
+    assert (
+        "Probabilities are the raw softmax (T = 1): the temperature fitted on 15 test images"
+        in page
+    )
+    assert "was not kept, because the fit ran to the bound 0.01 (test perfectly separated" in page
+    assert "after temperature scaling" not in page

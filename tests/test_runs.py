@@ -203,3 +203,47 @@ def test_arch_is_the_models_not_the_name_of_the_folder_it_started_from(
         assert read_run(child).arch == "mlp"
     (child / "config.json").write_text(json.dumps({**cfg, "model": "resnet18"}))
     assert read_run(child).arch == "resnet18"  # a registry name, as given
+
+
+def test_ls_lists_a_tune_searchs_trials_under_its_name(runs: Path, tmp_path: Path) -> None:
+    """``zoo runs ls`` on the folder a ``zoo tune`` search is in lists the trials' run folders
+    (``SEARCH/trial-000``), in the search folder's place; it goes one level down into a
+    search folder (its ``tune.json``), never into another folder or a run's own."""
+    from zoo.train.config import TrainConfig
+    from zoo.train.tune.book import SearchBook, SearchSpec, TrialRecord
+
+    root = tmp_path / "runs"
+    shutil.copytree(runs / "a", root / "a")
+    search = root / "tune-mlp-digits"  # as `zoo tune` lays it out: tune.json beside trial-*/
+    trials = {n: TrialRecord(n, {"lr": lr}, "done") for n, lr in (("trial-000", 1e-3),
+                                                                  ("trial-001", 0.05))}  # fmt: skip
+    for name, src in zip(trials, ("a", "b"), strict=True):
+        shutil.copytree(runs / src, search / name)
+        cfg = json.loads((search / name / "config.json").read_text())
+        (search / name / "config.json").write_text(
+            json.dumps({**cfg, "runs_root": str(search), "name": name})
+        )
+    spec = SearchSpec(TrainConfig("mlp", "d"), {}, 2, "fifo", "val/acc", 1.0, 0.0, None, 0)
+    SearchBook(search, spec, trials).write()
+    shutil.copytree(runs / "b", tmp_path / "runs" / "other" / "b")  # no search: not listed
+
+    r = zoo_here("runs", "ls", str(root))
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()]
+    assert names == ["a", "tune-mlp-digits/trial-000", "tune-mlp-digits/trial-001"]
+    line_a, trial_0 = r.stdout.splitlines()[:2]
+    assert trial_0.split()[1:] == line_a.split()[1:]  # the same run: the same columns
+    j = zoo_here("runs", "ls", str(root), "--json")
+    listed = json.loads(j.stdout)
+    assert [d["run"] for d in listed] == [
+        str(root / "a"), str(search / "trial-000"), str(search / "trial-001")
+    ]  # fmt: skip
+    assert [d["search"] for d in listed] == [None, str(search), str(search)]
+    # the search folder itself lists its trials, as before
+    inside = zoo_here("runs", "ls", str(search))
+    assert [line.split()[0] for line in inside.stdout.splitlines()] == ["trial-000", "trial-001"]
+    # without its tune.json the folder is no search, and is not descended into
+    (search / "tune.json").unlink()
+    assert [line.split()[0] for line in zoo_here("runs", "ls", str(root)).stdout.splitlines()] == [
+        "a"
+    ]

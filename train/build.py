@@ -155,7 +155,11 @@ def build_run(resolved: Resolved) -> RunParts:
     bs = cfg.batch_size
     labels = [int(y) for _, y in data.samples["train"]] if not cfg.multi_label else []
     # zoo distill has neither option: its student learns the teacher's answers as they fall
-    hint = None if cfg.distill else imbalance_hint(data.check, cfg.class_weights, cfg.sampler)
+    hint = (
+        None
+        if cfg.distill
+        else imbalance_hint(data.check, cfg.class_weights, cfg.sampler, cfg.monitor)
+    )
     if hint:
         say(hint)
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -152,6 +152,7 @@ def fit_calibration(
     reject: str = "off",
     acceptance: float = DEFAULT_ACCEPTANCE,
     knn: np.ndarray | None = None,
+    images: str = "validation",
 ) -> Calibration:
     """Temperature, ECE before and after, and with ``reject`` a rejection rule (fitted at the
     kept temperature). The fitted temperature is kept only when :func:`judge_temperature`
@@ -163,6 +164,7 @@ def fit_calibration(
         reject: one of :data:`REJECT_MODES` (``auto``: :data:`~zoo.calibration.DEFAULT_SCORE`).
         acceptance: the share of new images like the validation images the rule must accept.
         knn: the validation images' kNN scores, for a ``knn`` rule (:func:`score_kind`).
+        images: what the fitting images are, in words (:attr:`Calibration.fitted_images`).
 
     Raises:
         InputError: an unknown ``reject`` or an ``acceptance`` outside (0, 1].
@@ -181,6 +183,7 @@ def fit_calibration(
         ece_before=ece_before,
         ece_after=fit.ece if fit.kept else ece_before,
         fit=fit,
+        fitted_images=images,
     )
 
 
@@ -225,7 +228,7 @@ class CalibrateResult:
 
     def line(self) -> str:
         c = self.calibration
-        why = c.why_not_kept(self.split)
+        why = c.why_not_kept()
         text = (
             f"temperature kept at 1: {why}; ECE {c.ece_before:.4f}"
             if why is not None
@@ -301,11 +304,15 @@ def calibrate_model(
             [p for p, _ in ev.samples], device=next(ev.model.parameters()).device,
         )  # fmt: skip
         bank.save(ref.model_folder)
-    cal = fit_calibration(ev.logits, ev.targets, reject=reject, acceptance=acceptance, knn=knn)
+    split = ev.result["split"]
+    cal = fit_calibration(
+        ev.logits, ev.targets, reject=reject, acceptance=acceptance, knn=knn,
+        images="validation" if split == "val" else split,
+    )  # fmt: skip
     return CalibrateResult(
         model=model_arg,
         config=write_calibration(ref.model_folder, cal),
-        split=ev.result["split"],
+        split=split,
         calibration=cal,
         accuracy=float(ev.result["acc"]),
     )

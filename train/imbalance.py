@@ -29,9 +29,16 @@ def sample_weights(labels: list[int], n_classes: int) -> list[float]:
     return [per_class[y] for y in labels]
 
 
-def imbalance_hint(check: CheckReport, class_weights: str, sampler: str) -> str | None:
+# the monitors that already pick the best epoch by every class equally
+CLASS_EQUAL_MONITORS = ("val/balanced_acc", "val/macro_f1")
+
+
+def imbalance_hint(
+    check: CheckReport, class_weights: str, sampler: str, monitor: str | None = None
+) -> str | None:
     """What to say about the training split's imbalance (None when balanced, or when an
-    option already acts on it)."""
+    option already acts on it). Never suggests an option already given: with ``monitor``
+    (``--monitor``) already one that weighs every class equally, it is named as in effect."""
     ratio = check.imbalance.get("train")
     if ratio is None:
         return None
@@ -51,6 +58,12 @@ def imbalance_hint(check: CheckReport, class_weights: str, sampler: str) -> str 
         )
     if acting:
         return f"imbalance: the largest class has {ratio}× the smallest; {acting[0]} acts on it"
+    if monitor in CLASS_EQUAL_MONITORS:
+        return (
+            f"hint: class imbalance in train (largest/smallest class = {ratio}×): --monitor "
+            f"{monitor} already picks the best epoch by every class equally; to also train "
+            "rare classes more, try --sampler balanced or --class-weights auto (one of them)"
+        )
     return (
         f"hint: class imbalance in train (largest/smallest class = {ratio}×): try "
         "--sampler balanced or --class-weights auto (one of them), and --monitor "

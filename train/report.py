@@ -184,13 +184,22 @@ def _calibration(ev: Evaluated, probs: np.ndarray, pred: np.ndarray, target: np.
         if cal.reject is not None
         else ""
     )
+    why = cal.why_not_kept()
+    if why is not None:  # T = 1 by zoo's choice: say why, not just "T = 1"
+        return (
+            f'{_reliability_svg(before)}<p id="calibration">Expected calibration error '
+            f"{ece_before:.4f} over {len(before)} equal-width confidence bins (bars: accuracy "
+            "per bin; the dashed line: perfect calibration). Probabilities are the raw softmax "
+            f"(T = 1): the temperature fitted on {cal.fitted_on} {_e(cal.fitted_images)} images "
+            f"was not kept, because {_e(why)}.{rule}</p>"
+        )
     return (
         f'<div class="gallery"><figure>{_reliability_svg(before)}<figcaption>raw softmax: ECE '
         f"{ece_before:.4f}</figcaption></figure><figure>{_reliability_svg(after)}<figcaption>"
         f"at temperature {cal.temperature:.4g}: ECE {ece_after:.4f}</figcaption></figure></div>"
         f'<p id="calibration">Expected calibration error {ece_before:.4f} before and '
         f"<b>{ece_after:.4f}</b> after temperature scaling (T = {cal.temperature:.4g}, fitted on "
-        f"{cal.fitted_on} validation images; the accuracy is the same: T &gt; 0 keeps every "
+        f"{cal.fitted_on} {_e(cal.fitted_images)} images; the accuracy is the same: T &gt; 0 keeps every "
         f"top-1), over {len(before)} equal-width confidence bins (bars: accuracy per bin; the "
         f"dashed line: perfect calibration). Probabilities below are calibrated.{rule}</p>"
     )

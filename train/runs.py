@@ -10,7 +10,7 @@ epoch was committed: a run without a report stopped and can be resumed) and ``tr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from zoo.artifact import read_config
 from zoo.errors import InputError, UsageError, ZooError
 from zoo.tracking import TrackingRecord, read_record
 from zoo.train.config import RUNTIME_KEYS
+from zoo.train.tune.book import BOOK
 
 RunState = Literal["done", "interrupted", "failed"]
 """``done``: ``report.json`` is written; ``interrupted``: a committed epoch and no report
@@ -44,6 +45,8 @@ class RunSummary:
             done run).
         seconds: the epoch loop's time (a done run's report), else the epochs' sum.
         tracking: its MLflow run, if tracked.
+        search: the ``zoo tune`` search folder it is a trial of, when listed from the folder
+            the search is in (its line names it ``SEARCH/trial-000``).
     """
 
     path: Path
@@ -55,10 +58,11 @@ class RunSummary:
     best: dict[str, float]
     seconds: float
     tracking: TrackingRecord | None
+    search: Path | None = None
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return f"{self.search.name}/{self.path.name}" if self.search else self.path.name
 
     @property
     def arch(self) -> str:
@@ -110,6 +114,7 @@ class RunSummary:
             "best": self.best,
             "seconds": round(self.seconds, 2),
             "tracking": self.tracking.to_dict() if self.tracking else None,
+            "search": str(self.search) if self.search else None,
         }
 
 
@@ -169,8 +174,16 @@ def _best_row(history: tuple[dict[str, Any], ...], monitor: str) -> dict[str, An
     return max(history, key=score, default=None)  # max keeps the first of equals
 
 
+def is_search(path: Path) -> bool:
+    """A ``zoo tune`` search folder: it holds the search's record (``tune.json``) beside its
+    trials' run folders."""
+    return (path / BOOK).is_file()
+
+
 def list_runs(root: Path) -> list[RunSummary]:
-    """Every run folder directly under ``root`` (or ``root`` itself), by name.
+    """Every run folder directly under ``root`` (or ``root`` itself), by name; a ``zoo tune``
+    search folder under ``root`` lists its trials' run folders in its place (one level down,
+    each named ``SEARCH/trial-000``).
 
     Raises:
         InputError: ``root`` is not a folder.
@@ -183,7 +196,17 @@ def list_runs(root: Path) -> list[RunSummary]:
         )
     if is_run(root):
         return [read_run(root)]
-    return [read_run(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run(p)]
+    found = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and is_run(p):
+            found.append(read_run(p))
+        elif p.is_dir() and is_search(p):
+            found += [
+                replace(read_run(t), search=p)
+                for t in sorted(p.iterdir())
+                if t.is_dir() and is_run(t)
+            ]
+    return found
 
 
 @dataclass(frozen=True)
@@ -310,6 +333,7 @@ __all__ = [
     "check_plot_path",
     "compare_runs",
     "is_run",
+    "is_search",
     "list_runs",
     "plot_comparison",
     "read_run",

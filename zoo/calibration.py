@@ -217,6 +217,8 @@ class Calibration:
             ``temperature`` (the same when the fit was not kept).
         fit: the temperature fit and whether it was kept (None: not recorded, as written
             before zoo checked its fits, or set by hand).
+        fitted_images: what the fitting images were, in words: ``validation`` (a run's end),
+            or the split ``zoo calibrate --split`` named.
     """
 
     temperature: float
@@ -225,6 +227,7 @@ class Calibration:
     ece_before: float | None = None
     ece_after: float | None = None
     fit: TemperatureFit | None = None
+    fitted_images: str = "validation"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -241,6 +244,7 @@ class Calibration:
             "ece_before": self.ece_before,
             "ece_after": self.ece_after,
             "fit": None if self.fit is None else {**self.fit.to_dict(), "why": self.why_not_kept()},
+            "fitted_images": self.fitted_images,
         }
 
     @classmethod
@@ -265,16 +269,18 @@ class Calibration:
                 ece_before=d.get("ece_before"),
                 ece_after=d.get("ece_after"),
                 fit=TemperatureFit.from_dict(d["fit"]) if d.get("fit") else None,
+                fitted_images=str(d.get("fitted_images") or "validation"),
             )
         except (KeyError, TypeError, ValueError, ArtifactError) as exc:
             raise ArtifactError(f"{where}: calibration is malformed ({exc}).") from exc
 
-    def why_not_kept(self, images: str = "validation") -> str | None:
+    def why_not_kept(self) -> str | None:
         """Why the fitted temperature was not kept, in words (None: kept, or no fit recorded):
         ``the fit ran to the bound 0.01 (validation perfectly separated, 15 images: too few to
-        calibrate)``. ``images``: what the fitting images were (a split's name)."""
+        calibrate)``."""
         if self.fit is None or self.fit.kept:
             return None
+        images = self.fitted_images
         f, why = self.fit, self.fit.not_kept
         lo, hi = TEMPERATURE_RANGE
         notes = {
@@ -299,11 +305,12 @@ class Calibration:
             said.append(f"{self.fitted_on} images: too few to calibrate")
         return head + (f" ({', '.join(said)})" if said else "")
 
-    def temperature_line(self, images: str = "validation") -> str:
+    def temperature_line(self) -> str:
         """The fit in one line, as ``zoo finetune`` ends: ``temperature 1.8, expected
         calibration error 0.1200 → 0.0300 on 400 validation images``, or ``temperature kept
         at 1: <why>; expected calibration error 0.1435 on 7 validation images``."""
-        why = self.why_not_kept(images)
+        why = self.why_not_kept()
+        images = self.fitted_images
         if why is not None:
             return (
                 f"temperature kept at 1: {why}; expected calibration error "

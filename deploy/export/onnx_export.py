@@ -90,6 +90,22 @@ def load_for_export(
     return model.eval(), info, sha
 
 
+@contextmanager
+def out_of_place(model: nn.Module) -> Iterator[nn.Module]:
+    """The model with its in-place activations (``ReLU6(inplace=True)``, ``Dropout(inplace=…)``)
+    switched to out-of-place while it is traced, then restored. Same values in eval mode; the
+    dynamo exporter turns each in-place op into a functional op plus a copy under symbolic
+    shapes, which took MobileNetV2's 35 ReLU6 from 7 to 11 s of tracing on 2 cores."""
+    switched = [m for m in model.modules() if getattr(m, "inplace", None) is True]
+    for m in switched:
+        m.inplace = False  # type: ignore[assignment]
+    try:
+        yield model
+    finally:
+        for m in switched:
+            m.inplace = True  # type: ignore[assignment]
+
+
 def dummy_input(info: ModelInfo, batch: int) -> torch.Tensor:
     """A seeded random batch of the model's input size: what the exporters trace with."""
     return torch.randn(batch, *info.input_size, generator=torch.Generator().manual_seed(0))
@@ -111,7 +127,7 @@ def _onnx_once(
     if dynamic_size:
         axes.update({2: "height", 3: "width"})
     caught: list[str] = []
-    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+    with warnings.catch_warnings(record=True) as w, torch.no_grad(), out_of_place(model):
         warnings.simplefilter("always")
         if exporter == "dynamo":
             (hs, ws), _ = other_sizes(*x.shape[2:])  # dynamo may take what the gate checks

@@ -343,6 +343,13 @@ def _load(ref: ModelRef, device: str, embeddings: bool, threads: int | None, spi
     )
 
 
+def _scorer(model: str | ModelRef | Scorer, *, device: str, tta: str, reject: bool) -> Scorer:
+    """``model`` itself when already loaded (its own ``tta`` and rule), else :func:`load_scorer`."""
+    if isinstance(model, Scorer):
+        return model
+    return load_scorer(model, device=device, tta=tta, reject=reject)
+
+
 def predict(
     model: str | ModelRef | Scorer,
     images: list[str],
@@ -370,11 +377,7 @@ def predict(
         InputError: an image is missing or unreadable.
         Everything :func:`zoo.create_model` or ``OnnxClassifier`` raises.
     """
-    scorer = (
-        model
-        if isinstance(model, Scorer)
-        else load_scorer(model, device=device, tta=tta, reject=reject)
-    )
+    scorer = _scorer(model, device=device, tta=tta, reject=reject)
     if not images:
         return []
     return _predictions(scorer, images, [scorer.prepare(open_image(p)) for p in images], k)
@@ -416,11 +419,7 @@ def predict_each(
             ``--strict`` does).
         Everything :func:`load_scorer` raises.
     """
-    scorer = (
-        model
-        if isinstance(model, Scorer)
-        else load_scorer(model, device=device, tta=tta, reject=reject)
-    )
+    scorer = _scorer(model, device=device, tta=tta, reject=reject)
     samples: list[tuple[str, Any]] = []
     failed: dict[int, Unreadable] = {}
     for i, path in enumerate(images):
