@@ -347,6 +347,7 @@ def test_calibrate_on_too_few_images_keeps_t_1_and_says_so(
     stored = Calibration.from_dict(_config(cal)["calibration"], where="config")
     assert stored.temperature == 1.0 and stored.fit is not None and not stored.fit.kept
     assert stored.reject is not None and stored.reject.score == "msp"
+    assert got["split"] == "all" and got["fitted_images"] == stored.fitted_images == "held-out"
     line = zoo_here("calibrate", str(cal), "--data", str(few))
     assert line.returncode == 0, line.stderr
     assert line.stdout.startswith("temperature kept at 1: the fit (T ")

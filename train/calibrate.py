@@ -307,7 +307,7 @@ def calibrate_model(
     split = ev.result["split"]
     cal = fit_calibration(
         ev.logits, ev.targets, reject=reject, acceptance=acceptance, knn=knn,
-        images="validation" if split == "val" else split,
+        images={"val": "validation", "all": "held-out"}.get(split, split),  # all: a new folder
     )  # fmt: skip
     return CalibrateResult(
         model=model_arg,
