@@ -36,13 +36,14 @@ from zoo.cli.train_options import (
     in_range,
     train_config,
 )
-from zoo.train.config import OptimizerName, ScheduleName, TeacherLogits
+from zoo.train.config import OptimizerName, QatWeights, ScheduleName, TeacherLogits
 
 KD_OPTIONS = (
     "temperature",
     "alpha",
     "teacher_logits",
     "qat",
+    "qat_weights",
     "unlabelled",
 )  # DistillConfig's, not TrainConfig's
 # --qat's defaults, where not typed: measured on the fine-tuned MobileNetV2 of the digits
@@ -105,6 +106,16 @@ def distill_cmd(
             f"defaults {QAT_DEFAULTS_HELP})",
         ),
     ] = False,
+    qat_weights: Annotated[
+        QatWeights,
+        choice(
+            QatWeights,
+            "--qat-weights",
+            help="--qat: the int8 weights' bits to train for, as zoo quantize will make them on "
+            "the CPU that runs the model: 8 with VNNI, 7 (onnxruntime's reduce_range) without; "
+            "auto: this CPU's",
+        ),
+    ] = "auto",
     unlabelled: Annotated[
         bool,
         typer.Option(
@@ -201,6 +212,11 @@ def distill_cmd(
                 f"--resume continues with the run's own teacher, student, data and KD settings: "
                 f"drop {', '.join('--' + k.replace('_', '-') for k in given)}"
             )
+    elif "qat_weights" in typed and not qat:
+        raise typer.BadParameter(
+            "--qat-weights is the int8 weights --qat trains for: add --qat, or drop it",
+            param_hint="--qat-weights",
+        )
     elif qat and student is not None:
         raise typer.BadParameter(
             "--qat trains the teacher's own weights: drop --student", param_hint="--student"
@@ -248,6 +264,8 @@ def distill_cmd(
     if where is not None:
         from dataclasses import replace
 
+        from zoo.system import int8_weight_bits
+
         kd = DistillConfig(
             where,
             temperature=temperature,
@@ -255,6 +273,7 @@ def distill_cmd(
             logits=teacher_logits,
             qat=qat,
             unlabelled=unlabelled,
+            weight_bits=int8_weight_bits() if qat_weights == "auto" else int(qat_weights),
         )
         cfg = replace(cfg, distill=kd)
     # what the user typed: --resume compares exactly these against the run's config

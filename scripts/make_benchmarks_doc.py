@@ -1254,23 +1254,43 @@ def distill_photos(name: str, d: dict[str, Any], out: Doc) -> list[str]:
 def qat(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r = d["results"]
     t = Table(
-        name, "model", "seed", "fp32 acc", "int8 acc (ort)", "drop (ort), points",
-        "int8 acc (nncf)", "drop (nncf), points",
+        name, "model", "seed", "fp32 acc", "int8 weights (ort), bits", "int8 acc (ort)",
+        "drop (ort), points", "int8 acc (ort) at the other bits", "int8 acc (nncf)",
+        "drop (nncf), points",
     )  # fmt: skip
+    labels = {
+        "qat": "`--qat`",
+        "qat_w8": "`--qat --qat-weights 8`",
+        "control": "control (no rounding)",
+    }
     s = r["start"]
-    t.add("the starting model (post-training int8)", "", fmt(s["fp32"], 4), fmt(s["int8_ort"], 4),
-          fmt(s["drop_ort_points"], 2), fmt(s["int8_nncf"], 4), fmt(s["drop_nncf_points"], 2))  # fmt: skip
+    bits = r.get("cpu_int8_weight_bits")  # None: a file from before the bits were recorded
+    t.add("the starting model (post-training int8)", "", fmt(s["fp32"], 4),
+          fmt(s.get("weight_bits"), 0), fmt(s["int8_ort"], 4), fmt(s["drop_ort_points"], 2),
+          fmt(s.get("int8_ort_other"), 4), fmt(s["int8_nncf"], 4),
+          fmt(s["drop_nncf_points"], 2))  # fmt: skip
     for row in r["rows"]:
-        t.add("`--qat`" if row["arm"] == "qat" else "control (no rounding)", row["seed"],
-              fmt(row["fp32"], 4), fmt(row["int8_ort"], 4), fmt(row["drop_ort_points"], 2),
+        t.add(labels[row["arm"]], row["seed"], fmt(row["fp32"], 4),
+              fmt(row.get("weight_bits"), 0), fmt(row["int8_ort"], 4),
+              fmt(row["drop_ort_points"], 2), fmt(row.get("int8_ort_other"), 4),
               fmt(row["int8_nncf"], 4), fmt(row["drop_nncf_points"], 2))  # fmt: skip
     ci = r["qat_minus_control_drop_ort_points"]
     defaults = ", ".join(f"{k} {v}" for k, v in r["qat_defaults"].items())
+    where = (
+        "this CPU has no VNNI: `zoo quantize` gives onnxruntime's int8 weights 7 bits "
+        "(`reduce_range`), and `--qat` trains for them; `--qat --qat-weights 8` is a model "
+        "trained for a VNNI CPU's 8-bit weights, which it keeps here"
+        if bits == 7
+        else "this CPU has VNNI: onnxruntime's int8 weights have all their bits"
+        if bits is not None
+        else "measured before the bench recorded the int8 weights' bits: they had all of them "
+        "(no `reduce_range`), on a CPU with VNNI"
+    )
     return [
         f"{r['model']}; {r['n_val']} validation images, {r['n_calibration']} calibration images; "
-        f"`--qat` defaults: {defaults}. The int8 (ort) drop of `--qat` minus the control's, "
-        f"paired by seed: {fmt(ci['mean'], 2)} points (95% t interval {fmt(ci['low'], 2)} to "
-        f"{fmt(ci['high'], 2)}).",
+        f"`--qat` defaults: {defaults}; {where}. The int8 (ort) drop of `--qat` minus the "
+        f"control's, paired by seed: {fmt(ci['mean'], 2)} points (95% t interval "
+        f"{fmt(ci['low'], 2)} to {fmt(ci['high'], 2)}).",
         "",
         *t.lines(out),
         "",

@@ -96,14 +96,21 @@ def test_fake_quant_keeps_the_weights_and_passes_gradients(teacher: Path) -> Non
     model(x).sum().backward()  # straight-through: every quantized weight gets a gradient
     for name, m in layers(model):
         assert m.weight.grad is not None and m.weight.grad.abs().sum() > 0, name
-    # int8 per output channel, symmetric: ±127 at the channel's largest magnitude
+    # int8 per output channel, symmetric: ±127 at the channel's largest magnitude, and ±64
+    # with 7-bit weights (onnxruntime's reduce_range, on CPUs without VNNI)
     w = torch.randn(6, 3, 3, 3)
-    q = fake_weight(w)
-    for c in range(6):
-        step = w[c].abs().max() / 127
-        levels = torch.round(q[c] / step)
-        torch.testing.assert_close(levels * step, q[c])
-        assert levels.abs().max() == 127  # the largest magnitude is kept exactly
+    for bits, top in ((8, 127), (7, 64)):
+        q = fake_weight(w, bits)
+        for c in range(6):
+            step = w[c].abs().max() / top
+            levels = torch.round(q[c] / step)
+            torch.testing.assert_close(levels * step, q[c])
+            assert levels.abs().max() == top  # the largest magnitude is kept exactly
+    from zoo.system import int8_weight_bits
+
+    assert int8_weight_bits(frozenset({"avx2", "fma"})) == 7
+    assert int8_weight_bits(frozenset({"avx2", "avx512_vnni"})) == 8
+    assert int8_weight_bits(frozenset({"avx2", "avx_vnni"})) == 8
     assert Range(-1.0, 3.0).qparams() == (4 / 255, 64)
 
 
@@ -124,6 +131,12 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     assert "zoo quantize RUN/model/model.onnx --engine ort" in d.stderr  # the next step
     config = json.loads((run / "config.json").read_text())
     assert config["distill"]["qat"] is True and config["model"] == str(teacher)
+    # the int8 weights it trained for: those zoo quantize makes on this CPU (7 bits without VNNI)
+    from zoo.system import int8_weight_bits
+
+    bits = int8_weight_bits()
+    assert config["distill"]["weight_bits"] == bits
+    assert ("7 bits as onnxruntime's reduce_range" in d.stderr) == (bits == 7)
     # --qat's defaults where not typed (epochs was)
     assert (config["strategy"], config["lr"], config["backbone_lr_mult"]) == ("full", 1e-4, 1.0)
     assert (config["epochs"], config["distill"]["temperature"]) == (1, 1.0)
@@ -144,6 +157,10 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     # the folder and the export say it themselves: a copy outside the run still quantizes
     # through the rounding it was trained through (not NNCF's own ranges)
     assert json.loads((run / "model" / "config.json").read_text())["train"]["quantization_aware"]
+    assert (
+        json.loads((run / "model" / "config.json").read_text())["train"]["qat_weight_bits"] == bits
+    )
+    assert read_metadata(run / "model" / "model.onnx")["qat_weight_bits"] == bits
     copy = tmp_path / "elsewhere" / "model.onnx"
     copy.parent.mkdir()
     shutil.copy(run / "model" / "model.onnx", copy)
@@ -170,6 +187,7 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     assert q.returncode == 0, q.stderr
     # auto picks the rounding the run trained through, and says so
     assert json.loads(q.stdout)["engine"] == "ort"
+    assert json.loads(q.stdout)["calibration"]["reduce_range"] == (bits == 7)
     assert "engine: ort, the int8 rounding this model was trained through" in q.stderr
     int8 = Path(json.loads(q.stdout)["path"])
     # the rounding trained through is the one shipped: the QAT model's fake-quant outputs are
@@ -186,11 +204,44 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
         y32 = model(x).numpy()
     split = json.loads((run / "split.json").read_text())
     train = [Path(split["root"]) / rel for rel, _ in split["splits"]["train"]]
-    prepare_for_run(model, model.zoo_info.preprocessing(), train, torch.device("cpu"))  # type: ignore[operator]
+    prepare_for_run(model, model.zoo_info.preprocessing(), train, torch.device("cpu"), bits)  # type: ignore[operator]
     with torch.inference_mode():
         yq = model(x).numpy()
     near, far = np.abs(yq - y8).mean(), np.abs(y32 - y8).mean()
     assert near < 0.25 * far, (near, far)
+
+
+def test_a_model_trained_for_8_bit_weights_keeps_them_where_the_cpu_would_take_7(
+    teacher: Path, digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--qat-weights 8`` (trained for a VNNI CPU), quantized on a CPU without VNNI: the int8
+    file keeps the 8-bit weights it trained for, and the plan warns that this CPU's kernels
+    can saturate them; a model trained for 7 bits is quantized at 7 on any CPU."""
+    from zoo.deploy.quantize import int8
+    from zoo.deploy.quantize.options import QuantizeOptions, default_calibration, qat_trained
+
+    d = zoo_here(
+        "distill", str(teacher), "--qat", "--qat-weights", "8", "--data", str(digits),
+        "--epochs", "1", "--runs", str(tmp_path), "--name", "q8", "--num-workers", "0",
+        "--no-progress", "--no-report",
+    )  # fmt: skip
+    assert d.returncode == 0, d.stderr
+    assert json.loads((tmp_path / "q8" / "config.json").read_text())["distill"]["weight_bits"] == 8
+    assert zoo_here("export", str(tmp_path / "q8"), "--data", str(digits)).returncode == 0
+    onnx_file = tmp_path / "q8" / "model" / "model.onnx"
+    assert qat_trained(onnx_file) == 8
+    monkeypatch.setattr(int8, "int8_weight_bits", lambda: 7)  # a CPU without VNNI
+    plans: list[str] = []
+    opts = QuantizeOptions(onnx_file, output=tmp_path / "q8.int8.onnx", allow_drop=True)
+    report = int8.quantize(opts, on_plan=plans.append)
+    assert report.calibration is not None and report.calibration.reduce_range is False
+    assert any("trained (zoo distill --qat) for 8-bit int8 weights" in p for p in plans), plans
+    assert default_calibration(weight_bits=7, flags=frozenset({"avx512_vnni"})).reduce_range
+    assert not default_calibration(weight_bits=8, flags=frozenset({"avx2"})).reduce_range
+    r = zoo_here(
+        "distill", str(teacher), "--qat-weights", "7", "--student", "mlp", "--data", str(digits)
+    )
+    assert r.returncode == 2 and "add --qat" in r.stderr, r.stderr
 
 
 def test_refusals(teacher: Path, digits: Path) -> None:

@@ -127,7 +127,11 @@ def build_run(resolved: Resolved) -> RunParts:
     if cfg.distill is not None and cfg.distill.qat:  # before DDP wraps it; a resume recalibrates
         say(
             prepare_for_run(
-                model, info.preprocessing(), [p for p, _ in data.samples["train"]], comm.device
+                model,
+                info.preprocessing(),
+                [p for p, _ in data.samples["train"]],
+                comm.device,
+                cfg.distill.weight_bits,
             )
         )
     groups = (

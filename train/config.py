@@ -32,6 +32,8 @@ SamplerName = Literal["shuffle", "balanced"]
 TuneScheduler = Literal["asha", "fifo"]
 """``zoo tune``: ``asha`` stops weak trials at epoch ends; ``fifo`` runs every trial to the end."""
 TeacherLogits = Literal["auto", "cached", "online"]
+QatWeights = Literal["auto", "8", "7"]
+"""``zoo distill --qat-weights``: the int8 weights' bits QAT trains for (auto: this CPU's)."""
 """Distillation: the teacher's logits computed once per image (``cached``: deterministic training
 views) or on every training view (``online``: random augmentation); ``auto`` decides."""
 
@@ -65,6 +67,9 @@ class DistillConfig:
     logits: TeacherLogits = "auto"
     teacher_sha256: str | None = None  # the teacher's weights; a resume refuses other weights
     qat: bool = False  # --qat: the student is the teacher itself, trained through int8 rounding
+    # --qat: the int8 weights' bits it trains for (zoo.system.int8_weight_bits: 7 where the CPU
+    # zoo quantize runs on has no VNNI); 8 in runs from before zoo recorded it
+    weight_bits: int = 8
     unlabelled: bool = False  # --unlabelled: the teacher's top-1 answers are the data's labels
 
     @property

@@ -116,6 +116,9 @@ def model_config(r: RunResult, calibration: Calibration | None = None) -> ModelC
             # zoo distill --qat: weights trained through onnxruntime's int8 rounding, which
             # zoo quantize --engine auto then keeps (in the folder, so a copy keeps it too)
             "quantization_aware": bool(r.cfg.distill is not None and r.cfg.distill.qat),
+            "qat_weight_bits": r.cfg.distill.weight_bits
+            if r.cfg.distill is not None and r.cfg.distill.qat
+            else None,
         },
     }
     return ModelConfig(config)

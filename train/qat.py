@@ -211,18 +211,24 @@ def fold_batchnorm(model: nn.Module) -> int:
     return done
 
 
-def fake_weight(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 per output channel in [-127, 127] (scale: the channel's largest magnitude
-    / 127), as onnxruntime quantizes weights."""
+WEIGHT_LEVELS = {8: 127, 7: 64}
+"""The largest int8 weight level by weight bits: onnxruntime's symmetric [-127, 127], and with
+``reduce_range`` (7 bits, :func:`zoo.system.int8_weight_bits`) [-64, 64]."""
+
+
+def fake_weight(w: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Symmetric int8 per output channel in [-q, q], q = :data:`WEIGHT_LEVELS` [``bits``]
+    (scale: the channel's largest magnitude / q), as onnxruntime quantizes weights."""
+    q = WEIGHT_LEVELS[bits]
     dims = tuple(range(1, w.dim()))
-    scale = (w.detach().abs().amax(dim=dims) / 127.0).clamp_min(1e-12).float()
+    scale = (w.detach().abs().amax(dim=dims) / q).clamp_min(1e-12).float()
     zero = torch.zeros_like(scale, dtype=torch.int32)
-    return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -127, 127)
+    return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -q, q)
 
 
-def prepare(model: nn.Module, ranges: dict[str, Range]) -> int:
+def prepare(model: nn.Module, ranges: dict[str, Range], weight_bits: int = 8) -> int:
     """Put fake quantization into ``model``'s conv and linear layers, in place: their weights
-    per channel and their inputs at ``ranges``, the :func:`output_points` outputs at theirs,
+    per channel (``weight_bits``: 8, or 7 as ``reduce_range``) and their inputs at ``ranges``, the :func:`output_points` outputs at theirs,
     and its output (the logits) at ``ranges[OUTPUT]``. The parameters and state dict are unchanged.
     Returns how many layers were prepared."""
     done = 0
@@ -236,7 +242,7 @@ def prepare(model: nn.Module, ranges: dict[str, Range]) -> int:
                 self: nn.Conv2d, x: torch.Tensor, s: float = scale, z: int = zero
             ) -> torch.Tensor:
                 x = torch.fake_quantize_per_tensor_affine(x, s, z, 0, 255)
-                return self._conv_forward(x, fake_weight(self.weight), self.bias)
+                return self._conv_forward(x, fake_weight(self.weight, weight_bits), self.bias)
 
             m.forward = types.MethodType(conv, m)  # type: ignore[method-assign]
         else:
@@ -245,7 +251,7 @@ def prepare(model: nn.Module, ranges: dict[str, Range]) -> int:
                 self: nn.Linear, x: torch.Tensor, s: float = scale, z: int = zero
             ) -> torch.Tensor:
                 x = torch.fake_quantize_per_tensor_affine(x, s, z, 0, 255)
-                return F.linear(x, fake_weight(self.weight), self.bias)
+                return F.linear(x, fake_weight(self.weight, weight_bits), self.bias)
 
             m.forward = types.MethodType(linear, m)
         done += 1
@@ -266,11 +272,16 @@ def quantize_output(module: nn.Module, at: Range) -> None:
 
 
 def prepare_for_run(
-    model: nn.Module, pre: Preprocessing, images: Sequence[Path], device: torch.device
+    model: nn.Module,
+    pre: Preprocessing,
+    images: Sequence[Path],
+    device: torch.device,
+    weight_bits: int = 8,
 ) -> str:
     """Fold ``model``'s BatchNorm into its convs, calibrate its activation ranges on a seeded
     sample of ``images`` (the training split, through the eval transform) and :func:`prepare`
-    it; returns the line to print. The run then trains it in eval mode."""
+    it with ``weight_bits`` weights; returns the line to print. The run then trains it in eval
+    mode."""
     from zoo.images import open_image
     from zoo.transforms import eval_transform
 
@@ -284,12 +295,17 @@ def prepare_for_run(
     )
     folded = fold_batchnorm(model)
     ranges = activation_ranges(model, batches)
-    n = prepare(model, ranges)
+    n = prepare(model, ranges, weight_bits)
     outputs = sum(after(name) in ranges for name, _ in output_points(model))
     own = own_forward(model)
     return (
-        f"qat: {n} conv/linear layers train through int8 rounding (weights int8 per channel; "
-        f"their inputs and {outputs} outputs uint8 at ranges from {len(sample)} training "
+        f"qat: {n} conv/linear layers train through int8 rounding (weights int8 per channel"
+        + (
+            ", 7 bits as onnxruntime's reduce_range on CPUs without VNNI"
+            if weight_bits == 7
+            else ""
+        )
+        + f"; their inputs and {outputs} outputs uint8 at ranges from {len(sample)} training "
         f"images, as zoo quantize --engine ort quantizes them); {folded} BatchNorm folded into "
         "their convs and frozen; no dropout"
         + (

@@ -159,6 +159,19 @@ def info_from_config(folder: Path, config: ModelConfig, base: ModelInfo) -> Mode
     )
 
 
+def qat_weight_bits(folder: Path) -> int | None:
+    """The int8 weights' bits a model folder's weights were trained through (``zoo distill
+    --qat``: 8, or 7 as onnxruntime's ``reduce_range``; 8 for a folder written before zoo
+    recorded them); None: not quantization-aware, or not said (:func:`quantization_aware`).
+
+    Raises:
+        ArtifactError: ``folder`` is not a valid model folder.
+    """
+    if not quantization_aware(folder):
+        return None
+    return read_config(folder).qat_weight_bits or 8
+
+
 def quantization_aware(folder: Path) -> bool | None:
     """Whether a model folder's weights were trained through int8 rounding (``zoo distill
     --qat``): its ``config.json`` ``train.quantization_aware``, else, for a folder written

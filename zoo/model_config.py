@@ -150,6 +150,13 @@ class ModelConfig:
         return value if isinstance(value, bool) else None
 
     @property
+    def qat_weight_bits(self) -> int | None:
+        """The int8 weights' bits ``zoo distill --qat`` trained for: 8 or 7 (None: not
+        recorded, as in folders written before zoo recorded it, or not quantization-aware)."""
+        value = _int(_section(self.raw, "train").get("qat_weight_bits"))
+        return value if value in (7, 8) else None
+
+    @property
     def enrolled(self) -> tuple[Mapping[str, Any], ...]:
         """``zoo enroll``'s records, one per added class, oldest first."""
         return tuple(r for r in self.raw.get("enrolled") or [] if isinstance(r, Mapping))

@@ -53,6 +53,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+"""CPU flags of integer dot-product instructions: with one, uint8 × int8 products cannot
+saturate in onnxruntime's int8 kernels."""
+
+
+def int8_weight_bits(flags: frozenset[str] | None = None) -> int:
+    """The bits of int8 weights onnxruntime's kernels take on a CPU (``flags``: this one's by
+    default): 8 with an integer dot-product instruction (VNNI), else 7 (onnxruntime's
+    ``reduce_range``, weights in [-64, 64]), where its AVX2 kernels sum pairs of uint8 × int8
+    products in 16 bits, which 8-bit weights can saturate."""
+    return 8 if (cpu_flags() if flags is None else flags) & VNNI_FLAGS else 7
+
+
 def expand_home(
     path: str | os.PathLike[str], *, what: str, fix: str = "Give the full path instead."
 ) -> Path:

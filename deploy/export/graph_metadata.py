@@ -64,6 +64,7 @@ def export_metadata(
         "source_weights_sha256": weights_sha,
         "source_epoch": _shipped_epoch(ref),
         "quantization_aware": _quantization_aware(ref),
+        "qat_weight_bits": _qat_weight_bits(ref),
         "parity": parity_summary(result.parity),
     }
 
@@ -87,6 +88,16 @@ def _quantization_aware(ref: ModelRef) -> bool | None:
     from zoo.artifact import quantization_aware
 
     return quantization_aware(ref.model_folder)
+
+
+def _qat_weight_bits(ref: ModelRef) -> int | None:
+    """The int8 weights' bits a quantization-aware run or model folder trained for
+    (:func:`zoo.artifact.qat_weight_bits`), which ``zoo quantize`` then uses."""
+    if ref.kind not in ("run", "model-folder"):
+        return None
+    from zoo.artifact import qat_weight_bits
+
+    return qat_weight_bits(ref.model_folder)
 
 
 def parity_summary(report: ParityReport | None) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from zoo.images import open_image
 from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.preprocess import preprocess
 from zoo.run_images import find_run
-from zoo.system import mib
+from zoo.system import int8_weight_bits, mib
 
 
 def quantize(
@@ -93,10 +93,18 @@ def quantize(
             "--target-agreement needs --data DIR: held-out real images, none of them in "
             "--calib, to measure the agreement on."
         )
-    if on_plan is not None and o.engine == "auto" and engine == "ort" and qat_trained(model):
+    qat_bits = qat_trained(model)
+    if on_plan is not None and o.engine == "auto" and engine == "ort" and qat_bits is not None:
         on_plan(
             "engine: ort, the int8 rounding this model was trained through (zoo distill --qat); "
             "--engine nncf to try NNCF's"
+        )
+    if on_plan is not None and qat_bits == 8 and int8_weight_bits() == 7 and engine == "ort":
+        on_plan(
+            "warning: this model trained (zoo distill --qat) for 8-bit int8 weights, which it "
+            "keeps; this CPU has no VNNI, where onnxruntime's kernels can saturate 8-bit "
+            "weights: run the int8 file on a CPU with VNNI, or train for this one with zoo "
+            "distill --qat --qat-weights 7"
         )
     out = o.out
     meta = read_metadata(model)
@@ -135,7 +143,7 @@ def quantize(
         if not images.proves_nothing:
             check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
         if engine == "ort":
-            calibration = default_calibration(o.method, o.per_channel)
+            calibration = default_calibration(o.method, o.per_channel, weight_bits=qat_bits)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
     out.parent.mkdir(parents=True, exist_ok=True)

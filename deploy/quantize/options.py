@@ -26,14 +26,10 @@ from zoo.deploy.choices import (
     QuantMode,
 )
 from zoo.errors import ArtifactError, ChoiceError, InputError, UsageError
-from zoo.system import cpu_flags
+from zoo.system import int8_weight_bits
 
 if TYPE_CHECKING:
     from zoo.deploy.quantize.calibration import Calibration
-
-VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-"""CPU flags of integer dot-product instructions: with one, uint8 × int8 products cannot
-saturate in onnxruntime's kernels, so weights keep all 8 bits (no ``reduce_range``)."""
 
 DEFAULT_CALIB_SIZE = 300
 """Calibration images by default (the bench's setting; its winner used them all)."""
@@ -62,26 +58,29 @@ def resolve_engine(
     return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
 
 
-def qat_trained(model: Path) -> bool:
-    """Whether ``model`` holds weights trained through int8 rounding (``zoo distill --qat``):
-    said by its own metadata (``quantization_aware``, wherever the file was copied), and for
-    a file exported before zoo wrote it, by the model folder it sits in
-    (:func:`zoo.artifact.quantization_aware`)."""
-    from zoo.artifact import quantization_aware
+def qat_trained(model: Path) -> int | None:
+    """The int8 weights' bits ``model`` was trained through (``zoo distill --qat``: 8, or 7 as
+    ``reduce_range``); None: not quantization-aware. Said by its own metadata
+    (``quantization_aware``, ``qat_weight_bits``: 8 where a file from before zoo wrote the
+    bits says nothing), wherever the file was copied, and for a file exported before zoo wrote
+    either, by the model folder it sits in (:func:`zoo.artifact.qat_weight_bits`)."""
+    from zoo.artifact import qat_weight_bits
     from zoo.onnx_meta import read_metadata
     from zoo.variants import model_folder_of
 
     try:
-        said = read_metadata(model).get("quantization_aware")
+        meta = read_metadata(model)
     except (InputError, ValueError):  # not readable here: the quantizer reports it
-        said = None
+        meta = {}
+    said = meta.get("quantization_aware")
     if isinstance(said, bool):
-        return said
+        bits = meta.get("qat_weight_bits")
+        return (bits if bits in (7, 8) else 8) if said else None
     folder = model_folder_of(model)
     try:
-        return bool(folder is not None and quantization_aware(folder))
+        return qat_weight_bits(folder) if folder is not None else None
     except ArtifactError:  # a broken folder: its own commands report it
-        return False
+        return None
 
 
 def variant_name(mode: QuantMode, engine: QuantEngine = "ort") -> str:
@@ -110,20 +109,21 @@ def default_calibration(
     method: CalibMethod | None = None,
     per_channel: bool | None = None,
     flags: frozenset[str] | None = None,
+    weight_bits: int | None = None,
 ) -> Calibration:
     """onnxruntime's static setting: U8S8 QDQ (uint8 asymmetric activations, int8 weights),
     per-channel weights, :data:`DEFAULT_METHOD` ranges, unless given; ``reduce_range`` (7-bit
     weights) only on a CPU without VNNI (``flags``: this machine's by default), where uint8 ×
     int8 sums could saturate. Measured on the digits run (docs/bench/quantize_defaults.json):
     S8S8 symmetric ranges lost more accuracy with every method, and ``reduce_range`` on a VNNI
-    CPU lost more again."""
+    CPU lost more again. ``weight_bits``: the bits a ``zoo distill --qat`` model trained for,
+    which it keeps (7: ``reduce_range``) whatever this CPU's."""
     from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
 
-    vnni = bool((cpu_flags() if flags is None else flags) & VNNI_FLAGS)
     return Calibration(
         method=method or DEFAULT_METHOD,
         per_channel=True if per_channel is None else per_channel,
-        reduce_range=not vnni,
+        reduce_range=(weight_bits or int8_weight_bits(flags)) == 7,
     )
 
 
@@ -282,7 +282,7 @@ class QuantizeOptions:
             self.method,
             self.per_channel,
             self.target_agreement,
-            qat=qat_trained(self.model),
+            qat=qat_trained(self.model) is not None,
         )
 
     @property
