@@ -13,7 +13,8 @@ drops; the starting model's own fp32 and post-training int8 once. The onnxruntim
 have the bits ``zoo quantize`` gives them (``default_calibration``): 8 on a CPU with VNNI, 7
 (``reduce_range``) without, unless the model trained (``--qat``) for others; each export is
 also quantized at the other bits (``int8_ort_other``). On a CPU without VNNI a third arm,
-``--qat --qat-weights 8``, is a QAT model trained on a VNNI machine and quantized here. Goal (#32): the QAT model's
+``--qat --qat-weights 8``, is a QAT model trained for a VNNI CPU's 8-bit weights, quantized
+here (which keeps them). Goal (#32): the QAT model's
 int8 (ort) within 0.5 point of fp32 — of its own fp32 and of the starting model's. The QAT −
 control difference of the int8 drop is paired by seed with its 95 % t interval. Accuracy
 figures: the load does not change them (latency ratios in the rows are noisy on a busy machine).
@@ -64,7 +65,6 @@ class Judge:
         from zoo.deploy.quantize.options import default_calibration, qat_trained
         from zoo.deploy.quantize.search import logits
         from zoo.deploy.runtimes.loader import make_session
-        from zoo.system import int8_weight_bits
 
         work.mkdir(parents=True, exist_ok=True)
         name = make_session(model).get_inputs()[0].name

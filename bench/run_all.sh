@@ -100,6 +100,7 @@ SUITE=(
   # 1,195 s at these arguments (3 seeds): the starting run (quantize_defaults' MobileNetV2
   # probe on the digits at 96 px), then per seed a --qat run and its control, each exported
   # and quantized twice (ort, nncf)
+  # and a third arm (--qat-weights 8) on a CPU without VNNI: about 1,650 s there
   "qat|accuracy|1200|--seeds 0,1,2"
   # no record yet: the plain export quantized once, then per seed and arm a --qat --unlabelled
   # run of the ImageNet MobileNetV2 (2 epochs over 384 of 480 photo crops at 224 px, about
@@ -172,7 +173,8 @@ if [ $dry -eq 1 ]; then
     args=$(args_of "$name" "$args")
     printf '%-20s %-8s ~%4ss  python bench/%s.py %s\n' "$name" "$grp" "$est" "$name" "$args"
     # the last recorded run, the basis of the estimate
-    "$PY" - "$ROOT/docs/bench/$name.json" <<'PYEOF' 2>/dev/null || true
+    out=$(sed -n 's/.*--out \([^ ]*\).*/\1/p' <<<"$args")
+    "$PY" - "$ROOT/${out:-docs/bench/$name.json}" <<'PYEOF' 2>/dev/null || true
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))

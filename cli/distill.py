@@ -273,7 +273,9 @@ def distill_cmd(
             logits=teacher_logits,
             qat=qat,
             unlabelled=unlabelled,
-            weight_bits=int8_weight_bits() if qat_weights == "auto" else int(qat_weights),
+            weight_bits=(int8_weight_bits() if qat_weights == "auto" else int(qat_weights))
+            if qat
+            else DistillConfig.weight_bits,  # a plain distill's stays the default: unread
         )
         cfg = replace(cfg, distill=kd)
     # what the user typed: --resume compares exactly these against the run's config

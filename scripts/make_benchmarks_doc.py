@@ -1284,7 +1284,7 @@ def qat(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         else "this CPU has VNNI: onnxruntime's int8 weights have all their bits"
         if bits is not None
         else "measured before the bench recorded the int8 weights' bits: they had all of them "
-        "(no `reduce_range`), on a CPU with VNNI"
+        f"(no `reduce_range`), on a CPU with {int8_isa(d)}"
     )
     return [
         f"{r['model']}; {r['n_val']} validation images, {r['n_calibration']} calibration images; "

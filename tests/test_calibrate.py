@@ -351,6 +351,7 @@ def test_calibrate_on_too_few_images_keeps_t_1_and_says_so(
     line = zoo_here("calibrate", str(cal), "--data", str(few))
     assert line.returncode == 0, line.stderr
     assert line.stdout.startswith("temperature kept at 1: the fit (T ")
+    assert " on 12 held-out images (accuracy " in line.stdout  # not "all images"
 
 
 def test_calibrate_refuses_bad_input(run: Path) -> None:
@@ -358,6 +359,8 @@ def test_calibrate_refuses_bad_input(run: Path) -> None:
     assert r.returncode == 1 and "not a run or model folder" in r.stderr
     r = zoo_here("calibrate", str(run), "--split", "train")
     assert r.returncode == 2 and "overfits the temperature" in r.stderr  # a usage error
+    r = zoo_here("calibrate", str(run), "--split", "all")  # the run's own: training included
+    assert r.returncode == 2 and "includes its training images" in r.stderr, r.stderr
     r = zoo_here("calibrate", str(run), "--acceptance", "1.5")
     assert r.returncode == 2 and "must be in (0, 1]" in r.stderr
     r = zoo_here("calibrate", str(run), "--reject", "mahalanobis")

@@ -511,3 +511,25 @@ def test_every_size_is_mib_to_four_significant_figures(nbytes: int, want: float)
     from zoo.system import mib
 
     assert mib(nbytes) == want
+
+
+def test_tracing_out_of_place_restores_the_models_in_place_activations() -> None:
+    """The exporter traces in-place activations as out-of-place ones (faster under dynamo's
+    symbolic shapes); the model is given back as it was, also when the export fails."""
+    import torch
+    from torch import nn
+
+    from zoo.deploy.export.onnx_export import out_of_place
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU6(inplace=True), nn.ReLU(), nn.Dropout(0.1))
+    with out_of_place(net):
+        assert [getattr(m, "inplace", None) for m in net] == [None, False, False, False]
+    assert [getattr(m, "inplace", None) for m in net] == [None, True, False, False]
+    with pytest.raises(RuntimeError), out_of_place(net):
+        raise RuntimeError("the exporter failed")
+    assert net[1].inplace is True
+    x = torch.rand(1, 3, 8, 8)
+    with torch.no_grad():
+        y = net.eval()(x)
+        with out_of_place(net):
+            assert torch.equal(net(x), y)  # the same values

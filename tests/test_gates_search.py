@@ -357,3 +357,14 @@ def test_under_32_calibration_images_the_first_16_score_the_nodes(tmp_path: Path
         cache = work / f"ranges-{r.calibration.method}.json"
         quantize_qdq(model, tmp, cache, r.calibration, only=[node])
         assert r.scores[node] == qs.logit_error(y32, _logits(tmp, x_few)), node
+
+
+def test_the_search_keeps_the_weight_bits_it_is_given(tmp_path: Path) -> None:
+    """7-bit weights (a CPU without VNNI, or a model trained for them): every setting the
+    search tries, and so the one it picks, keeps them."""
+    model = _net(tmp_path / "m.onnx")
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _search(model, tmp_path / "int8.onnx", work, 0.5, reduce_range=True)
+    assert len(r.tried) == 7 and all(t.calibration.reduce_range for t in r.tried)
+    assert r.calibration.reduce_range

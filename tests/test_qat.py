@@ -230,12 +230,30 @@ def test_a_model_trained_for_8_bit_weights_keeps_them_where_the_cpu_would_take_7
     assert zoo_here("export", str(tmp_path / "q8"), "--data", str(digits)).returncode == 0
     onnx_file = tmp_path / "q8" / "model" / "model.onnx"
     assert qat_trained(onnx_file) == 8
-    monkeypatch.setattr(int8, "int8_weight_bits", lambda: 7)  # a CPU without VNNI
+    from zoo.deploy.quantize import options
+
+    def cpu(bits: int) -> None:  # this CPU, as zoo quantize sees it
+        monkeypatch.setattr(int8, "int8_weight_bits", lambda flags=None: bits)
+        monkeypatch.setattr(options, "int8_weight_bits", lambda flags=None: bits)
+
+    cpu(7)  # without VNNI: its 8 bits kept, with a warning
     plans: list[str] = []
     opts = QuantizeOptions(onnx_file, output=tmp_path / "q8.int8.onnx", allow_drop=True)
     report = int8.quantize(opts, on_plan=plans.append)
     assert report.calibration is not None and report.calibration.reduce_range is False
     assert any("trained (zoo distill --qat) for 8-bit int8 weights" in p for p in plans), plans
+    cpu(8)  # a model trained for 7 bits, on a VNNI CPU: its 7 bits kept, no warning
+    seven = tmp_path / "q7.onnx"
+    model = onnx.load(str(onnx_file))
+    set_metadata(model, {**read_metadata(onnx_file), "qat_weight_bits": 7})
+    onnx.save(model, str(seven))
+    plans.clear()
+    opts = QuantizeOptions(
+        seven, output=tmp_path / "q7.int8.onnx", calib=str(digits), allow_drop=True
+    )
+    report = int8.quantize(opts, on_plan=plans.append)
+    assert report.calibration is not None and report.calibration.reduce_range is True
+    assert not any("warning" in p for p in plans), plans
     assert default_calibration(weight_bits=7, flags=frozenset({"avx512_vnni"})).reduce_range
     assert not default_calibration(weight_bits=8, flags=frozenset({"avx2"})).reduce_range
     r = zoo_here(

@@ -233,7 +233,7 @@ class CalibrateResult:
             f"temperature kept at 1: {why}; ECE {c.ece_before:.4f}"
             if why is not None
             else f"temperature {c.temperature:.4g}: ECE {c.ece_before:.4f} → {c.ece_after:.4f}"
-        ) + f" on {c.fitted_on} {self.split} images (accuracy {self.accuracy:.4f}, unchanged)"
+        ) + f" on {c.fitted_on} {c.fitted_images} images (accuracy {self.accuracy:.4f}, unchanged)"
         if c.reject is not None:
             text += (
                 f"; rejects below {c.reject.score} {c.reject.threshold:.4g} "
@@ -305,6 +305,12 @@ def calibrate_model(
         )  # fmt: skip
         bank.save(ref.model_folder)
     split = ev.result["split"]
+    if split == "all" and ev.own:
+        raise UsageError(
+            "--split all of the run's own folder includes its training images, which overfit "
+            "the temperature: use val (or test).",
+            param_hint="--split",
+        )
     cal = fit_calibration(
         ev.logits, ev.targets, reject=reject, acceptance=acceptance, knn=knn,
         images={"val": "validation", "all": "held-out"}.get(split, split),  # all: a new folder

@@ -32,10 +32,10 @@ SamplerName = Literal["shuffle", "balanced"]
 TuneScheduler = Literal["asha", "fifo"]
 """``zoo tune``: ``asha`` stops weak trials at epoch ends; ``fifo`` runs every trial to the end."""
 TeacherLogits = Literal["auto", "cached", "online"]
-QatWeights = Literal["auto", "8", "7"]
-"""``zoo distill --qat-weights``: the int8 weights' bits QAT trains for (auto: this CPU's)."""
 """Distillation: the teacher's logits computed once per image (``cached``: deterministic training
 views) or on every training view (``online``: random augmentation); ``auto`` decides."""
+QatWeights = Literal["auto", "8", "7"]
+"""``zoo distill --qat-weights``: the int8 weights' bits QAT trains for (auto: this CPU's)."""
 
 # Keys that may differ between a run and its --resume without changing the result.
 RUNTIME_KEYS = frozenset(
@@ -77,8 +77,25 @@ class DistillConfig:
         """What the run is, in words: ``quantization-aware`` or ``distill``."""
         return "quantization-aware" if self.qat else "distill"
 
+    def __post_init__(self) -> None:
+        if self.weight_bits not in (7, 8):
+            raise ConfigError(f"distill.weight_bits must be 8 or 7, not {self.weight_bits!r}.")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistillConfig:
+        """Read what the run's config.json holds.
+
+        Raises:
+            ConfigError: a key this version does not know (a run written by a newer zoo), or
+                a value out of range.
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(
+                f"Unknown distill config key {unknown[0]!r} (a run's config.json written by a "
+                f"newer zoo?). Known keys: {', '.join(sorted(names))}."
+            )
         return cls(**d)
 
 

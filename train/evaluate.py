@@ -154,6 +154,7 @@ class Evaluated:
     targets: torch.Tensor
     result: dict[str, Any]
     unreadable: tuple[FileCheck, ...] = ()  # images left out: they do not decode (any more)
+    own: bool = False  # the images are the run's own splits (its training images among them)
 
 
 def _combine(logits: torch.Tensor, multi_label: bool) -> torch.Tensor:
@@ -278,7 +279,10 @@ def evaluate_split(
     result = {"model": model_arg, "data": str(splits.root), "split": split, **result, **extra}
     if scorer is not None:
         result["scored_by"] = scorer.name
-    return Evaluated(model, info, names, samples, logits, targets, result, decodes.unreadable)
+    return Evaluated(
+        model, info, names, samples, logits, targets, result, decodes.unreadable,
+        own=own_run is not None,
+    )  # fmt: skip
 
 
 def run_eval(

@@ -60,10 +60,12 @@ saturate in onnxruntime's int8 kernels."""
 
 def int8_weight_bits(flags: frozenset[str] | None = None) -> int:
     """The bits of int8 weights onnxruntime's kernels take on a CPU (``flags``: this one's by
-    default): 8 with an integer dot-product instruction (VNNI), else 7 (onnxruntime's
-    ``reduce_range``, weights in [-64, 64]), where its AVX2 kernels sum pairs of uint8 × int8
-    products in 16 bits, which 8-bit weights can saturate."""
-    return 8 if (cpu_flags() if flags is None else flags) & VNNI_FLAGS else 7
+    default): 7 (onnxruntime's ``reduce_range``, weights in [-64, 64]) on an x86 CPU with AVX2
+    and no integer dot-product instruction (VNNI), whose kernels sum pairs of uint8 × int8
+    products in 16 bits, which 8-bit weights can saturate; else 8 (onnxruntime's default: VNNI,
+    Arm, or flags this machine does not list)."""
+    flags = cpu_flags() if flags is None else flags
+    return 7 if "avx2" in flags and not flags & VNNI_FLAGS else 8
 
 
 def expand_home(

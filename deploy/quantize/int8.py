@@ -99,13 +99,6 @@ def quantize(
             "engine: ort, the int8 rounding this model was trained through (zoo distill --qat); "
             "--engine nncf to try NNCF's"
         )
-    if on_plan is not None and qat_bits == 8 and int8_weight_bits() == 7 and engine == "ort":
-        on_plan(
-            "warning: this model trained (zoo distill --qat) for 8-bit int8 weights, which it "
-            "keeps; this CPU has no VNNI, where onnxruntime's kernels can saturate 8-bit "
-            "weights: run the int8 file on a CPU with VNNI, or train for this one with zoo "
-            "distill --qat --qat-weights 7"
-        )
     out = o.out
     meta = read_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
@@ -144,6 +137,13 @@ def quantize(
             check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
         if engine == "ort":
             calibration = default_calibration(o.method, o.per_channel, weight_bits=qat_bits)
+            if on_plan is not None and qat_bits == 8 and int8_weight_bits() == 7:
+                on_plan(
+                    "warning: this model trained (zoo distill --qat) for 8-bit int8 weights, "
+                    "which it keeps; this CPU has no VNNI, where onnxruntime's kernels can "
+                    "saturate 8-bit weights: run the int8 file on a CPU with VNNI, or train "
+                    "for this one with zoo distill --qat --qat-weights 7"
+                )
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +189,7 @@ def quantize(
                     target=target_agreement,
                     threads=o.threads,
                     workdir=Path(tmpdir),
+                    reduce_range=default_calibration(weight_bits=qat_bits).reduce_range,
                 )
                 calibration = searched.calibration
             else:

@@ -297,6 +297,7 @@ def search(
     target: float,
     threads: int | None = None,
     workdir: Path,
+    reduce_range: bool = False,
 ) -> SearchResult:
     """Find the calibration and the fewest float nodes for which static int8 agrees with fp32
     on ``target`` of the held-out top-1 answers, and write that model to ``out``.
@@ -312,6 +313,7 @@ def search(
         target: the top-1 agreement to reach, in (0, 1].
         threads: onnxruntime intra-op threads.
         workdir: a folder for the calibration caches and candidate graphs.
+        reduce_range: 7-bit weights in every setting tried (:func:`~zoo.deploy.quantize.options.default_calibration`: a CPU without VNNI, or a model trained for them).
 
     Returns:
         The chosen calibration and float nodes, the settings tried and the steps measured.
@@ -340,9 +342,10 @@ def search(
         y8 = logits(path, x_calib, threads)
         return Tried(c, logit_error(y32_calib, y8), top1_agreement(y32_calib, y8))
 
-    tried = [trial(Calibration(m, pc)) for m in _methods() for pc in (True, False)]
+    rr = reduce_range
+    tried = [trial(Calibration(m, pc, reduce_range=rr)) for m in _methods() for pc in (True, False)]
     best = best_calibration(tried).calibration
-    tried.append(trial(Calibration(best.method, best.per_channel, symmetric=True)))
+    tried.append(trial(Calibration(best.method, best.per_channel, symmetric=True, reduce_range=rr)))
     chosen = best_calibration(tried).calibration
     cache = caches[chosen.method]
     seconds["choose_calibration"] = round(time.perf_counter() - t1, 1)
