@@ -120,13 +120,12 @@ NEEDS=(
 )
 
 # Figures that depend on the CPU's integer dot products (int8 kernels, OpenVINO, NNCF): on a CPU
-# without VNNI they are written to <name>_avx2.json (<name>_noavx2.json without AVX2 either)
-# beside the VNNI machine's <name>.json, so that neither replaces the other; the docs show
-# both, each with its flags.
+# without VNNI they are written to <name>_avx2.json beside the VNNI machine's <name>.json, so
+# that neither replaces the other; the docs show both, each with its flags.
 ISA_DEPENDENT=" deploy_bench openvino_bench quantize_defaults qat qat_photos "
-if grep -qwE 'avx512_vnni|avx_vnni|amx_int8' /proc/cpuinfo; then isa_suffix=""
-elif grep -qw avx2 /proc/cpuinfo; then isa_suffix="_avx2"
-else isa_suffix="_noavx2"; fi
+# the one decision zoo quantize makes too (zoo.system.int8_weight_bits: 7 bits on x86 with AVX2
+# and no VNNI)
+isa_suffix=$("$PY" -c 'from zoo.system import int8_weight_bits as b; print("_avx2" if b() == 7 else "")')
 
 args_of() {  # a script's arguments on this CPU: $1 name, $2 its arguments in SUITE
   if [ -n "$isa_suffix" ] && [[ "$ISA_DEPENDENT" == *" $1 "* ]]; then
