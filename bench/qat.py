@@ -11,10 +11,10 @@ Per seed (≥ 3) and arm: the arm's fp32 accuracy, its int8 accuracy with onnxru
 minmax (``--engine ort``, the scheme QAT trains for) and with NNCF (``--engine nncf``), and the
 drops; the starting model's own fp32 and post-training int8 once. The onnxruntime int8 weights
 have the bits ``zoo quantize`` gives them (``default_calibration``): 8 on a CPU with VNNI, 7
-(``reduce_range``) without, unless the model trained (``--qat``) for others; each export is
+(``reduce_range``) without, or 7 where the model trained (``--qat``) for 7; each export is
 also quantized at the other bits (``int8_ort_other``). On a CPU without VNNI a third arm,
 ``--qat --qat-weights 8``, is a QAT model trained for a VNNI CPU's 8-bit weights, quantized
-here (which keeps them). Goal (#32): the QAT model's
+here (as ``zoo quantize`` does: at this CPU's 7 bits). Goal (#32): the QAT model's
 int8 (ort) within 0.5 point of fp32 — of its own fp32 and of the starting model's. The QAT −
 control difference of the int8 drop is paired by seed with its 95 % t interval. Accuracy
 figures: the load does not change them (latency ratios in the rows are noisy on a busy machine).
@@ -62,7 +62,7 @@ class Judge:
 
         from zoo.deploy.quantize.calibration import Calibration, calibrate, quantize_qdq
         from zoo.deploy.quantize.nncf_engine import nncf_quantize
-        from zoo.deploy.quantize.options import default_calibration, qat_trained
+        from zoo.deploy.quantize.options import default_calibration, trained_weight_bits
         from zoo.deploy.quantize.search import logits
         from zoo.deploy.runtimes.loader import make_session
 
@@ -71,8 +71,8 @@ class Judge:
         prepped = work / "prepped.onnx"
         quant_pre_process(str(model), str(prepped), skip_symbolic_shape=False)
         calibrate(prepped, self.x_cal, name, "minmax", work / "ranges.json")
-        bits = qat_trained(model) or int8_weight_bits()
-        cal = default_calibration("minmax", True, weight_bits=bits)
+        cal = default_calibration("minmax", True, weight_bits=trained_weight_bits(model))
+        bits = 7 if cal.reduce_range else 8
         quantize_qdq(prepped, work / "ort.onnx", work / "ranges.json", cal)
         other = Calibration("minmax", True, reduce_range=not cal.reduce_range)
         quantize_qdq(prepped, work / "ort_other.onnx", work / "ranges.json", other)

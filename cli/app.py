@@ -124,10 +124,15 @@ def main() -> None:
 
 def _path_error(exc: OSError) -> str | None:
     """What a file-system refusal of a path the user gave means (None: not one of those, a
-    traceback). The commands check their outputs first; this is the net under them."""
+    traceback). The commands check their outputs first; this is the net under them.
+
+    A write fails on its temporary file (an atomic write builds ``.NAME.<token>.tmp`` beside
+    ``NAME``, an export works in a ``tmpXXXXXXXX`` folder beside its output): the message
+    names the path the user asked for (:func:`zoo.durable.destination_of`), or the folder the
+    scratch file was in, never a hidden name that is gone by the time it is read."""
     import errno
 
-    where = exc.filename if exc.filename is not None else "a path"
+    where = _user_path(exc.filename) if exc.filename is not None else "a path"
     meaning = {
         errno.ENOTDIR: "a folder on this path is a file: give a path whose folders are folders",
         errno.EEXIST: "already exists where a new file or folder was to be made: name another path",
@@ -139,6 +144,35 @@ def _path_error(exc: OSError) -> str | None:
         errno.ENAMETOOLONG: "the name is too long for the file system",
     }.get(exc.errno or 0)
     return None if meaning is None else f"{where}: {meaning}."
+
+
+def _user_path(filename: str | bytes | int) -> str:
+    """``filename`` as the user knows it: a durable write's temporary name as its destination
+    (``out/m.onnx``), a :mod:`tempfile` scratch name (``tmp`` and 8 random characters) as the
+    folder it was made in, said as such; any other path as it is."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from zoo import durable
+
+    if not isinstance(filename, str):  # a file descriptor, or bytes: nothing to map
+        return str(filename)
+    destination = durable.destination_of(filename)
+    if destination is not None:
+        return f"{destination} (writing it)"
+    path = Path(filename)
+    scratch = re.compile(rf"{re.escape(tempfile.template)}[a-z0-9_]{{8}}")
+    for i, part in enumerate(path.parts):
+        if scratch.fullmatch(part):
+            folder = Path(*path.parts[:i]) if i else Path(".")
+            shared = folder == Path(tempfile.gettempdir())
+            return (
+                f"{folder} (a temporary file zoo writes there"
+                + ("; set TMPDIR to use another folder" if shared else "")
+                + ")"
+            )
+    return filename
 
 
 if __name__ == "__main__":

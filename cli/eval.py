@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.cells import cell_len
 
 from zoo import durable
 from zoo.cli.common import JsonOpt, VariantOpt, choice, err, out, print_json, with_variant
@@ -199,13 +200,7 @@ def eval_cmd(
     ):
         if note:
             err.print(note, markup=False)
-    names = {  # multi-label: exact-match accuracy, no top-5 or balanced accuracy
-        "acc": "top-1" if "top5" in result else "exact-match",
-        "balanced_acc": "balanced",
-        "top5": "top-5",
-        "loss": "loss",
-        "macro_f1": "macro-F1",
-    }
+    names = metric_names(multi_label=ev.info.multi_label)
     out.print("  ".join(f"{label} {result[k]:.4f}" for k, label in names.items() if k in result))
     if "tta" in result:
         t, plain = result["tta"], result["tta"]["without"]
@@ -221,15 +216,45 @@ def eval_cmd(
         )
     for line in separation.lines() if separation is not None else []:
         out.print(line, markup=False)
-    met = [r for r in result["per_class"] if r["support"] or r.get("predicted", 1)]
+    for line in per_class_lines(result["per_class"]):
+        out.print(line, markup=False)
+
+
+def metric_names(*, multi_label: bool) -> dict[str, str]:
+    """The summary line's labels by result key, in print order. Multi-label accuracy is
+    exact-match, with no top-5 or balanced accuracy; a single-label result holds ``top5``
+    only among more than five classes (:data:`zoo.train.metrics.TOP5_MIN_CLASSES`), so its
+    absence says nothing about the kind of model."""
+    return {
+        "acc": "exact-match" if multi_label else "top-1",
+        "balanced_acc": "balanced",
+        "top5": "top-5",
+        "loss": "loss",
+        "macro_f1": "macro-F1",
+    }
+
+
+CLASS_COLUMN = 24  # terminal cells the class name column takes (a longer name pushes on)
+
+
+def per_class_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-class table ``zoo eval`` prints: the classes that occur or were predicted, one
+    line each, then a note on those left out. Names are padded by terminal cells (rich's
+    :func:`~rich.cells.cell_len`), not characters: a CJK character takes two cells, so
+    ``str.ljust`` would push the figures after ``猫`` one cell right of an ASCII name's."""
+    met = [r for r in rows if r["support"] or r.get("predicted", 1)]
+    lines = []
     for row in met:
+        name = str(row["class"])
+        pad = " " * max(0, CLASS_COLUMN - cell_len(name))
         pr = f"P {row['precision']:.3f} R {row['recall']:.3f} " if "recall" in row else ""
-        out.print(f"  {row['class']:<24} {pr}F1 {row['f1']:.3f} n={row['support']}", markup=False)
-    if len(met) < len(result["per_class"]):
-        out.print(
-            f"  ({len(result['per_class']) - len(met)} of the model's classes neither occur "
+        lines.append(f"  {name}{pad} {pr}F1 {row['f1']:.3f} n={row['support']}")
+    if len(met) < len(rows):
+        lines.append(
+            f"  ({len(rows) - len(met)} of the model's classes neither occur "
             "here nor were predicted: not listed, and not in macro-F1)"
         )
+    return lines
 
 
 def register(app: typer.Typer) -> None:

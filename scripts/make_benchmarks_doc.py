@@ -475,7 +475,7 @@ def quantize_defaults(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         low, high = row["agreement_ci95"]
         t.add(
             f"`{row['config']}`",
-            row["n_calibration"],
+            row["n_calibration"] if row.get("mode") != "dynamic" else "at run time",
             pct(row["accuracy"]),
             pct(row["accuracy_drop"]),
             pct(row["top1_agreement"]),
@@ -487,7 +487,10 @@ def quantize_defaults(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         *t.lines(out),
         "",
         f"fp32 accuracy {pct(r['fp32']['accuracy'])} on {r['n_val']} validation images; "
-        f"CPU flags: {flags}. Busy machine: latency ratios are noisy.",
+        f"CPU flags: {flags}. `dynamic` rows are `zoo quantize --mode dynamic`'s setting "
+        "(activations quantized at run time), not candidates for the static default."
+        if any(row.get("mode") == "dynamic" for row in r["rows"])
+        else f"CPU flags: {flags}.",
     ]
 
 
@@ -1276,10 +1279,17 @@ def qat(name: str, d: dict[str, Any], out: Doc) -> list[str]:
               fmt(row["int8_nncf"], 4), fmt(row["drop_nncf_points"], 2))  # fmt: skip
     ci = r["qat_minus_control_drop_ort_points"]
     defaults = ", ".join(f"{k} {v}" for k, v in r["qat_defaults"].items())
+    w8_kept = any(row["arm"] == "qat_w8" and row.get("weight_bits") == 8 for row in r["rows"])
     where = (
         "this CPU has no VNNI: `zoo quantize` gives onnxruntime's int8 weights 7 bits "
         "(`reduce_range`), and `--qat` trains for them; `--qat --qat-weights 8` is a model "
-        "trained for a VNNI CPU's 8-bit weights, which it keeps here"
+        "trained for a VNNI CPU's 8-bit weights, "
+        + (
+            "which zoo quantize kept here when this was measured (since then it gives them "
+            "this CPU's 7 bits)"
+            if w8_kept
+            else "quantized here at this CPU's 7 bits, as zoo quantize does"
+        )
         if bits == 7
         else "this CPU has VNNI: onnxruntime's int8 weights have all their bits"
         if bits is not None

@@ -403,6 +403,33 @@ def test_a_path_the_file_system_refuses_is_an_error_not_a_traceback(tmp_path: Pa
     assert _path_error(OSError(errno.EIO, "I/O error", "x")) is None
 
 
+def test_a_failed_write_is_said_of_the_users_path_not_a_temporary_one(tmp_path: Path) -> None:
+    """An atomic write fails on its hidden temporary file (here its rename onto a folder): the
+    net names the file the user asked for; a scratch folder of :mod:`tempfile`'s is said as
+    the folder it was made in."""
+    import errno
+
+    from zoo import durable
+    from zoo.cli.app import _path_error
+
+    (tmp_path / "out.json").mkdir()
+    with pytest.raises(IsADirectoryError) as got:
+        durable.write_json(tmp_path / "out.json", {}, label=None)
+    assert durable.TEMP_NAME.fullmatch(Path(got.value.filename).name)  # what the OS named
+    assert _path_error(got.value) == (
+        f"{tmp_path / 'out.json'} (writing it): is a folder where a file was needed: name a file."
+    )
+    full = OSError(errno.ENOSPC, "No space left", str(tmp_path / ".m.1a2b3c4d.tmp" / "w.bin"))
+    said = _path_error(full)
+    assert said is not None and said.startswith(
+        f"{tmp_path / 'm' / 'w.bin'} (writing it): no space"
+    )
+    scratch = OSError(errno.ENOSPC, "No space left", str(tmp_path / "tmpq_3x9zab" / "q.onnx"))
+    said = _path_error(scratch)
+    assert said is not None and said.startswith(f"{tmp_path} (a temporary file zoo writes there")
+    assert "tmpq_3x9zab" not in said and "free some space" in said
+
+
 def test_an_image_damaged_after_training_is_left_out_of_eval_with_a_note(
     digits16: Path, tmp_path: Path
 ) -> None:

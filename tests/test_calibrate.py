@@ -171,9 +171,13 @@ def test_calibration_round_trip_and_malformed_values() -> None:
     )
     old = {k: v for k, v in cal.to_dict().items() if k != "fit"}  # written before fits were judged
     assert Calibration.from_dict(old, where="x").fit is None
-    with pytest.raises(ArtifactError, match=r"malformed.*Unknown reason 'bad'"):
+    with pytest.raises(ArtifactError, match=r"malformed.*must be a name such as separated"):
         Calibration.from_dict(
-            {"temperature": 1, "fit": {"temperature": 2, "not_kept": ["bad"]}}, where="cfg.json"
+            {"temperature": 1, "fit": {"temperature": 2, "not_kept": [3]}}, where="cfg.json"
+        )
+    with pytest.raises(ArtifactError, match=r"malformed.*must be a list of names"):
+        Calibration.from_dict(
+            {"temperature": 1, "fit": {"temperature": 2, "not_kept": "too_few"}}, where="cfg.json"
         )
     with pytest.raises(ArtifactError, match=r"cfg.json: calibration is malformed.*positive"):
         Calibration.from_dict({"temperature": -1}, where="cfg.json")
@@ -185,6 +189,27 @@ def test_calibration_round_trip_and_malformed_values() -> None:
             },
             where="cfg.json",
         )
+
+
+def test_a_newer_zoos_unknown_not_kept_reason_still_reads() -> None:
+    """A newer zoo may judge its fits by a reason this version does not know: the calibration
+    still reads, not kept (T = 1, the raw softmax, even were another T written beside it), the
+    reason said by name, and written back unchanged."""
+    d = {
+        "temperature": 1.0, "fitted_on": 400, "ece_before": 0.1, "ece_after": 0.1,
+        "fit": {"temperature": 2.5, "ece": 0.02, "kept": False,
+                "not_kept": ["drifted"], "why": "a newer zoo's words"},
+    }  # fmt: skip
+    cal = Calibration.from_dict(d, where="config.json")
+    assert cal.temperature == 1.0 and cal.fit is not None and not cal.fit.kept
+    assert cal.why_not_kept() == (
+        "the fit (T 2.5) is not trusted (a reason this zoo version does not know: drifted)"
+    )
+    assert cal.temperature_line().startswith("temperature kept at 1: the fit (T 2.5)")
+    assert cal.to_dict()["fit"]["not_kept"] == ["drifted"]
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), where="x") == cal
+    inconsistent = {**d, "temperature": 2.5}  # not kept, yet a temperature beside it
+    assert Calibration.from_dict(inconsistent, where="config.json").temperature == 1.0
 
 
 @pytest.fixture(scope="module")

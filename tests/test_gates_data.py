@@ -487,6 +487,26 @@ def test_check_files_cache_hits_and_invalidation(
     assert decoded == paths
 
 
+def test_check_files_cache_drops_files_no_longer_in_the_folder(
+    cache_home: Path, tmp_path: Path
+) -> None:
+    """A rewrite keeps the entries of files a partial check did not name (eval's split), but
+    not of files deleted, moved away, or outside the checked folder: the cache does not grow
+    without bound as a folder changes."""
+    root = tmp_path / "d"
+    a, b, c = _img(root / "a.png"), _img(root / "b.png", 10), _img(root / "c.png", 12)
+    chk.check_files(root, [a, b, c], workers=1)
+    path = chk._cache_file(root)
+    cache = json.loads(path.read_text())
+    outside = _img(tmp_path / "elsewhere.png")  # a file, but not in the checked folder
+    cache["files"][str(outside)] = cache["files"][str(a)]
+    path.write_text(json.dumps(cache))
+    b.unlink()
+    c.rename(root / "moved.png")
+    chk.check_files(root, [root / "moved.png"], workers=1)  # a new file: the cache rewritten
+    assert set(json.loads(path.read_text())["files"]) == {str(a), str(root / "moved.png")}
+
+
 def test_check_files_ignores_a_bad_or_old_cache(
     cache_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -326,6 +326,18 @@ def test_temp_path_is_fresh_hidden_beside_the_target(tmp_path: Path) -> None:
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
 
 
+def test_destination_of_maps_a_temporary_name_back_to_its_target(tmp_path: Path) -> None:
+    """Every temporary name this module makes reads back as the path it was made for, with
+    what lies inside a temporary folder; any other path is not one."""
+    f = durable.temp_path(tmp_path / "m.onnx")
+    d = durable.temp_path(tmp_path / "model", folder=True)
+    assert durable.destination_of(f) == tmp_path / "m.onnx"
+    assert durable.destination_of(d / "config.json") == tmp_path / "model" / "config.json"
+    assert durable.destination_of(tmp_path / ".model.old.tmp") == tmp_path / "model"
+    for other in ("m.onnx", ".bashrc", "b.tmp", ".x.tmp", ".x.zzzzzzzz.tmp"):
+        assert durable.destination_of(tmp_path / other) is None, other
+
+
 @pytest.mark.parametrize("folder", [False, True])
 def test_temp_path_retries_a_taken_name(
     folder: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -91,6 +91,29 @@ def test_overlay_and_unnormalize() -> None:
     assert grey.shape == (2, 2, 3) and (grey == 128).all()
 
 
+@pytest.mark.parametrize("n", [2, 5])
+def test_top5_is_left_out_among_five_classes_or_fewer(n: int) -> None:
+    """With at most five classes every label is in the top five: top-5 would read 1.0 for
+    any model, so it is not reported (nor recorded) at all."""
+    from zoo.train.epoch_row import ValScores
+    from zoo.train.metrics import summarize
+
+    target = torch.tensor([0, 1, 0, 1])
+    logits = torch.nn.functional.one_hot(torch.tensor([1, 0, 1, 0]), n).float()  # all wrong
+    got = summarize(logits, target, [f"c{i}" for i in range(n)])
+    assert "top5" not in got and got["acc"] == 0.0
+    assert ValScores.of(got).top5 is None
+
+
+def test_top5_is_measured_among_six_classes() -> None:
+    from zoo.train.metrics import summarize
+
+    target = torch.tensor([0, 1, 2, 5])
+    logits = torch.arange(6, dtype=torch.float).repeat(4, 1)  # ranks 5, 4, 3, 2, 1 on top
+    got = summarize(logits, target, [f"c{i}" for i in range(6)])
+    assert got["top5"] == pytest.approx(3 / 4)  # class 0 is ranked last
+
+
 def test_macro_f1_counts_the_classes_that_occur() -> None:
     """scikit-learn's macro average: classes neither in the targets nor predicted are out."""
     from sklearn.metrics import f1_score
@@ -104,3 +127,28 @@ def test_macro_f1_counts_the_classes_that_occur() -> None:
     want = f1_score(target.numpy(), pred.numpy(), average="macro")
     assert got["macro_f1"] == pytest.approx(want, abs=1e-4)
     assert [r["predicted"] for r in got["per_class"]][:4] == [1, 3, 0, 1]
+
+
+def test_per_class_table_lines_up_wide_class_names() -> None:
+    """``zoo eval``'s per-class table pads names by terminal cells: the figures after a CJK
+    name (two cells a character) start in the same column as after an ASCII one."""
+    from rich.cells import cell_len
+
+    from zoo.cli.eval import per_class_lines
+
+    def row(name: str) -> dict[str, object]:
+        return {"class": name, "precision": 0.5, "recall": 0.25, "f1": 0.333, "support": 4}
+
+    lines = per_class_lines([row("猫"), row("狗狗"), row("cat"), row("hedgehog")])
+    starts = [cell_len(line[: line.index(" P 0.500")]) for line in lines]
+    assert len(lines) == 4 and starts == [starts[0]] * 4, lines
+    assert {cell_len(line) for line in lines} == {cell_len(lines[0])}
+
+
+def test_eval_summary_says_top_1_without_top5() -> None:
+    """A single-label result among five classes or fewer holds no ``top5``: its accuracy is
+    still top-1 (multi-label's is exact-match), whatever keys the result has."""
+    from zoo.cli.eval import metric_names
+
+    assert metric_names(multi_label=False)["acc"] == "top-1"
+    assert metric_names(multi_label=True)["acc"] == "exact-match"

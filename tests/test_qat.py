@@ -211,14 +211,19 @@ def test_qat_then_export_then_quantize_matches_onnxruntime_int8(
     assert near < 0.25 * far, (near, far)
 
 
-def test_a_model_trained_for_8_bit_weights_keeps_them_where_the_cpu_would_take_7(
+def test_the_int8_weights_get_the_fewer_bits_of_the_training_and_the_cpu(
     teacher: Path, digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--qat-weights 8`` (trained for a VNNI CPU), quantized on a CPU without VNNI: the int8
-    file keeps the 8-bit weights it trained for, and the plan warns that this CPU's kernels
-    can saturate them; a model trained for 7 bits is quantized at 7 on any CPU."""
+    weights get this CPU's 7 bits, whose kernels saturate 8-bit ones (docs/bench/qat_avx2.json),
+    and the plan says why; on a VNNI CPU its 8 bits; a model trained for 7 bits is quantized
+    at 7 on any CPU."""
     from zoo.deploy.quantize import int8
-    from zoo.deploy.quantize.options import QuantizeOptions, default_calibration, qat_trained
+    from zoo.deploy.quantize.options import (
+        QuantizeOptions,
+        default_calibration,
+        trained_weight_bits,
+    )
 
     d = zoo_here(
         "distill", str(teacher), "--qat", "--qat-weights", "8", "--data", str(digits),
@@ -229,20 +234,28 @@ def test_a_model_trained_for_8_bit_weights_keeps_them_where_the_cpu_would_take_7
     assert json.loads((tmp_path / "q8" / "config.json").read_text())["distill"]["weight_bits"] == 8
     assert zoo_here("export", str(tmp_path / "q8"), "--data", str(digits)).returncode == 0
     onnx_file = tmp_path / "q8" / "model" / "model.onnx"
-    assert qat_trained(onnx_file) == 8
+    assert trained_weight_bits(onnx_file) == 8
     from zoo.deploy.quantize import options
 
     def cpu(bits: int) -> None:  # this CPU, as zoo quantize sees it
         monkeypatch.setattr(int8, "int8_weight_bits", lambda flags=None: bits)
         monkeypatch.setattr(options, "int8_weight_bits", lambda flags=None: bits)
 
-    cpu(7)  # without VNNI: its 8 bits kept, with a warning
+    cpu(7)  # without VNNI: this CPU's 7 bits, and the plan says why
     plans: list[str] = []
     opts = QuantizeOptions(onnx_file, output=tmp_path / "q8.int8.onnx", allow_drop=True)
     report = int8.quantize(opts, on_plan=plans.append)
-    assert report.calibration is not None and report.calibration.reduce_range is False
+    assert report.calibration is not None and report.calibration.reduce_range is True
     assert any("trained (zoo distill --qat) for 8-bit int8 weights" in p for p in plans), plans
-    cpu(8)  # a model trained for 7 bits, on a VNNI CPU: its 7 bits kept, no warning
+    written = read_metadata(tmp_path / "q8.int8.onnx")["quantization"]["calibration"]
+    assert written["reduce_range"] is True
+    cpu(8)  # with VNNI: the 8 bits it trained for, nothing to say
+    plans.clear()
+    opts = QuantizeOptions(onnx_file, output=tmp_path / "q8v.int8.onnx", allow_drop=True)
+    report = int8.quantize(opts, on_plan=plans.append)
+    assert report.calibration is not None and report.calibration.reduce_range is False
+    assert not any("8-bit int8 weights" in p for p in plans), plans
+    # a model trained for 7 bits, on a VNNI CPU: its 7 bits kept, nothing to say
     seven = tmp_path / "q7.onnx"
     model = onnx.load(str(onnx_file))
     set_metadata(model, {**read_metadata(onnx_file), "qat_weight_bits": 7})
@@ -253,9 +266,11 @@ def test_a_model_trained_for_8_bit_weights_keeps_them_where_the_cpu_would_take_7
     )
     report = int8.quantize(opts, on_plan=plans.append)
     assert report.calibration is not None and report.calibration.reduce_range is True
-    assert not any("warning" in p for p in plans), plans
+    assert not any("8-bit int8 weights" in p for p in plans), plans
+    monkeypatch.undo()  # the flags decide again
     assert default_calibration(weight_bits=7, flags=frozenset({"avx512_vnni"})).reduce_range
-    assert not default_calibration(weight_bits=8, flags=frozenset({"avx2"})).reduce_range
+    assert default_calibration(weight_bits=8, flags=frozenset({"avx2"})).reduce_range
+    assert not default_calibration(weight_bits=8, flags=frozenset({"avx512_vnni"})).reduce_range
     r = zoo_here(
         "distill", str(teacher), "--qat-weights", "7", "--student", "mlp", "--data", str(digits)
     )

@@ -102,6 +102,18 @@ def _cache_file(root: Path) -> Path:
     )
 
 
+def _kept_entries(root: Path, entries: dict[str, Any], *, checked: set[str]) -> dict[str, Any]:
+    """The cache entries a rewrite carries over besides this check's own (``checked``): those
+    of files still in ``root``. A check of part of the folder (eval's split) must not drop the
+    rest, but a deleted, moved or renamed file's entry would otherwise stay in the cache
+    forever, and the file (read whole on every check) grow with every change to the folder."""
+    return {
+        key: entry
+        for key, entry in entries.items()
+        if key not in checked and Path(key).is_relative_to(root) and Path(key).is_file()
+    }
+
+
 def check_files(
     root: Path,
     paths: list[Path],
@@ -137,7 +149,7 @@ def check_files(
             for fc in pool.map(lambda p: _check_file(p, image_cache), todo):
                 results[fc.path] = fc
         if use_cache:  # merged: a check of some files (eval's split) keeps the others' entries
-            new = dict(entries)
+            new = _kept_entries(root, entries, checked={str(p) for p in paths})
             for p in paths:
                 st = p.stat()
                 new[str(p)] = {

@@ -312,7 +312,8 @@ def run_eval(
 
     Returns:
         The model, data and split, with :func:`summarize`'s (or, multi-label,
-        :func:`summarize_multilabel`'s) metrics: accuracy, top-5, loss, macro-F1, per class.
+        :func:`summarize_multilabel`'s) metrics: accuracy, top-5 (among more than five
+        classes), loss, macro-F1, per class.
 
     Raises:
         DataError: no such split, a class the model does not know, or no class names.

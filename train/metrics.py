@@ -6,6 +6,10 @@ from typing import Any
 
 import torch
 
+TOP5_MIN_CLASSES = 6
+"""Top-5 accuracy is measured only among more than five classes: with five or fewer, every
+label is in the top five, so it would read 100% whatever the model does."""
+
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, k: int) -> int:
     k = min(k, logits.shape[1])
@@ -55,16 +59,19 @@ def macro_f1(rows: list[dict[str, Any]]) -> float:
 
 
 def summarize(logits: torch.Tensor, target: torch.Tensor, classes: list[str]) -> dict[str, Any]:
-    """All eval metrics for single-label classification from the full set of logits."""
+    """All eval metrics for single-label classification from the full set of logits
+    (``top5`` only among :data:`TOP5_MIN_CLASSES` classes or more)."""
     n = len(classes)
     pred = logits.argmax(1)
     cm = confusion_matrix(pred, target, n)
     rows = per_class(cm, classes)
     total = max(1, len(target))
+    # top-5 only where it can miss (:data:`TOP5_MIN_CLASSES`): left out, not a vacuous 1.0
+    top5 = {"top5": topk_correct(logits, target, 5) / total} if n >= TOP5_MIN_CLASSES else {}
     return {
         "acc": topk_correct(logits, target, 1) / total,
         "balanced_acc": balanced_accuracy(cm),
-        "top5": topk_correct(logits, target, 5) / total,
+        **top5,
         "loss": float(torch.nn.functional.cross_entropy(logits, target)) if len(target) else 0.0,
         "macro_f1": macro_f1(rows),
         "per_class": rows,

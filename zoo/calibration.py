@@ -64,7 +64,9 @@ follows single images, and the 10-bin ECE that judges it is mostly noise (≈ 0.
 NotKept = Literal["separated", "lower_bound", "upper_bound", "ece_not_lowered", "too_few"]
 """Why a fitted temperature was not kept: every top-1 right (the NLL falls all the way to
 T → 0), the fit ran to the lower or the upper end of :data:`TEMPERATURE_RANGE`, it did not
-lower the ECE on the images it was fitted on, or fewer than :data:`MIN_FIT_IMAGES` of them."""
+lower the ECE on the images it was fitted on, or fewer than :data:`MIN_FIT_IMAGES` of them.
+A file a newer zoo wrote may hold a reason not listed here: it still reads (the temperature not
+kept, T = 1), the reason said by name (:meth:`Calibration.why_not_kept`)."""
 NOT_KEPT: tuple[str, ...] = (
     "separated",
     "lower_bound",
@@ -168,20 +170,27 @@ class TemperatureFit:
         ece: the expected calibration error at it on the fitting images (None: no images).
         not_kept: why it was not kept, the main reason first (empty: kept, the calibration's
             temperature is this one; otherwise the calibration keeps T = 1, the raw softmax).
+            :data:`NOT_KEPT`'s reasons, or, read from a newer zoo's file, one this version
+            does not know (kept by name, so the file reads and writes back unchanged).
     """
 
     temperature: float
     ece: float | None = None
-    not_kept: tuple[NotKept, ...] = ()
+    not_kept: tuple[NotKept | str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ArtifactError(
                 f"The fitted temperature must be a positive number, got {self.temperature}."
             )
-        bad = [r for r in self.not_kept if r not in NOT_KEPT]
+        # any name reads (forward compatible: not kept is not kept, whatever the reason);
+        # what is not a name at all is a damaged file
+        bad = [r for r in self.not_kept if not (isinstance(r, str) and r)]
         if bad:
-            raise ArtifactError(f"Unknown reason {bad[0]!r}: one of {', '.join(NOT_KEPT)}.")
+            raise ArtifactError(
+                f"A reason the temperature was not kept must be a name such as "
+                f"{', '.join(NOT_KEPT)}; got {bad[0]!r}."
+            )
 
     @property
     def kept(self) -> bool:
@@ -197,11 +206,18 @@ class TemperatureFit:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TemperatureFit:
-        return cls(
-            temperature=float(d["temperature"]),
-            ece=d.get("ece"),
-            not_kept=tuple(d.get("not_kept") or ()),
-        )
+        """Read :meth:`to_dict`'s JSON back (``kept`` follows from ``not_kept``).
+
+        Raises:
+            ArtifactError: ``not_kept`` is not a list of names.
+        """
+        not_kept = d.get("not_kept") or []
+        if not isinstance(not_kept, list):
+            raise ArtifactError(
+                f"The reasons the temperature was not kept must be a list of names, got "
+                f"{not_kept!r}."
+            )
+        return cls(temperature=float(d["temperature"]), ece=d.get("ece"), not_kept=tuple(not_kept))
 
 
 @dataclass(frozen=True)
@@ -249,15 +265,19 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str) -> Calibration:
-        """Read :meth:`to_dict`'s JSON back.
+        """Read :meth:`to_dict`'s JSON back. A fit that was not kept, for whatever reason (one
+        a newer zoo wrote and this version does not know included), reads as T = 1, the raw
+        softmax every reader then says it applies ("temperature kept at 1"): a temperature
+        its own fit did not trust is never applied.
 
         Raises:
             ArtifactError: a field is missing or out of range (``where`` names the file).
         """
         try:
             reject = d.get("reject")
+            fit = TemperatureFit.from_dict(d["fit"]) if d.get("fit") else None
             return cls(
-                temperature=float(d["temperature"]),
+                temperature=float(d["temperature"]) if fit is None or fit.kept else 1.0,
                 reject=Rejection(
                     score=reject["score"],
                     threshold=float(reject["threshold"]),
@@ -268,7 +288,7 @@ class Calibration:
                 fitted_on=int(d.get("fitted_on", 0)),
                 ece_before=d.get("ece_before"),
                 ece_after=d.get("ece_after"),
-                fit=TemperatureFit.from_dict(d["fit"]) if d.get("fit") else None,
+                fit=fit,
                 fitted_images=str(d.get("fitted_images") or "validation"),
             )
         except (KeyError, TypeError, ValueError, ArtifactError) as exc:
@@ -303,6 +323,7 @@ class Calibration:
         said = [notes[r] for r in why if r in notes]
         if "too_few" in why:
             said.append(f"{self.fitted_on} images: too few to calibrate")
+        said += [f"a reason this zoo version does not know: {r}" for r in why if r not in NOT_KEPT]
         return head + (f" ({', '.join(said)})" if said else "")
 
     def temperature_line(self) -> str:

@@ -24,6 +24,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -38,6 +39,12 @@ from zoo.errors import InputError
 KILL_ENV = "ZOO_FAULT_KILL_AT"
 TRACE_ENV = "ZOO_FAULT_TRACE"
 TMP_SUFFIX = ".tmp"
+TOKEN_BYTES = 4  # a temporary name's random part: 8 hex digits
+TEMP_NAME = re.compile(
+    rf"\.(?P<name>.+)\.(?:[0-9a-f]{{{2 * TOKEN_BYTES}}}|old){re.escape(TMP_SUFFIX)}"
+)
+"""The temporary names this module makes beside a target ``NAME``: ``.NAME.<token>.tmp``
+(:func:`temp_path`) and ``.NAME.old.tmp`` (:func:`replace_dir`'s parked old folder)."""
 
 _writes = 0  # durable writes done by this process
 
@@ -117,7 +124,7 @@ def temp_path(target: Path, *, folder: bool = False) -> Path:
     """Create a fresh hidden temporary file (or folder) beside ``target``, with the usual
     umask permissions (removed on resume if a kill leaves it)."""
     while True:
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(TOKEN_BYTES)}{TMP_SUFFIX}")
         try:
             if folder:
                 os.mkdir(tmp)
@@ -126,6 +133,21 @@ def temp_path(target: Path, *, folder: bool = False) -> Path:
             return tmp
         except FileExistsError:
             continue
+
+
+def destination_of(path: str | os.PathLike[str]) -> Path | None:
+    """The path a user asked for, when ``path`` is one of this module's temporary files or
+    folders (:data:`TEMP_NAME`) or lies inside one: ``out/.m.onnx.1a2b3c4d.tmp`` →
+    ``out/m.onnx``, ``runs/.model.1a2b3c4d.tmp/config.json`` → ``runs/model/config.json``.
+    A message about a failed write (a full disk, a permission) names that path, not a hidden
+    name the user never gave and that is gone once the write fails.
+
+    Returns:
+        None: no part of ``path`` is such a temporary name.
+    """
+    parts = Path(path).parts
+    named = [m["name"] if (m := TEMP_NAME.fullmatch(part)) else part for part in parts]
+    return None if named == list(parts) else Path(*named)
 
 
 def write_with(
@@ -334,6 +356,7 @@ __all__ = [
     "TRACE_ENV",
     "boundary",
     "copy_file",
+    "destination_of",
     "inside",
     "publish_dir",
     "remove",

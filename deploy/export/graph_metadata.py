@@ -82,7 +82,7 @@ def _quantization_aware(ref: ModelRef) -> bool | None:
     """Whether a run or model folder's weights were trained through int8 rounding
     (:func:`zoo.artifact.quantization_aware`; None: not said, e.g. a registry model), so ``zoo
     quantize`` of the export keeps that rounding wherever the file goes
-    (:func:`zoo.deploy.quantize.options.qat_trained`)."""
+    (:func:`zoo.deploy.quantize.options.trained_weight_bits`)."""
     if ref.kind not in ("run", "model-folder"):
         return None
     from zoo.artifact import quantization_aware

@@ -58,7 +58,7 @@ def resolve_engine(
     return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
 
 
-def qat_trained(model: Path) -> int | None:
+def trained_weight_bits(model: Path) -> int | None:
     """The int8 weights' bits ``model`` was trained through (``zoo distill --qat``: 8, or 7 as
     ``reduce_range``); None: not quantization-aware. Said by its own metadata
     (``quantization_aware``, ``qat_weight_bits``: 8 where a file from before zoo wrote the
@@ -113,17 +113,20 @@ def default_calibration(
 ) -> Calibration:
     """onnxruntime's static setting: U8S8 QDQ (uint8 asymmetric activations, int8 weights),
     per-channel weights, :data:`DEFAULT_METHOD` ranges, unless given; ``reduce_range`` (7-bit
-    weights) only on a CPU without VNNI (``flags``: this machine's by default), where uint8 ×
-    int8 sums could saturate. Measured on the digits run (docs/bench/quantize_defaults.json):
-    S8S8 symmetric ranges lost more accuracy with every method, and ``reduce_range`` on a VNNI
-    CPU lost more again. ``weight_bits``: the bits a ``zoo distill --qat`` model trained for,
-    which it keeps (7: ``reduce_range``) whatever this CPU's."""
+    weights) on a CPU without VNNI (``flags``: this machine's by default), where uint8 × int8
+    sums can saturate. Measured on the digits run (docs/bench/quantize_defaults.json): S8S8
+    symmetric ranges lost more accuracy with every method, and ``reduce_range`` on a VNNI CPU
+    lost more again. ``weight_bits``: the bits a ``zoo distill --qat`` model trained for; the
+    weights get the fewer of those and this CPU's: a model trained for 7 keeps them on a VNNI
+    CPU (the rounding it trained through; nothing saturates there), one trained for 8 gets 7 on
+    a CPU without VNNI (measured, docs/bench/qat_avx2.json: kept at 8 bits there it scored
+    80–83 %, at 7 bits 96–98 %: saturation costs far more than the mismatch)."""
     from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
 
     return Calibration(
         method=method or DEFAULT_METHOD,
         per_channel=True if per_channel is None else per_channel,
-        reduce_range=(weight_bits or int8_weight_bits(flags)) == 7,
+        reduce_range=min(weight_bits or 8, int8_weight_bits(flags)) == 7,
     )
 
 
@@ -282,7 +285,7 @@ class QuantizeOptions:
             self.method,
             self.per_channel,
             self.target_agreement,
-            qat=qat_trained(self.model) is not None,
+            qat=trained_weight_bits(self.model) is not None,
         )
 
     @property
