@@ -37,12 +37,15 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from bench_path import ROOT  # noqa: F401
 from common import make_data, zoo_cmd, zoo_finetune
 from provenance import Recording, headline
+
+if TYPE_CHECKING:
+    from zoo.deploy.choices import QuantMode
 
 SIZE = 96
 EPOCHS = 5
@@ -148,7 +151,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     t32 = time_session(lambda: s32.run(None, {name: one}), label="fp32")["p50_ms"]
 
     def judge(
-        label: str, path: Path, settings: dict[str, Any], n_calib: int, mode: str = "static"
+        label: str, path: Path, settings: dict[str, Any], n_calib: int, mode: QuantMode = "static"
     ) -> dict[str, Any]:
         y8 = logits(path, x_val, args.threads)
         s8 = make_session(path, threads=args.threads)
@@ -165,7 +168,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             "agreement_ci95": wilson(agree, len(labels)),
             "latency_p50_ms": t8,
             "latency_ratio": round(t8 / t32, 3),
-            "coverage": coverage(fp32_ops, path, mode).to_dict(),  # type: ignore[arg-type]
+            "coverage": coverage(fp32_ops, path, mode).to_dict(),
         }
         print(json.dumps(row), flush=True)
         return row

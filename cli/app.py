@@ -127,9 +127,9 @@ def _path_error(exc: OSError) -> str | None:
     traceback). The commands check their outputs first; this is the net under them.
 
     A write fails on its temporary file (an atomic write builds ``.NAME.<token>.tmp`` beside
-    ``NAME``, an export works in a ``tmpXXXXXXXX`` folder beside its output): the message
-    names the path the user asked for (:func:`zoo.durable.destination_of`), or the folder the
-    scratch file was in, never a hidden name that is gone by the time it is read."""
+    ``NAME``, a quantize or OpenVINO export works in such a scratch folder beside its output):
+    the message names the path the user asked for (:func:`zoo.durable.destination_of`), never
+    a hidden name that is gone by the time it is read."""
     import errno
 
     where = _user_path(exc.filename) if exc.filename is not None else "a path"
@@ -147,32 +147,18 @@ def _path_error(exc: OSError) -> str | None:
 
 
 def _user_path(filename: str | bytes | int) -> str:
-    """``filename`` as the user knows it: a durable write's temporary name as its destination
-    (``out/m.onnx``), a :mod:`tempfile` scratch name (``tmp`` and 8 random characters) as the
-    folder it was made in, said as such; any other path as it is."""
-    import re
-    import tempfile
-    from pathlib import Path
+    """``filename`` as the user knows it: a temporary name zoo made (a durable write's, a
+    scratch folder's: :data:`zoo.durable.TEMP_NAME`) as the destination it was for
+    (``out/m.onnx``); any other path as it is."""
+    import os
 
     from zoo import durable
 
-    if not isinstance(filename, str):  # a file descriptor, or bytes: nothing to map
+    if isinstance(filename, int):  # a file descriptor: nothing to map
         return str(filename)
-    destination = durable.destination_of(filename)
-    if destination is not None:
-        return f"{destination} (writing it)"
-    path = Path(filename)
-    scratch = re.compile(rf"{re.escape(tempfile.template)}[a-z0-9_]{{8}}")
-    for i, part in enumerate(path.parts):
-        if scratch.fullmatch(part):
-            folder = Path(*path.parts[:i]) if i else Path(".")
-            shared = folder == Path(tempfile.gettempdir())
-            return (
-                f"{folder} (a temporary file zoo writes there"
-                + ("; set TMPDIR to use another folder" if shared else "")
-                + ")"
-            )
-    return filename
+    name = os.fsdecode(filename)
+    destination = durable.destination_of(name)
+    return name if destination is None else f"{destination} (writing it)"
 
 
 if __name__ == "__main__":

@@ -112,8 +112,9 @@ def distill_cmd(
             QatWeights,
             "--qat-weights",
             help="--qat: the int8 weights' bits to train for, as zoo quantize will make them on "
-            "the CPU that runs the model: 8 with VNNI, 7 (onnxruntime's reduce_range) without; "
-            "auto: this CPU's",
+            "the CPU that quantizes (and runs) the model: 8 with VNNI, 7 (onnxruntime's "
+            "reduce_range) without, which also gives a model trained for 8 only 7; auto: this "
+            "CPU's",
         ),
     ] = "auto",
     unlabelled: Annotated[

@@ -123,7 +123,8 @@ def eval_cmd(
     variant: VariantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a model on an image folder: top-1/top-5, per-class metrics, confusion matrix."""
+    """Evaluate a model on an image folder: top-1 (top-5 over 6+ classes), per-class metrics,
+    confusion matrix."""
     from zoo.ref import ModelRef
     from zoo.run_images import find_run
     from zoo.train.check import left_out_note

@@ -487,10 +487,13 @@ def quantize_defaults(name: str, d: dict[str, Any], out: Doc) -> list[str]:
         *t.lines(out),
         "",
         f"fp32 accuracy {pct(r['fp32']['accuracy'])} on {r['n_val']} validation images; "
-        f"CPU flags: {flags}. `dynamic` rows are `zoo quantize --mode dynamic`'s setting "
-        "(activations quantized at run time), not candidates for the static default."
-        if any(row.get("mode") == "dynamic" for row in r["rows"])
-        else f"CPU flags: {flags}.",
+        f"CPU flags: {flags}."
+        + (
+            " `dynamic` rows are `zoo quantize --mode dynamic`'s setting (activations "
+            "quantized at run time), not candidates for the static default."
+            if any(row.get("mode") == "dynamic" for row in r["rows"])
+            else ""
+        ),
     ]
 
 

@@ -25,7 +25,9 @@ os.environ.setdefault("ZOO_FINETUNE_REPORT", "0")
 # 150 s with torch's default threads, 97 s with one each. A worker's share, unless set.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
 if _WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+    from zoo.system import available_cpus  # no torch: it reads the variable when imported
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // _WORKERS)))
 # Everything a test session writes to the temporary folder goes into one folder of its own,
 # removed when the session ends: pytest's tmp_path, the processes the tests start (Ray's
 # session files, torchrun's, multiprocessing's, a killed command's scratch) through TMPDIR,

@@ -405,9 +405,11 @@ def test_a_path_the_file_system_refuses_is_an_error_not_a_traceback(tmp_path: Pa
 
 def test_a_failed_write_is_said_of_the_users_path_not_a_temporary_one(tmp_path: Path) -> None:
     """An atomic write fails on its hidden temporary file (here its rename onto a folder): the
-    net names the file the user asked for; a scratch folder of :mod:`tempfile`'s is said as
-    the folder it was made in."""
+    net names the file the user asked for; so does a failure inside a scratch folder zoo
+    works in (zoo quantize, an OpenVINO export); a folder of the user's that merely starts
+    with ``tmp`` is named as it is."""
     import errno
+    import os
 
     from zoo import durable
     from zoo.cli.app import _path_error
@@ -424,10 +426,16 @@ def test_a_failed_write_is_said_of_the_users_path_not_a_temporary_one(tmp_path: 
     assert said is not None and said.startswith(
         f"{tmp_path / 'm' / 'w.bin'} (writing it): no space"
     )
-    scratch = OSError(errno.ENOSPC, "No space left", str(tmp_path / "tmpq_3x9zab" / "q.onnx"))
-    said = _path_error(scratch)
-    assert said is not None and said.startswith(f"{tmp_path} (a temporary file zoo writes there")
-    assert "tmpq_3x9zab" not in said and "free some space" in said
+    with durable.scratch_dir(tmp_path / "q.int8.onnx") as scratch:
+        inside = OSError(errno.ENOSPC, "No space left", str(Path(scratch) / "prepped.onnx"))
+        said = _path_error(inside)
+    assert said is not None
+    assert said.startswith(f"{tmp_path / 'q.int8.onnx' / 'prepped.onnx'} (writing it): no space")
+    own = tmp_path / "tmp_outputs" / "a.jpg"  # the user's folder, not a scratch one
+    said = _path_error(OSError(errno.EACCES, "Permission denied", str(own)))
+    assert said == f"{own}: permission denied: choose a place you can write to (or read)."
+    said = _path_error(OSError(errno.EACCES, "Permission denied", os.fsencode(own)))
+    assert said == f"{own}: permission denied: choose a place you can write to (or read)."
 
 
 def test_an_image_damaged_after_training_is_left_out_of_eval_with_a_note(

@@ -654,3 +654,31 @@ def test_int8_figures_of_two_instruction_sets_are_told_apart() -> None:
         "qat_photos.py --seeds 0,1,2 --out docs/bench/qat_photos_avx2.json" in plan
     ) == avx2_only
     assert "cli_startup.py --rounds 20\n" in plan  # not ISA-dependent: its own file
+
+
+def test_quantize_defaults_keeps_its_fp32_sentence_with_and_without_dynamic_rows() -> None:
+    """The note under the settings table names fp32's accuracy either way, and says what the
+    ``dynamic`` rows are only where the file has them."""
+    d = json.loads((ROOT / "docs" / "bench" / "quantize_defaults_avx2.json").read_text())
+    static = copy.deepcopy(d)
+    static["results"]["rows"] = [r for r in d["results"]["rows"] if r.get("mode") != "dynamic"]
+    dynamic = copy.deepcopy(static)
+    dynamic["results"]["rows"].append({**static["results"]["rows"][0], "config": "dynamic",
+                                       "mode": "dynamic", "n_calibration": 0})  # fmt: skip
+    for doc, says in ((static, False), (dynamic, True)):
+        text = "\n".join(gen.quantize_defaults("quantize_defaults_avx2", doc, gen.Doc("")))
+        assert "fp32 accuracy " in text and "validation images; CPU flags: " in text
+        assert ("`dynamic` rows are" in text) is says
+        assert ("| `dynamic` | at run time |" in text) is says
+
+
+def test_qat_says_whether_an_8_bit_model_kept_its_bits_here() -> None:
+    """The ``--qat-weights 8`` arm on a CPU without VNNI: the text follows the bits its rows
+    were quantized at (kept 8 when measured before zoo quantize gave them 7, else 7)."""
+    d = json.loads((ROOT / "docs" / "bench" / "qat_avx2.json").read_text())
+    for bits, says in ((8, "kept here when this was measured"), (7, "at this CPU's 7 bits")):
+        doc = copy.deepcopy(d)
+        for row in doc["results"]["rows"]:
+            if row["arm"] == "qat_w8":
+                row["weight_bits"] = bits
+        assert says in "\n".join(gen.qat("qat_avx2", doc, gen.Doc("")))

@@ -334,7 +334,10 @@ def test_destination_of_maps_a_temporary_name_back_to_its_target(tmp_path: Path)
     assert durable.destination_of(f) == tmp_path / "m.onnx"
     assert durable.destination_of(d / "config.json") == tmp_path / "model" / "config.json"
     assert durable.destination_of(tmp_path / ".model.old.tmp") == tmp_path / "model"
-    for other in ("m.onnx", ".bashrc", "b.tmp", ".x.tmp", ".x.zzzzzzzz.tmp"):
+    with durable.scratch_dir(tmp_path / "m.int8.onnx") as scratch:
+        inside = Path(scratch) / "q.onnx"
+        assert durable.destination_of(inside) == tmp_path / "m.int8.onnx" / "q.onnx"
+    for other in ("m.onnx", ".bashrc", "b.tmp", ".x.tmp", ".x.zzzzzzzzz.tmp", "tmp_outputs"):
         assert durable.destination_of(tmp_path / other) is None, other
 
 

@@ -277,6 +277,30 @@ def test_the_int8_weights_get_the_fewer_bits_of_the_training_and_the_cpu(
     assert r.returncode == 2 and "add --qat" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("bits", ["7", 6, 7.0, True])
+def test_a_file_whose_trained_bits_are_not_8_or_7_is_refused(bits: object, tmp_path: Path) -> None:
+    """Metadata that says quantization-aware with odd bits (a hand edit, another tool) is named,
+    not read as 8: ``"7"`` would otherwise quantize at 8 bits on a VNNI CPU."""
+    from onnx import TensorProto, helper
+
+    from zoo.deploy.quantize.options import trained_weight_bits
+    from zoo.errors import InputError
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph)
+    path = tmp_path / "m.onnx"
+    for said, expected in ((7, 7), (None, 8)):
+        set_metadata(model, {"quantization_aware": True, "qat_weight_bits": said})
+        onnx.save(model, str(path))
+        assert trained_weight_bits(path) == expected
+    set_metadata(model, {"quantization_aware": True, "qat_weight_bits": bits})
+    onnx.save(model, str(path))
+    with pytest.raises(InputError, match="qat_weight_bits"):
+        trained_weight_bits(path)
+
+
 def test_refusals(teacher: Path, digits: Path) -> None:
     r = zoo_here("distill", str(teacher), "--qat", "--student", "mlp", "--data", str(digits))
     assert r.returncode == 2 and "drop --student" in r.stderr, r.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -110,7 +111,8 @@ def _kept_entries(root: Path, entries: dict[str, Any], *, checked: set[str]) -> 
     return {
         key: entry
         for key, entry in entries.items()
-        if key not in checked and Path(key).is_relative_to(root) and Path(key).is_file()
+        # os.path.isfile: False on an unreadable folder (Path.is_file raises there on 3.11)
+        if key not in checked and Path(key).is_relative_to(root) and os.path.isfile(key)
     }
 
 

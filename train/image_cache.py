@@ -92,7 +92,7 @@ def decode(path: Path | Image.Image, spec: CacheSpec) -> np.ndarray:
 
 def _write(entry: Path, arr: np.ndarray) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.with_name(f".{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = entry.with_name(f".{entry.name}.{secrets.token_hex(4)}.tmp")  # a durable.TEMP_NAME
     try:
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)

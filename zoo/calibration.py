@@ -176,7 +176,7 @@ class TemperatureFit:
 
     temperature: float
     ece: float | None = None
-    not_kept: tuple[NotKept | str, ...] = ()
+    not_kept: tuple[NotKept, ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -217,6 +217,7 @@ class TemperatureFit:
                 f"The reasons the temperature was not kept must be a list of names, got "
                 f"{not_kept!r}."
             )
+        # a newer zoo's reason reads as written (typed NotKept for the code that makes fits)
         return cls(temperature=float(d["temperature"]), ece=d.get("ece"), not_kept=tuple(not_kept))
 
 
@@ -265,10 +266,9 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str) -> Calibration:
-        """Read :meth:`to_dict`'s JSON back. A fit that was not kept, for whatever reason (one
-        a newer zoo wrote and this version does not know included), reads as T = 1, the raw
-        softmax every reader then says it applies ("temperature kept at 1"): a temperature
-        its own fit did not trust is never applied.
+        """Read :meth:`to_dict`'s JSON back, a fit not kept for a reason this version does not
+        know (a newer zoo's) included: its temperature as written (T = 1 with any fit not
+        kept, as :func:`zoo.train.calibrate.fit_calibration` writes it).
 
         Raises:
             ArtifactError: a field is missing or out of range (``where`` names the file).
@@ -277,7 +277,7 @@ class Calibration:
             reject = d.get("reject")
             fit = TemperatureFit.from_dict(d["fit"]) if d.get("fit") else None
             return cls(
-                temperature=float(d["temperature"]) if fit is None or fit.kept else 1.0,
+                temperature=float(d["temperature"]),
                 reject=Rejection(
                     score=reject["score"],
                     threshold=float(reject["threshold"]),

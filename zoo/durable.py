@@ -29,6 +29,7 @@ import secrets
 import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,11 +41,10 @@ KILL_ENV = "ZOO_FAULT_KILL_AT"
 TRACE_ENV = "ZOO_FAULT_TRACE"
 TMP_SUFFIX = ".tmp"
 TOKEN_BYTES = 4  # a temporary name's random part: 8 hex digits
-TEMP_NAME = re.compile(
-    rf"\.(?P<name>.+)\.(?:[0-9a-f]{{{2 * TOKEN_BYTES}}}|old){re.escape(TMP_SUFFIX)}"
-)
-"""The temporary names this module makes beside a target ``NAME``: ``.NAME.<token>.tmp``
-(:func:`temp_path`) and ``.NAME.old.tmp`` (:func:`replace_dir`'s parked old folder)."""
+TEMP_NAME = re.compile(rf"\.(?P<name>.+)\.(?:[a-z0-9_]{{8}}|old){re.escape(TMP_SUFFIX)}")
+"""The temporary names zoo makes beside a target ``NAME``: ``.NAME.<token>.tmp``
+(:func:`temp_path`: 8 hex digits; :func:`scratch_dir`: :mod:`tempfile`'s 8 characters) and
+``.NAME.old.tmp`` (:func:`replace_dir`'s parked old folder)."""
 
 _writes = 0  # durable writes done by this process
 
@@ -133,6 +133,16 @@ def temp_path(target: Path, *, folder: bool = False) -> Path:
             return tmp
         except FileExistsError:
             continue
+
+
+def scratch_dir(target: Path) -> tempfile.TemporaryDirectory[str]:
+    """A hidden scratch folder beside ``target`` for the work that makes it (on its file
+    system, so the result moves in by rename), removed on exit: ``.NAME.<random>.tmp``, a
+    :data:`TEMP_NAME`, so an error inside it names ``target`` (:func:`destination_of`) and a
+    kill's leftover is swept with the other temporary files (:func:`remove_stale_temps`)."""
+    return tempfile.TemporaryDirectory(
+        dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX
+    )
 
 
 def destination_of(path: str | os.PathLike[str]) -> Path | None:

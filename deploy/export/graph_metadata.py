@@ -81,8 +81,8 @@ def _shipped_epoch(ref: ModelRef) -> int | None:
 def _quantization_aware(ref: ModelRef) -> bool | None:
     """Whether a run or model folder's weights were trained through int8 rounding
     (:func:`zoo.artifact.quantization_aware`; None: not said, e.g. a registry model), so ``zoo
-    quantize`` of the export keeps that rounding wherever the file goes
-    (:func:`zoo.deploy.quantize.options.trained_weight_bits`)."""
+    quantize`` of the export knows it wherever the file goes: the engine it trained for, its
+    weight bits where the CPU allows (:func:`zoo.deploy.quantize.options.trained_weight_bits`)."""
     if ref.kind not in ("run", "model-folder"):
         return None
     from zoo.artifact import quantization_aware

@@ -14,7 +14,6 @@ import contextlib
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -151,7 +150,7 @@ def export_openvino(
         else None
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.onnx.") as work:
+    with durable.scratch_dir(out) as work:
         onnx_file = Path(work) / "model.onnx"
         step = export_onnx(ref, onnx_file, data=data, weights=weights, model=model)
         from zoo.onnx_meta import read_metadata

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo import durable
 from zoo.deploy.choices import CalibMethod
 from zoo.errors import InputError
 
@@ -177,7 +177,7 @@ def calibrate(
     from onnxruntime.quantization import create_calibrator, save_tensors_data
 
     with (
-        tempfile.TemporaryDirectory(dir=cache.parent) as tmp,
+        durable.scratch_dir(cache) as tmp,
         contextlib.redirect_stdout(io.StringIO()),  # the histogram calibrators' progress
     ):
         calibrator = create_calibrator(

@@ -15,7 +15,6 @@ and after with the measured numbers, and never switches modes silently.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -141,14 +140,14 @@ def quantize(
                 on_plan(
                     "note: this model trained (zoo distill --qat) for 8-bit int8 weights; this "
                     "CPU has no VNNI, where onnxruntime's kernels saturate 8-bit weights, so "
-                    "they get 7 bits (reduce_range; on the digits 96-98% against 80-83% kept "
-                    "at 8). To ship the rounding it trained through, train for this CPU "
+                    "they get 7 bits (reduce_range; on the digits 96.4-97.5% against 79.7-83.3% kept "
+                    "at 8: docs/bench/qat_avx2.json). To ship the rounding it trained through, train for this CPU "
                     "(zoo distill --qat --qat-weights 7), or quantize and run on a CPU with VNNI"
                 )
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmpdir:
+    with durable.scratch_dir(out) as tmpdir:
         prepped = Path(tmpdir) / "prepped.onnx"
         quant_pre_process(str(model), str(prepped), skip_symbolic_shape=False)
         tmp_out = Path(tmpdir) / "q.onnx"

@@ -4,7 +4,8 @@ stands for, the output path, onnxruntime's calibration setting).
 
 The defaults come from bench/quantize_defaults.py on a fine-tuned MobileNetV2 (digits, 96 px;
 docs/bench/quantize_defaults.json): onnxruntime's best there was U8S8 QDQ, minmax, per-channel
-(−2.5 points), with ``reduce_range`` decided here from the CPU's flags (on only without VNNI);
+(−2.5 points), with ``reduce_range`` decided here from the CPU's flags (on without VNNI) and a
+QAT model's training (on for a model trained for 7-bit weights);
 NNCF kept the most (−0.8 points), so a drop below the floor points to ``--engine nncf``.
 """
 
@@ -63,7 +64,11 @@ def trained_weight_bits(model: Path) -> int | None:
     ``reduce_range``); None: not quantization-aware. Said by its own metadata
     (``quantization_aware``, ``qat_weight_bits``: 8 where a file from before zoo wrote the
     bits says nothing), wherever the file was copied, and for a file exported before zoo wrote
-    either, by the model folder it sits in (:func:`zoo.artifact.qat_weight_bits`)."""
+    either, by the model folder it sits in (:func:`zoo.artifact.qat_weight_bits`).
+
+    Raises:
+        InputError: the metadata says quantization-aware with bits other than 8 or 7.
+    """
     from zoo.artifact import qat_weight_bits
     from zoo.onnx_meta import read_metadata
     from zoo.variants import model_folder_of
@@ -74,8 +79,13 @@ def trained_weight_bits(model: Path) -> int | None:
         meta = {}
     said = meta.get("quantization_aware")
     if isinstance(said, bool):
-        bits = meta.get("qat_weight_bits")
-        return (bits if bits in (7, 8) else 8) if said else None
+        bits = meta.get("qat_weight_bits")  # None: written before zoo recorded the bits: 8
+        if said and bits is not None and (type(bits) is not int or bits not in (7, 8)):
+            raise InputError(
+                f"{model}'s metadata says qat_weight_bits {bits!r}: 8 or 7 expected. "
+                "Export the run again (zoo export RUN) to write it afresh."
+            )
+        return (bits or 8) if said else None
     folder = model_folder_of(model)
     try:
         return qat_weight_bits(folder) if folder is not None else None
@@ -120,7 +130,7 @@ def default_calibration(
     weights get the fewer of those and this CPU's: a model trained for 7 keeps them on a VNNI
     CPU (the rounding it trained through; nothing saturates there), one trained for 8 gets 7 on
     a CPU without VNNI (measured, docs/bench/qat_avx2.json: kept at 8 bits there it scored
-    80–83 %, at 7 bits 96–98 %: saturation costs far more than the mismatch)."""
+    79.7–83.3 %, at 7 bits 96.4–97.5 %: saturation costs far more than the mismatch)."""
     from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
 
     return Calibration(
