@@ -238,7 +238,6 @@ def test_the_int8_weights_get_the_fewer_bits_of_the_training_and_the_cpu(
     from zoo.deploy.quantize import options
 
     def cpu(bits: int) -> None:  # this CPU, as zoo quantize sees it
-        monkeypatch.setattr(int8, "int8_weight_bits", lambda flags=None: bits)
         monkeypatch.setattr(options, "int8_weight_bits", lambda flags=None: bits)
 
     cpu(7)  # without VNNI: this CPU's 7 bits, and the plan says why

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import numpy as np
 from PIL import Image
 from torchvision import transforms as T
 
-from zoo import images
+from zoo import durable, images
 from zoo.images import open_image, to_channels
 from zoo.preprocessing import Preprocessing
 from zoo.system import available_cpus, cache_home
@@ -92,7 +91,7 @@ def decode(path: Path | Image.Image, spec: CacheSpec) -> np.ndarray:
 
 def _write(entry: Path, arr: np.ndarray) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.with_name(f".{entry.name}.{secrets.token_hex(4)}.tmp")  # a durable.TEMP_NAME
+    tmp = durable.temp_path(entry)
     try:
         with open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)

@@ -55,7 +55,7 @@ from zoo.images import open_image
 from zoo.onnx_meta import read_metadata, read_preprocessing, set_metadata
 from zoo.preprocess import preprocess
 from zoo.run_images import find_run
-from zoo.system import int8_weight_bits, mib
+from zoo.system import mib
 
 
 def quantize(
@@ -136,13 +136,14 @@ def quantize(
             check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
         if engine == "ort":
             calibration = default_calibration(o.method, o.per_channel, weight_bits=qat_bits)
-            if on_plan is not None and qat_bits == 8 and int8_weight_bits() == 7:
+            if on_plan is not None and qat_bits == 8 and calibration.reduce_range:
                 on_plan(
                     "note: this model trained (zoo distill --qat) for 8-bit int8 weights; this "
                     "CPU has no VNNI, where onnxruntime's kernels saturate 8-bit weights, so "
-                    "they get 7 bits (reduce_range; on the digits 96.4-97.5% against 79.7-83.3% kept "
-                    "at 8: docs/bench/qat_avx2.json). To ship the rounding it trained through, train for this CPU "
-                    "(zoo distill --qat --qat-weights 7), or quantize and run on a CPU with VNNI"
+                    "they get 7 bits (reduce_range; on the digits 96.4-97.5% against "
+                    "79.7-83.3% kept at 8: docs/bench/qat_avx2.json). To ship the rounding it "
+                    "trained through, train for this CPU (zoo distill --qat --qat-weights 7), "
+                    "or quantize and run on a CPU with VNNI"
                 )
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
@@ -173,6 +174,7 @@ def quantize(
 
                 nncf_quantize(prepped, tmp_out, batches, sess_in)
             elif target_agreement is not None:
+                assert calibration is not None  # engine ort, static: its weight bits
                 if on_plan is not None:
                     budget = estimate_seconds(
                         len(candidates(prepped)),
@@ -191,7 +193,7 @@ def quantize(
                     target=target_agreement,
                     threads=o.threads,
                     workdir=Path(tmpdir),
-                    reduce_range=default_calibration(weight_bits=qat_bits).reduce_range,
+                    reduce_range=calibration.reduce_range,
                 )
                 calibration = searched.calibration
             else:
