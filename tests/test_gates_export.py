@@ -533,3 +533,63 @@ def test_tracing_out_of_place_restores_the_models_in_place_activations() -> None
         y = net.eval()(x)
         with out_of_place(net):
             assert torch.equal(net(x), y)  # the same values
+
+
+def test_the_dynamo_exporter_is_given_the_batchnorms_folded_and_the_gate_judges_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dynamo traces a copy with each BatchNorm folded into its conv (half the tracing; the
+    graph is the same: onnxscript folds them anyway); the gate compares the file with the
+    model as it is, which keeps its BatchNorm."""
+    from torch import fx
+
+    traced: list[nn.Module] = []
+
+    def spy(model: Any, args: Any, f: str, **kw: Any) -> Any:
+        traced.append(model)
+        return REAL_EXPORT(model, args, f, **kw)
+
+    exporting(monkeypatch, spy)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
+    ).eval()  # fmt: skip
+    with torch.no_grad():  # statistics a fresh BatchNorm does not have: folding must move them
+        net[1].running_mean.uniform_(-1, 1)
+        net[1].running_var.uniform_(0.5, 2)
+        net[1].weight.uniform_(0.5, 2)
+    result = export_onnx("simple_cnn", tmp_path / "m.onnx", model=net, exporter="dynamo")
+    assert result.parity is not None and result.parity.passed
+    (folded,) = traced
+    assert isinstance(folded, fx.GraphModule)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    assert isinstance(net[1], nn.BatchNorm2d)  # the model itself keeps its BatchNorm
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph
+    assert "BatchNormalization" not in {n.op_type for n in graph.node}
+
+
+def test_folding_leaves_what_it_cannot_fold_as_it_is() -> None:
+    """No BatchNorm, a forward that branches on its input (symbolic tracing refuses it), a
+    conv of a subclass (QAT's fake-quantized conv): the exporter gets the model unchanged."""
+    from zoo.deploy.export.onnx_export import bn_folded
+
+    class Branching(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(self.conv(x if x.sum() > 0 else -x))
+
+    class FakeQuantConv(nn.Conv2d):
+        pass
+
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    branching = Branching().eval()
+    assert bn_folded(plain) is plain and bn_folded(branching) is branching
+    qat = nn.Sequential(FakeQuantConv(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    kept = bn_folded(qat)
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in kept.modules()) == 1
+    x = torch.rand(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(kept(x), qat(x))

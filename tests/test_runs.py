@@ -187,6 +187,28 @@ def test_compare_keeps_long_values_apart(runs: Path) -> None:
     assert len(cells) == 2 and all(c.endswith("…") and len(c) <= CELL_WIDTH for c in cells), row
 
 
+def test_wide_run_names_keep_the_columns_aligned(runs: Path) -> None:
+    """A CJK character takes two terminal cells: the columns of ``compare`` and ``ls`` are
+    sized in cells (with ``len()`` a Chinese run name pushed every cell after it out of line),
+    and a name too wide is cut in cells, ending in an ellipsis."""
+    from dataclasses import replace
+
+    from rich.cells import cell_len
+
+    from zoo.train.runs import CELL_WIDTH, Comparison, read_run
+
+    a, b = read_run(runs / "a"), read_run(runs / "b")
+    for name in ("数字", "数字分类实验" * 4):
+        wide = replace(a, path=a.path.with_name(name))  # the name is the folder's
+        lines = Comparison((wide, b), {"lr": (0.001, 0.05)}).lines()
+        table = [line for line in lines if line.startswith("  ")]  # the head and the rows
+        assert len(table) >= 3 and len({cell_len(line) for line in table}) == 1, lines
+        head = lines[0].split()
+        assert head[0] == name or (head[0].endswith("…") and cell_len(head[0]) <= CELL_WIDTH)
+    listed = [replace(a, path=a.path.with_name(n)).line() for n in ("数字分类", "abcd")]
+    assert cell_len(listed[0]) == cell_len(listed[1]), listed
+
+
 def test_arch_is_the_models_not_the_name_of_the_folder_it_started_from(
     runs: Path, tmp_path: Path
 ) -> None:

@@ -132,3 +132,32 @@ def test_pretrained_linear_probe_beats_random_init(digits_dir, tmp_path, mobilen
     acc_rnd = json.loads((rnd / "report.json").read_text())["best"]["val/acc"]
     assert acc_pre > acc_rnd + 0.2, (acc_pre, acc_rnd)
     assert acc_pre > 0.8
+
+
+def test_the_feature_pass_gives_the_plain_forwards_features_and_the_model_back_as_it_was() -> None:
+    """The CPU feature pass runs channels-last (oneDNN's native layout); the features are the
+    plain forward's, and the model comes back contiguous (safetensors refuses to save any
+    other layout) and in the mode it was in; a channels-last model stays channels-last."""
+    from zoo.train.features import extract_features
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3),
+    )  # fmt: skip
+    xs = torch.rand(10, 3, 12, 12)
+    idx = torch.arange(10)
+    batches = [(xs[i : i + 4], idx[i : i + 4] % 3, idx[i : i + 4]) for i in range(0, 10, 4)]
+    feats, targets, indices = extract_features(net, "5", batches, torch.device("cpu"))
+    assert net.training  # put back in training mode
+    assert all(p.is_contiguous() for p in net.parameters())
+    net.eval()
+    with torch.no_grad():
+        want = net[:5](xs)
+    assert torch.allclose(feats, want, atol=1e-5) and feats.shape == (10, 8)
+    assert torch.equal(indices, torch.arange(10)) and torch.equal(targets, torch.arange(10) % 3)
+    net.to(memory_format=torch.channels_last)  # a --channels-last run's model keeps its layout
+    again, _, _ = extract_features(net, "5", batches, torch.device("cpu"))
+    weight = net[0].weight
+    assert not weight.is_contiguous() and weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(again, want, atol=1e-5)

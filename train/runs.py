@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from rich.cells import cell_len, set_cell_size
+
 from zoo.artifact import read_config
 from zoo.errors import InputError, UsageError, ZooError
 from zoo.tracking import TrackingRecord, read_record
@@ -96,7 +98,8 @@ class RunSummary:
         value = "-" if self.best_value is None else f"{self.best_value:.4f}"
         at = f" (epoch {self.best_epoch})" if self.best_epoch else ""
         return (
-            f"{self.name:<24} {self.arch:<18} {self.data:<14} {self.monitor} {value}{at:<11} "
+            f"{_pad(self.name, 24, left=True)} {_pad(self.arch, 18, left=True)} "
+            f"{_pad(self.data, 14, left=True)} {self.monitor} {value}{at:<11} "
             f"epochs {self.epochs:<7} {_duration(self.seconds):>7}  {self.state}"
             + ("  [mlflow]" if self.tracking else "")
         )
@@ -219,12 +222,14 @@ class Comparison:
     def lines(self) -> list[str]:
         """The table ``zoo runs compare`` prints: one column a run, each value at most
         :data:`CELL_WIDTH` characters (a longer one ends in ``…``), two spaces between."""
-        width = min(CELL_WIDTH, max(12, *(len(r.name) for r in self.runs)))
+        width = min(CELL_WIDTH, max(12, *(cell_len(r.name) for r in self.runs)))
 
         def row(label: str, values: Any) -> str:
-            return f"  {label:<20}" + "".join(f"  {_fit(_cell(v), width):>{width}}" for v in values)
+            return f"  {_pad(label, 20, left=True)}" + "".join(
+                f"  {_fit(_cell(v), width)}" for v in values
+            )
 
-        head = f"{'':<22}" + "".join(f"  {_fit(r.name, width):>{width}}" for r in self.runs)
+        head = f"{'':<22}" + "".join(f"  {_fit(r.name, width)}" for r in self.runs)
         rows = [head, "config that differs:" if self.differences else "config: the same"]
         for key, values in self.differences.items():
             rows.append(row(key, values))
@@ -306,8 +311,18 @@ def check_plot_path(out: Path) -> None:
         )
 
 
+def _pad(text: str, width: int, *, left: bool = False) -> str:
+    """``text`` padded to ``width`` terminal cells (rich's ``cell_len``: a CJK character takes
+    two, so ``str`` padding would misalign the columns), right-aligned unless ``left``."""
+    pad = " " * max(0, width - cell_len(text))
+    return text + pad if left else pad + text
+
+
 def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """:func:`_pad` to ``width`` cells, right-aligned; a longer text cut to end in ``…``."""
+    if cell_len(text) > width:
+        text = set_cell_size(text, width - 1).rstrip() + "…"
+    return _pad(text, width)
 
 
 def _cell(value: Any) -> str:
