@@ -570,7 +570,8 @@ def test_the_dynamo_exporter_is_given_the_batchnorms_folded_and_the_gate_judges_
 
 def test_folding_leaves_what_it_cannot_fold_as_it_is() -> None:
     """No BatchNorm, a forward that branches on its input (symbolic tracing refuses it), a
-    conv of a subclass (QAT's fake-quantized conv): the exporter gets the model unchanged."""
+    conv of a subclass (QAT's fake-quantized conv), one conv called twice before two
+    BatchNorms (``fuse`` would fold both into it): the exporter gets the model unchanged."""
     from zoo.deploy.export.onnx_export import bn_folded
 
     class Branching(nn.Module):
@@ -581,15 +582,28 @@ def test_folding_leaves_what_it_cannot_fold_as_it_is() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.bn(self.conv(x if x.sum() > 0 else -x))
 
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+            self.bn1, self.bn2 = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+            with torch.no_grad():
+                self.bn1.running_var.fill_(4.0)
+                self.bn2.running_mean.fill_(1.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn2(self.conv(self.bn1(self.conv(x))))
+
     class FakeQuantConv(nn.Conv2d):
         pass
 
-    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
-    branching = Branching().eval()
-    assert bn_folded(plain) is plain and bn_folded(branching) is branching
-    qat = nn.Sequential(FakeQuantConv(3, 4, 3), nn.BatchNorm2d(4)).eval()
-    kept = bn_folded(qat)
-    assert sum(isinstance(m, nn.BatchNorm2d) for m in kept.modules()) == 1
     x = torch.rand(2, 3, 8, 8)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    branching, shared = Branching().eval(), Shared().eval()
+    for model in (plain, branching, shared):
+        assert bn_folded(model, x) is model
+    qat = nn.Sequential(FakeQuantConv(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    kept = bn_folded(qat, x)
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in kept.modules()) == 1
     with torch.no_grad():
         assert torch.allclose(kept(x), qat(x))

@@ -136,19 +136,26 @@ def test_pretrained_linear_probe_beats_random_init(digits_dir, tmp_path, mobilen
 
 def test_the_feature_pass_gives_the_plain_forwards_features_and_the_model_back_as_it_was() -> None:
     """The CPU feature pass runs channels-last (oneDNN's native layout); the features are the
-    plain forward's, and the model comes back contiguous (safetensors refuses to save any
-    other layout) and in the mode it was in; a channels-last model stays channels-last."""
+    plain forward's, contiguous, and the model comes back contiguous (safetensors refuses to
+    save any other layout) and in the mode it was in; a channels-last model stays so."""
+    from torch import nn
+
     from zoo.train.features import extract_features
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3),
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3),
     )  # fmt: skip
+    seen: list[bool] = []  # the layout the conv ran in
+    net[0].register_forward_pre_hook(
+        lambda m, a: seen.append(m.weight.is_contiguous(memory_format=torch.channels_last))
+    )
     xs = torch.rand(10, 3, 12, 12)
     idx = torch.arange(10)
     batches = [(xs[i : i + 4], idx[i : i + 4] % 3, idx[i : i + 4]) for i in range(0, 10, 4)]
     feats, targets, indices = extract_features(net, "5", batches, torch.device("cpu"))
+    assert seen == [True] * 3  # every batch channels-last
     assert net.training  # put back in training mode
     assert all(p.is_contiguous() for p in net.parameters())
     net.eval()
@@ -161,3 +168,12 @@ def test_the_feature_pass_gives_the_plain_forwards_features_and_the_model_back_a
     weight = net[0].weight
     assert not weight.is_contiguous() and weight.is_contiguous(memory_format=torch.channels_last)
     assert torch.allclose(again, want, atol=1e-5)
+    # a spatial head input (a conv head) comes out contiguous: safetensors saves only that
+    spatial, _, _ = extract_features(net.to(memory_format=torch.contiguous_format), "2",
+                                     batches, torch.device("cpu"))  # fmt: skip
+    assert spatial.shape == (10, 8, 10, 10) and spatial.is_contiguous()
+    # a 3-d conv (5-d weights, which channels-last refuses) runs as it is
+    video = nn.Sequential(nn.Conv3d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 2 * 2 * 2, 2))
+    clips = [(torch.rand(3, 1, 4, 4, 4), torch.zeros(3), torch.arange(3))]
+    flat, _, _ = extract_features(video, "2", clips, torch.device("cpu"))
+    assert flat.shape == (3, 16) and video[0].weight.is_contiguous()

@@ -3,8 +3,8 @@ computed once with the eval transform, and the head trains on the cached tensors
 
 They are also kept on disk (``$ZOO_CACHE/features``, safetensors), keyed by everything that
 makes them: the backbone's weights (the head's left out: a seed draws it), the images (path,
-label, size, modification time, the decoder's version), the transform, the device type and
-torch's version. So the
+label, size, modification time, the decoder's version), the transform, the device type,
+torch's version and how the pass runs (channels-last on a CPU). So the
 linear-probe trials of a ``zoo tune`` search (and a re-run) compute them once. Hand-written:
 the image cache keeps pixels, no library keeps a model's activations keyed this way.
 """
@@ -24,36 +24,48 @@ from zoo.images import DECODE_VERSION
 from zoo.system import cache_home
 
 FEATURES_DIR = "features"
+PASS_VERSION = 2
+"""How :func:`extract_features` computes (part of the key: features of another way differ in
+their last bits). 2: channels-last on a CPU."""
 
 
 def head_module(model: nn.Module, head: str) -> nn.Module:
     return model.get_submodule(head)
 
 
-def _plain_layout(model: nn.Module) -> bool:
-    """Whether ``model``'s 4-d weights are all contiguous (not ``--channels-last``'s)."""
-    return all(p.is_contiguous() for p in model.parameters() if p.dim() == 4)
+def _channels_last_pass(model: nn.Module, device: torch.device) -> bool:
+    """Whether the feature pass switches ``model`` to channels-last for itself: on a CPU
+    (oneDNN's convolutions run channels-last natively: MobileNetV2's pass over 1,792 digits at
+    64 px took 3.0 → 2.1 s on 2 cores), when its 4-d weights are plain contiguous (a
+    ``--channels-last`` run's already are not) and it holds no 5-d tensor (a 3-d conv's, which
+    ``Module.to(memory_format=channels_last)`` refuses)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return (
+        device.type == "cpu"
+        and all(t.is_contiguous() for t in tensors if t.dim() == 4)
+        and not any(t.dim() == 5 for t in tensors)
+    )
 
 
 def extract_features(
     model: nn.Module, head: str, batches: Iterable[Any], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(features, targets, indices): whatever the head module receives, for every sample."""
+    """(features, targets, indices): whatever the head module receives, for every sample.
+    The model comes back in its own layout and mode; the features are contiguous."""
     captured: list[torch.Tensor] = []
     hook = head_module(model, head).register_forward_pre_hook(
-        lambda _m, args: captured.append(args[0].detach().float().cpu())
+        # contiguous: a spatial head input of a channels-last pass would be channels-last, a
+        # layout safetensors refuses to save
+        lambda _m, args: captured.append(args[0].detach().float().cpu().contiguous())
     )
     was_training = model.training
-    model.eval()
-    # On a CPU, oneDNN's convolutions run channels-last natively: MobileNetV2's pass over
-    # 1,792 digits at 64 px took 3.0 → 2.1 s on 2 cores. A plain model is put back after
-    # (a ``--channels-last`` run's stays as it is).
-    switch = device.type == "cpu" and _plain_layout(model)
-    if switch:
-        model.to(memory_format=torch.channels_last)
-    last = not _plain_layout(model)
+    switch = _channels_last_pass(model, device)
     targets, indices = [], []
     try:
+        model.eval()
+        if switch:
+            model.to(memory_format=torch.channels_last)
+        last = switch or not all(p.is_contiguous() for p in model.parameters() if p.dim() == 4)
         with torch.inference_mode():
             for x, y, idx in batches:
                 x = x.to(device)
@@ -86,10 +98,10 @@ class FeatureDataset(torch.utils.data.Dataset[tuple[torch.Tensor, Any, int]]):
 
 def feature_key(model: nn.Module, head: str, dataset: Any, device: torch.device) -> str:
     """What the cached features of ``dataset`` (an :class:`ImageFolderDataset`) depend on,
-    hashed: the backbone's weights, the images, the transform, the device type, torch."""
-    h = hashlib.sha256(
-        f"{torch.__version__}|{device.type}|{head}|{_recipe(dataset)}|{DECODE_VERSION}".encode()
-    )
+    hashed: the backbone's weights, the images, the transform, the device type, torch, and
+    the way the pass runs (:data:`PASS_VERSION`)."""
+    recipe = f"{torch.__version__}|{device.type}|{head}|{_recipe(dataset)}"
+    h = hashlib.sha256(f"{recipe}|{DECODE_VERSION}|pass{PASS_VERSION}".encode())
     for name, tensor in model.state_dict().items():
         if name.startswith(f"{head}."):
             continue

@@ -30,6 +30,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,6 +91,9 @@ def _sync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 def _umask() -> int:
     """The process's umask: Linux shows it in /proc (read without changing it); elsewhere it
     is read by setting it and putting it back, as POSIX has no getter."""
@@ -99,8 +103,9 @@ def _umask() -> int:
                 return int(line.split()[1], 8)
     except OSError:
         pass
-    mask = os.umask(0o022)
-    os.umask(mask)
+    with _UMASK_LOCK:  # set and put back: two threads at once must not leave 022 behind
+        mask = os.umask(0o022)
+        os.umask(mask)
     return mask
 
 
