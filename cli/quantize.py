@@ -86,6 +86,15 @@ def quantize_cmd(
             "no calibration image in them) reaches this, e.g. 0.98",
         ),
     ] = D["target_agreement"],
+    weight_bits: Annotated[
+        int | None,
+        typer.Option(
+            "--weight-bits",
+            help="static, --engine ort: the int8 weights' bits, 8 or 7 (reduce_range); "
+            "default: the fewer of a QAT model's and this CPU's (7 without VNNI). 8 on a CPU "
+            "without VNNI makes a file for a VNNI server",
+        ),
+    ] = D["weight_bits"],
     threads: int | None = D["threads"],
     output: Annotated[
         Path | None,
@@ -117,6 +126,7 @@ def quantize_cmd(
         engine=engine,
         target_agreement=target_agreement,
         allow_drop=allow_drop,
+        weight_bits=weight_bits,
     )
     report = quantize(options, on_plan=lambda line: err.print(line))
     for line in report.advice_before:

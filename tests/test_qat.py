@@ -248,6 +248,16 @@ def test_the_int8_weights_get_the_fewer_bits_of_the_training_and_the_cpu(
     assert any("trained (zoo distill --qat) for 8-bit int8 weights" in p for p in plans), plans
     written = read_metadata(tmp_path / "q8.int8.onnx")["quantization"]["calibration"]
     assert written["reduce_range"] is True
+    # --weight-bits 8 here: the file for a VNNI server keeps its 8 bits, and the plan says so
+    plans.clear()
+    opts = QuantizeOptions(
+        onnx_file, output=tmp_path / "q8f.int8.onnx", allow_drop=True, weight_bits=8
+    )
+    report = int8.quantize(opts, on_plan=plans.append)
+    assert report.calibration is not None and report.calibration.reduce_range is False
+    assert any("--weight-bits 8 on a CPU without VNNI" in p for p in plans), plans
+    written = read_metadata(tmp_path / "q8f.int8.onnx")["quantization"]["calibration"]
+    assert written["reduce_range"] is False
     cpu(8)  # with VNNI: the 8 bits it trained for, nothing to say
     plans.clear()
     opts = QuantizeOptions(onnx_file, output=tmp_path / "q8v.int8.onnx", allow_drop=True)

@@ -312,3 +312,49 @@ def test_auto_engine_is_nncf_where_it_applies() -> None:
     assert resolve_engine("auto", "static", None, None, 0.98) == "ort"
     assert resolve_engine("ort", "static", None, None, None) == "ort"
     assert resolve_engine("nncf", "static", None, None, None) == "nncf"
+    assert resolve_engine("auto", "static", None, None, None, weight_bits=8) == "ort"
+
+
+def test_weight_bits_decide_instead_of_the_rule_and_are_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--weight-bits`` overrides the rule (the fewer of a QAT model's bits and this CPU's),
+    for a file that runs on another CPU; the plan says what that means, and nothing when the
+    bits asked are this CPU's anyway; bits other than 8 or 7, dynamic mode and NNCF are
+    refused by name."""
+    from zoo.errors import InputError, UsageError
+
+    avx2, vnni = frozenset({"avx2"}), frozenset({"avx2", "avx512_vnni"})
+    assert not qo.default_calibration(flags=avx2, asked_bits=8).reduce_range
+    assert qo.default_calibration(flags=vnni, asked_bits=7).reduce_range
+    assert not qo.default_calibration(flags=avx2, weight_bits=7, asked_bits=8).reduce_range
+    monkeypatch.setattr(qo, "int8_weight_bits", lambda flags=None: 7)  # no VNNI here
+    for_server = qo.weight_bits_note(False, None, 8)
+    assert for_server is not None and "a file for a CPU with VNNI" in for_server
+    assert "understates" in for_server and "--allow-drop" in for_server
+    assert qo.weight_bits_note(True, None, 7) is None  # this CPU's bits anyway
+    assert qo.weight_bits_note(True, None, None) is None
+    other = qo.weight_bits_note(True, 8, 7)
+    assert other is not None and "trained (zoo distill --qat) for 8-bit" in other
+    assert "another rounding" in other and "VNNI" not in other
+    trained = qo.weight_bits_note(True, 8, None)  # the rule's own note names the way out
+    assert trained is not None and "--weight-bits 8" in trained
+    monkeypatch.setattr(qo, "int8_weight_bits", lambda flags=None: 8)  # VNNI here
+    for_avx2 = qo.weight_bits_note(True, None, 7)
+    assert for_avx2 is not None and "a file for a CPU without it" in for_avx2
+    assert qo.weight_bits_note(False, 8, 8) is None
+    model = tmp_path / "m.onnx"
+    with pytest.raises(UsageError, match="--weight-bits 6: int8 weights take 8 bits, or 7"):
+        qo.QuantizeOptions(model, weight_bits=6)
+    with pytest.raises(InputError, match="got --mode dynamic --engine ort"):
+        qo.QuantizeOptions(model, mode="dynamic", weight_bits=8)
+    with pytest.raises(InputError, match="got --mode static --engine nncf"):
+        qo.QuantizeOptions(model, engine="nncf", weight_bits=7)
+    assert qo.QuantizeOptions(model, weight_bits=8).resolved_engine == "ort"
+    from typer.testing import CliRunner
+
+    from zoo.cli.app import app
+
+    res = CliRunner().invoke(app, ["quantize", str(model), "--weight-bits", "6"])
+    assert res.exit_code == 2 and "int8 weights take 8 bits, or 7" in res.output, res.output
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -34,7 +34,12 @@ from zoo.deploy.quantize.calibration import (
     quantize_qdq,
 )
 from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_images
-from zoo.deploy.quantize.options import QuantizeOptions, default_calibration, trained_weight_bits
+from zoo.deploy.quantize.options import (
+    QuantizeOptions,
+    default_calibration,
+    trained_weight_bits,
+    weight_bits_note,
+)
 from zoo.deploy.quantize.report import Latency, QuantizeReport
 from zoo.deploy.quantize.search import estimate_seconds, search
 from zoo.deploy.quantize.verdict import (
@@ -135,16 +140,12 @@ def quantize(
         if not images.proves_nothing:
             check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
         if engine == "ort":
-            calibration = default_calibration(o.method, o.per_channel, weight_bits=qat_bits)
-            if on_plan is not None and qat_bits == 8 and calibration.reduce_range:
-                on_plan(
-                    "note: this model trained (zoo distill --qat) for 8-bit int8 weights; this "
-                    "CPU has no VNNI, where onnxruntime's kernels saturate 8-bit weights, so "
-                    "they get 7 bits (reduce_range; on the digits 96.4-97.5% against "
-                    "79.7-83.3% kept at 8: docs/bench/qat_avx2.json). To ship the rounding it "
-                    "trained through, train for this CPU (zoo distill --qat --qat-weights 7), "
-                    "or quantize and run on a CPU with VNNI"
-                )
+            calibration = default_calibration(
+                o.method, o.per_channel, weight_bits=qat_bits, asked_bits=o.weight_bits
+            )
+            note = weight_bits_note(calibration.reduce_range, qat_bits, o.weight_bits)
+            if on_plan is not None and note is not None:
+                on_plan(note)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,14 +46,17 @@ def resolve_engine(
     per_channel: bool | None,
     target_agreement: float | None,
     qat: bool = False,
+    weight_bits: int | None = None,
 ) -> QuantEngine:
     """``auto`` → ``nncf`` where NNCF is installed and nothing asked for onnxruntime's own
-    settings (it kept the most accuracy: docs/bench/quantize_defaults.json), else ``ort``; and
-    ``ort`` for a model trained through onnxruntime's rounding (``qat``: zoo distill --qat;
-    NNCF's own ranges lost what QAT gained there: docs/bench/qat.json)."""
+    settings (``method``, ``per_channel``, ``target_agreement``, ``weight_bits``: it kept the
+    most accuracy: docs/bench/quantize_defaults.json), else ``ort``; and ``ort`` for a model
+    trained through onnxruntime's rounding (``qat``: zoo distill --qat; NNCF's own ranges lost
+    what QAT gained there: docs/bench/qat.json)."""
     if engine != "auto":
         return engine
-    ort_only = qat or method is not None or per_channel is not None or target_agreement is not None
+    asked = (method, per_channel, target_agreement, weight_bits)
+    ort_only = qat or any(a is not None for a in asked)
     if mode != "static" or ort_only:
         return "ort"
     return "nncf" if importlib.util.find_spec("nncf") is not None else "ort"
@@ -120,6 +123,7 @@ def default_calibration(
     per_channel: bool | None = None,
     flags: frozenset[str] | None = None,
     weight_bits: int | None = None,
+    asked_bits: int | None = None,
 ) -> Calibration:
     """onnxruntime's static setting: U8S8 QDQ (uint8 asymmetric activations, int8 weights),
     per-channel weights, :data:`DEFAULT_METHOD` ranges, unless given; ``reduce_range`` (7-bit
@@ -130,14 +134,55 @@ def default_calibration(
     weights get the fewer of those and this CPU's: a model trained for 7 keeps them on a VNNI
     CPU (the rounding it trained through; nothing saturates there), one trained for 8 gets 7 on
     a CPU without VNNI (measured, docs/bench/qat_avx2.json: kept at 8 bits there it scored
-    79.7–83.3 %, at 7 bits 96.4–97.5 %: saturation costs far more than the mismatch)."""
+    79.7–83.3 %, at 7 bits 96.4–97.5 %: saturation costs far more than the mismatch).
+    ``asked_bits``: ``--weight-bits``, which decides instead (:func:`weight_bits_note`)."""
     from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
 
+    bits = asked_bits if asked_bits is not None else min(weight_bits or 8, int8_weight_bits(flags))
     return Calibration(
         method=method or DEFAULT_METHOD,
         per_channel=True if per_channel is None else per_channel,
-        reduce_range=min(weight_bits or 8, int8_weight_bits(flags)) == 7,
+        reduce_range=bits == 7,
     )
+
+
+def weight_bits_note(reduce_range: bool, trained: int | None, asked: int | None) -> str | None:
+    """What ``zoo quantize`` says about the int8 weights' bits (``reduce_range``: 7) when they
+    are not plainly right for this CPU: a QAT model trained for 8 given this CPU's 7, or
+    ``--weight-bits`` (``asked``) for another CPU or another rounding than the model trained
+    through (``trained``); None when there is nothing to say."""
+    cpu = int8_weight_bits()
+    if asked is None:
+        if trained == 8 and reduce_range:
+            return (
+                "note: this model trained (zoo distill --qat) for 8-bit int8 weights; this CPU "
+                "has no VNNI, where onnxruntime's kernels saturate 8-bit weights, so they get 7 "
+                "bits (reduce_range; on the digits 96.4-97.5% against 79.7-83.3% kept at 8: "
+                "docs/bench/qat_avx2.json). To ship the rounding it trained through, train for "
+                "this CPU (zoo distill --qat --qat-weights 7), quantize with --weight-bits 8 "
+                "for a VNNI server, or quantize and run on a CPU with VNNI"
+            )
+        return None
+    said = []
+    if asked == 8 and cpu == 7:
+        said.append(
+            "--weight-bits 8 on a CPU without VNNI makes a file for a CPU with VNNI: this one's "
+            "kernels saturate 8-bit weights, so the accuracy measured below understates what "
+            "it scores there (a QAT model for 8 bits: 79.7-83.3% here against 96.4-97.5% at 7 "
+            "bits, docs/bench/qat_avx2.json). Measure it there (zoo eval FILE --data DIR); "
+            "--allow-drop writes it should it fall below the floor here"
+        )
+    elif asked == 7 and cpu == 8:
+        said.append(
+            "--weight-bits 7 on a CPU with VNNI makes a file for a CPU without it: here 8 bits "
+            "would not saturate and keep more accuracy"
+        )
+    if trained is not None and trained != asked:
+        said.append(
+            f"this model trained (zoo distill --qat) for {trained}-bit weights: "
+            f"--weight-bits {asked} ships another rounding than it learnt"
+        )
+    return "note: " + "; ".join(said) if said else None
 
 
 def check_target(target: float) -> float:
@@ -186,14 +231,18 @@ class QuantizeOptions:
             (:mod:`zoo.deploy.quantize.search`). ``max_accuracy_drop`` still applies.
         allow_drop: write the file even when it is below the floor
             (:func:`~zoo.deploy.quantize.verdict.check_floor`).
+        weight_bits: static, ``ort``: the int8 weights' bits, 8 or 7 (``reduce_range``);
+            default None: :func:`default_calibration`'s rule (the fewer of a QAT model's and
+            this CPU's). 8 on a CPU without VNNI makes a file for a VNNI server; said by
+            :func:`weight_bits_note`.
 
     Raises:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
         UsageError: ``calib`` with dynamic mode; ``target_agreement`` out of (0, 1]; an
-            ``output`` not named ``.onnx``.
+            ``output`` not named ``.onnx``; ``weight_bits`` other than 8 or 7.
         InputError: ``model`` or ``output`` is an existing folder; ``engine`` nncf without static mode or with a ``method``;
             ``target_agreement`` without static ``ort`` mode, or with a ``method`` or
-            ``per_channel`` of its own.
+            ``per_channel`` of its own; ``weight_bits`` without static ``ort`` mode.
     """
 
     model: Path
@@ -209,6 +258,7 @@ class QuantizeOptions:
     engine: QuantEngine = "auto"
     target_agreement: float | None = None
     allow_drop: bool = False
+    weight_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.model.is_dir():
@@ -227,6 +277,8 @@ class QuantizeOptions:
             )
         if self.target_agreement is not None:
             self._check_search(self.target_agreement, engine)
+        if self.weight_bits is not None:
+            self._check_weight_bits(self.weight_bits, engine)
         if self.mode == "dynamic" and self.calib is not None:
             raise UsageError(
                 "--calib applies to --mode static: it calibrates activations, which --mode "
@@ -286,6 +338,21 @@ class QuantizeOptions:
                 )
             )
 
+    def _check_weight_bits(self, bits: int, engine: QuantEngine) -> None:
+        """``weight_bits``' own checks."""
+        if bits not in (7, 8):
+            raise UsageError(
+                f"--weight-bits {bits}: int8 weights take 8 bits, or 7 (reduce_range).",
+                param_hint="--weight-bits",
+            )
+        if self.mode != "static" or engine != "ort":
+            raise InputError(
+                "--weight-bits sets onnxruntime's static int8 weights: use --mode static "
+                f"--engine ort (got --mode {self.mode} --engine {engine}). Dynamic mode keeps "
+                "8 bits (7 lost 18 points on the digits: docs/bench/quantize_defaults_avx2."
+                "json); NNCF sets its own."
+            )
+
     @property
     def resolved_engine(self) -> QuantEngine:
         """The engine that quantizes (``auto`` resolved: :func:`resolve_engine`)."""
@@ -296,6 +363,7 @@ class QuantizeOptions:
             self.per_channel,
             self.target_agreement,
             qat=trained_weight_bits(self.model) is not None,
+            weight_bits=self.weight_bits,
         )
 
     @property
