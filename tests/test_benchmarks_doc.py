@@ -682,3 +682,20 @@ def test_qat_says_whether_an_8_bit_model_kept_its_bits_here() -> None:
             if row["arm"] == "qat_w8":
                 row["weight_bits"] = bits
         assert says in "\n".join(gen.qat("qat_avx2", doc, gen.Doc("")))
+
+
+def test_feature_cache_says_whether_its_cached_runs_computed_their_features() -> None:
+    """A file measured before every cached run computed its features says its cached figures
+    are a re-run's; one with the ``again`` runs shows them apart, as no goal."""
+    d = json.loads((ROOT / "docs" / "bench" / "feature_cache.json").read_text())
+    old = copy.deepcopy(d)
+    for key in ("again", "again_speedup"):
+        old["results"].pop(key, None)
+    new = copy.deepcopy(old)
+    new["results"]["again"] = {"seconds": 7.7, "cpu_s": 9.2, "val_acc": 0.9}
+    new["results"]["again_speedup"] = 4.3
+    for doc, measured_apart in ((old, False), (new, True)):
+        text = "\n".join(gen.feature_cache("feature_cache", doc, gen.Doc("")))
+        assert ("so the cached figures are those of a re-run" in text) is not measured_apart
+        assert ("Every cached run computes its features" in text) is measured_apart
+        assert ("| plain vs again | 4.30× faster |" in text) is measured_apart
