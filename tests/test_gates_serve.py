@@ -170,9 +170,17 @@ def serving(
 
 
 def wait_for(app: Any) -> None:
-    """Until every model of the app is ready or has failed to load."""
+    """Until every model of the app is ready or has failed to load, and its loading thread
+    has ended: the state is set before the thread logs it, so a test that clears the log
+    once the state is set could otherwise still catch the start-up's line (a CI run did)."""
+    import threading
+
     deadline = time.monotonic() + 60
-    while not all(m.ready or m.load_error for m in app.state.models.models.values()):
+    models = app.state.models.models
+    loading = {f"load-{name}" for name in models}
+    while not all(m.ready or m.load_error for m in models.values()) or any(
+        t.name in loading and t.is_alive() for t in threading.enumerate()
+    ):
         assert time.monotonic() < deadline, "a model was neither ready nor failed in 60 s"
         time.sleep(0.005)
 
