@@ -40,11 +40,12 @@ def _channels_last_pass(model: nn.Module, device: torch.device) -> bool:
     ``--channels-last`` run's already are not) and it holds no 5-d tensor (a 3-d conv's, which
     ``Module.to(memory_format=channels_last)`` refuses)."""
     tensors = [*model.parameters(), *model.buffers()]
-    return (
-        device.type == "cpu"
-        and all(t.is_contiguous() for t in tensors if t.dim() == 4)
-        and not any(t.dim() == 5 for t in tensors)
-    )
+    return device.type == "cpu" and _plain(tensors) and not any(t.dim() == 5 for t in tensors)
+
+
+def _plain(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether the 4-d ``tensors`` are all contiguous (not channels-last)."""
+    return all(t.is_contiguous() for t in tensors if t.dim() == 4)
 
 
 def extract_features(
@@ -65,7 +66,7 @@ def extract_features(
         model.eval()
         if switch:
             model.to(memory_format=torch.channels_last)
-        last = switch or not all(p.is_contiguous() for p in model.parameters() if p.dim() == 4)
+        last = switch or not _plain(model.parameters())
         with torch.inference_mode():
             for x, y, idx in batches:
                 x = x.to(device)
