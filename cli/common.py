@@ -30,7 +30,8 @@ VariantOpt = Annotated[
     typer.Option(
         "--variant",
         help="use a derived file of the run or model folder (its variants/, listed by "
-        "`zoo list`), by name or unique prefix: int8 → model/variants/int8-static.onnx",
+        "`zoo list`), by name or unique prefix: int8 → model/variants/int8-nncf.onnx (or "
+        "int8-static.onnx: onnxruntime's)",
     ),
 ]
 

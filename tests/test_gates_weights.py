@@ -118,6 +118,22 @@ def test_cached_torchvision_file_is_verified_on_every_load(torch_home: Path) -> 
         weights.fetch_weights(_tv(b"", hash_prefix=_sha(b"weights")[:8]))
 
 
+def test_a_model_folders_own_weights_say_how_to_make_them_again(tmp_path: Path) -> None:
+    """A model folder's weights (a local file, pinned by its config) that no longer match:
+    the error says how to restore or remake the folder, not to fetch what nothing can fetch."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"weights")
+    local = WeightSource(kind="local", path=str(path), sha256=_sha(b"weights"))
+    assert weights.fetch_weights(local) == path
+    path.write_bytes(b"truncat")
+    with pytest.raises(WeightsIntegrityError) as exc:
+        weights.fetch_weights(local)
+    said = str(exc.value)
+    assert f"Weights file {path} failed its hash check" in said
+    assert "fetch it again" not in said and "restore the folder from a copy" in said
+    assert "`zoo finetune`" in said
+
+
 @pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "ZOO_OFFLINE"])
 def test_offline_and_not_cached(
     torch_home: Path, monkeypatch: pytest.MonkeyPatch, var: str

@@ -155,6 +155,13 @@ assert config.input[0].format == mc.ModelInput.FORMAT_NCHW, config
 assert list(config.input[0].dims) == [3, 224, 224] and config.input[0].data_type == mc.TYPE_FP32
 assert list(config.output[0].dims) == [1000] and config.output[0].name == "logits"
 assert client.get_model_config("NAME", headers=headers, as_json=True)["config"]["max_batch_size"] == 4
+index = client.get_model_repository_index(headers=headers, as_json=True)["models"]
+assert index == [{"name": "NAME", "version": "1", "state": "READY"}], index
+try:
+    client.get_model_repository_index()
+    raise SystemExit("an index without a key")
+except tg.InferenceServerException as exc:
+    assert exc.status() == "StatusCode.UNAUTHENTICATED", exc.status()
 try:
     client.get_model_config("nope", headers=headers)
     raise SystemExit("a config for a model not served")
@@ -296,8 +303,10 @@ def test_fuzzed_requests_are_refused_by_status_never_internal(
         for _ in range(FUZZ_REQUESTS):
             data = _fuzzed(rng)
             codes[code_of(lambda data=data: infer(data, metadata=AUTH, timeout=60))] += 1
-        unknown = channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+        unknown = channel.unary_unary("/inference.GRPCInferenceService/RepositoryModelLoad")
         assert code_of(lambda: unknown(b"", metadata=AUTH)) == "UNIMPLEMENTED"
+        index = channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+        assert code_of(lambda: index(b"\xff\xff\xff", metadata=AUTH)) == "INVALID_ARGUMENT"
     assert set(codes) <= CLIENT_ERRORS | {"OK"}, codes
     assert codes["INVALID_ARGUMENT"] > FUZZ_REQUESTS // 2, codes
     x = x_of(24)  # still right afterwards

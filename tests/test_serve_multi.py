@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -102,6 +104,9 @@ def srv(cnn_run: Path, mobilenet_onnx: Path, srv_log: Path) -> Iterator[tuple[st
     assert KEY not in log
     assert proc.returncode == 0, log[-2000:]  # SIGTERM: every worker stopped gracefully
     assert not [pid for pid in worker_pids(log) if alive(pid)]
+    for name in (CNN, NAME):  # each worker said it was stopping
+        said = rf"\[{re.escape(name)}\]: zoo serve: SIGTERM: no new connections"
+        assert re.search(said, log), log[-2000:]
 
 
 def worker_pids(log: str) -> list[int]:
@@ -249,6 +254,28 @@ def test_grpc_serves_each_model_by_name(
         with pytest.raises(grpc.RpcError) as unkeyed:
             stub.ModelMetadata(pb.ModelMetadataRequest(name=NAME))
         assert unkeyed.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+    # Triton's client lists both models over gRPC, as /v2/repository/index does (its own
+    # process: tritonclient's messages clash with KServe's loaded here)
+    index = subprocess.run(
+        [sys.executable, "-c", TRITON_INDEX, str(srv[1]), KEY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert index.returncode == 0, index.stderr[-2000:]
+    assert json.loads(index.stdout) == [
+        {"name": name, "version": "1", "state": "READY"} for name in (CNN, NAME)
+    ]
+
+
+TRITON_INDEX = """
+import json, sys, tritonclient.grpc as tg
+port, key = sys.argv[1:3]
+client = tg.InferenceServerClient(f"127.0.0.1:{port}")
+auth = {"authorization": f"Bearer {key}"}
+print(json.dumps(client.get_model_repository_index(headers=auth, as_json=True)["models"]))
+"""
 
 
 def test_flooding_one_model_leaves_the_other_answering_the_same_numbers(

@@ -136,8 +136,13 @@ def test_default_path_and_resolution(chain: Path, tmp_path: Path) -> None:
     shutil.copy(model / "model.onnx", loose)
     assert default_variant_path(loose, "int8-static") is None
     assert resolve_variant(model, "int8") == model / "variants" / "int8-dynamic.onnx"
-    with pytest.raises(InputError, match="has no variant 'fp16': it has int8-dynamic; `zoo q"):
+    with pytest.raises(
+        InputError, match="has no variant 'fp16': it has int8-dynamic; `zoo q"
+    ) as no:
         resolve_variant(model, "fp16")
+    # the file quantize's default engine writes: NNCF's where it is installed
+    assert "writes an int8 variant in" in str(no.value)
+    assert "(int8-nncf.onnx, or int8-static.onnx without NNCF)" in str(no.value)
     two = tmp_path / "two"
     shutil.copytree(model, two)
     shutil.copy(two / "variants" / "int8-dynamic.onnx", two / "variants" / "int8-static.onnx")

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.calibration import Rejection, score_kind
-from zoo.errors import CheckpointError, DataError, InputError
+from zoo.errors import CheckpointError, DataError, InputError, some_of
 from zoo.factory import create_model, info_of, require_weights, resolve, weight_source
 from zoo.images import open_image
 from zoo.preprocessing import Preprocessing
@@ -148,8 +148,8 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
         extra = sorted(set(theirs) - set(splits.classes))
         why = (
             f"the data has {len(splits.classes)} classes, the teacher {info.num_classes}"
-            + (f"; not in the teacher: {', '.join(missing[:5])}" if missing else "")
-            + (f"; not in the data: {', '.join(extra[:5])}" if extra else "")
+            + (f"; not in the teacher: {some_of(missing)}" if missing else "")
+            + (f"; not in the data: {some_of(extra)}" if extra else "")
             + ("; the same names in another order" if not missing and not extra else "")
         )
         raise InputError(

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.errors import DataError, InputError
+from zoo.errors import DataError, InputError, some_of
 from zoo.model_config import ModelConfig
 
 MIN_IMAGES = 5
@@ -224,7 +224,7 @@ def _data_reference(data: Path, index: dict[str, int], run: Path | None) -> Refe
         names = list(index)
         raise InputError(
             f"--data {data}: no images in subfolders named after the model's classes "
-            f"({', '.join(names[:5])}{'…' if len(names) > 5 else ''})."
+            f"({some_of(names)})."
         )
     chosen = sorted(np.random.default_rng(0).permutation(len(found))[:REFERENCE_LIMIT])
     return Reference(

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.errors import some_of
 from zoo.preprocessing import Preprocessing
 
 QUANT_LAYERS = (nn.Conv2d, nn.Linear)
@@ -309,8 +310,7 @@ def prepare_for_run(
         f"images, as zoo quantize --engine ort quantizes them); {folded} BatchNorm folded into "
         "their convs and frozen; no dropout"
         + (
-            f"; {len(own)} with a forward of their own left float in training "
-            f"({', '.join(own[:3])}{', …' if len(own) > 3 else ''})"
+            f"; {len(own)} with a forward of their own left float in training ({some_of(own, 3)})"
             if own
             else ""
         )

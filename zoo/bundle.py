@@ -12,7 +12,7 @@ from zoo import durable
 from zoo.artifact import ALLOWED_FILES, ALLOWED_NAMES, CONFIG_FILE, read_config, save_model_folder
 from zoo.cards import finetuned_card
 from zoo.catalog import get_entry
-from zoo.errors import InputError, UnsafeWeightsError, first_line
+from zoo.errors import InputError, UnsafeWeightsError, first_line, some_of
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
 from zoo.model_config import ModelConfig
@@ -61,7 +61,7 @@ def check_replaceable(out: Path) -> None:
     # a folder that is no model folder (.git too) is the user's
     foreign = [n for n in names if n not in ALLOWED_NAMES and not n.startswith(".")]
     if foreign or (names and CONFIG_FILE not in names):
-        shown = ", ".join(foreign[:5] or names[:5]) + (", …" if len(foreign or names) > 5 else "")
+        shown = some_of(foreign or names)
         raise InputError(
             f"{out} exists and is not a model folder (it holds {shown}): zoo writes a model "
             "folder whole, replacing what is there, so it refuses; name a new or empty folder, "

@@ -65,12 +65,12 @@ class WeightsNotFoundError(ZooError, FileNotFoundError):
 class WeightsIntegrityError(ZooError, ValueError):
     """A weights file does not have the pinned hash."""
 
-    def __init__(self, path: str, expected: str, actual: str) -> None:
+    def __init__(self, path: str, expected: str, actual: str, fix: str | None = None) -> None:
         self.path, self.expected, self.actual = path, expected, actual
         super().__init__(
             f"Weights file {path} failed its hash check: expected sha256 {expected}, "
-            f"got {actual}. The file is corrupt or was tampered with; delete it and fetch "
-            "it again."
+            f"got {actual}. The file is corrupt or was tampered with; "
+            f"{fix or 'delete it and fetch it again'}."
         )
 
 
@@ -244,3 +244,10 @@ def first_line(exc: BaseException | str, limit: int = 300) -> str:
     cut = line[:limit]
     at_word = cut.rsplit(" ", 1)[0]
     return (at_word if len(at_word) >= limit // 2 else cut) + " …"
+
+
+def some_of(names: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``names``, comma-separated, and how many more there are: what a
+    message quotes of a long list, so that none is left out without saying so."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -521,7 +521,10 @@ def find_variant(folder: str | os.PathLike[str], name: str) -> Variant:
         return matches[0]
     run = run_spelling(folder)
     calib = " --calib DIR" if run == str(folder) else ""  # a run calibrates on its own images
-    quantize = f"`zoo quantize {folder / EXPORT_NAME}{calib}` writes {variants_dir(folder)}/int8-static.onnx"
+    quantize = (  # its default engine's file: int8-nncf, or int8-static where NNCF is absent
+        f"`zoo quantize {folder / EXPORT_NAME}{calib}` writes an int8 variant in "
+        f"{variants_dir(folder)}/ (int8-nncf.onnx, or int8-static.onnx without NNCF)"
+    )
     make = quantize if (folder / EXPORT_NAME).is_file() else f"`zoo export {run}`, then {quantize}"
     if matches:
         raise InputError(

@@ -42,11 +42,21 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def verify_file(path: Path, *, sha256: str | None = None, prefix: str | None = None) -> str:
-    """Check ``path`` against a full sha256 (preferred) or torchvision's hash prefix."""
+LOCAL_FIX = (
+    "nothing can fetch a local model folder's weights again: restore the folder from a copy, "
+    "or make it again with the command that wrote it (its run's `zoo finetune`, `zoo distill` "
+    "or `zoo enroll`; `zoo bundle`, `zoo convert`)"
+)
+
+
+def verify_file(
+    path: Path, *, sha256: str | None = None, prefix: str | None = None, local: bool = False
+) -> str:
+    """Check ``path`` against a full sha256 (preferred) or torchvision's hash prefix;
+    ``local``: a model folder's own file (the error says how to make it again, not fetch it)."""
     actual = sha256_file(path)
     if sha256 and actual != sha256:
-        raise WeightsIntegrityError(str(path), sha256, actual)
+        raise WeightsIntegrityError(str(path), sha256, actual, LOCAL_FIX if local else None)
     if not sha256 and prefix and not actual.startswith(prefix):
         raise WeightsIntegrityError(str(path), f"{prefix}…", actual)
     return actual
@@ -233,7 +243,7 @@ def fetch_weights(source: WeightSource) -> Path:
         if not path.is_file():
             raise WeightsNotFoundError(f"Weights file {path} does not exist.")
         if source.sha256:
-            verify_file(path, sha256=source.sha256)
+            verify_file(path, sha256=source.sha256, local=True)
         return path
     raise WeightsNotFoundError("This entry has no pretrained weights (random initialisation).")
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from zoo.deploy.export.parity import real_images
 from zoo.deploy.quantize.calibration import file_digest
-from zoo.errors import InputError
+from zoo.errors import InputError, some_of
 from zoo.run_images import find_run, run_validation_images
 
 EVAL_LIMIT = 500
@@ -47,8 +47,7 @@ def eval_images(model: Path, data: str | None, classes: list[str]) -> EvalImages
         if labels is None and classes:  # said, not silently dropped (eval refuses them)
             other = sorted({p.parent.name for p in paths if p.parent != Path(data)} - set(classes))
             why = (
-                f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''} not among the "
-                "model's classes"
+                f"{some_of(other, 3)} not among the model's classes"
                 if other
                 else "no class folders"
             )

@@ -10,6 +10,7 @@ write by hand (:mod:`zoo.deploy.serve.grpc_server`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -188,3 +189,51 @@ def infer_response(
             bytes_tensor(arr) if datatype == "BYTES" else np.ascontiguousarray(arr).tobytes()
         )
     return resp
+
+
+@functools.cache
+def repository_messages() -> Any:
+    """Triton's ``RepositoryIndexRequest`` and ``RepositoryIndexResponse`` (its model repository
+    extension over gRPC, which tritonclient's ``get_model_repository_index`` calls; KServe's
+    proto has no such method), as a namespace of the two classes. Declared here from Triton's
+    field numbers into a private descriptor pool: tritonclient's generated module, the only
+    one that ships them, would clash with KServe's messages in the default pool (both
+    declare ``inference.*``), and it is a test dependency only."""
+    from types import SimpleNamespace
+
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    string, boolean = (
+        descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+    )
+    optional, repeated = (
+        descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+        descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
+    file = descriptor_pb2.FileDescriptorProto(
+        name="zoo_triton_repository.proto", package="inference"
+    )
+    file.syntax = "proto3"
+    request = file.message_type.add(name="RepositoryIndexRequest")
+    request.field.add(name="repository_name", number=1, type=string, label=optional)
+    request.field.add(name="ready", number=2, type=boolean, label=optional)
+    response = file.message_type.add(name="RepositoryIndexResponse")
+    index = response.nested_type.add(name="ModelIndex")
+    for number, field in enumerate(("name", "version", "state", "reason"), start=1):
+        index.field.add(name=field, number=number, type=string, label=optional)
+    response.field.add(
+        name="models",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+        label=repeated,
+        type_name=".inference.RepositoryIndexResponse.ModelIndex",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return SimpleNamespace(
+        **{
+            n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{n}"))
+            for n in ("RepositoryIndexRequest", "RepositoryIndexResponse")
+        }
+    )

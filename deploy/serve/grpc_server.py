@@ -1,4 +1,5 @@
-"""The v2 gRPC service (KServe's ``GRPCInferenceService``) of ``zoo serve --grpc-port``: a
+"""The v2 gRPC service (KServe's ``GRPCInferenceService``, with Triton's ``ModelConfig`` and
+``RepositoryIndex``) of ``zoo serve --grpc-port``: a
 ``grpc.aio`` server in uvicorn's event loop, on the same models (:class:`ServedModels`: each
 its own batcher and queue limits) as HTTP. Keys come in the ``authorization`` metadata
 (``Bearer <key>``); errors map to status codes as HTTP's to statuses: bad input
@@ -20,7 +21,13 @@ import msgspec
 from zoo.artifact import zoo_version
 from zoo.deploy.serve.auth import ApiKeys, Verdict, refusal_message
 from zoo.deploy.serve.config import ServeConfig
-from zoo.deploy.serve.grpc_protocol import SERVICE, infer_response, messages, parse_infer
+from zoo.deploy.serve.grpc_protocol import (
+    SERVICE,
+    infer_response,
+    messages,
+    parse_infer,
+    repository_messages,
+)
 from zoo.deploy.serve.metrics import ServerMetrics
 from zoo.deploy.serve.model import ModelServer
 from zoo.deploy.serve.protocol import TritonConfig
@@ -107,6 +114,7 @@ class GrpcService:
             "ModelReady": ("metadata", self.model_ready),
             "ModelMetadata": ("metadata", self.model_metadata),
             "ModelInfer": ("infer", self.model_infer),
+            "RepositoryIndex": ("metadata", self.repository_index),  # Triton's extension
         }
         if importlib.util.find_spec("tritonclient") is not None:  # Triton's schema is there
             self.methods["ModelConfig"] = ("metadata", self.model_config)
@@ -235,6 +243,19 @@ class GrpcService:
         request has ModelMetadataRequest's fields (name = 1, version = 2)."""
         req = self._parse(self.pb.ModelMetadataRequest, data)
         return config_response(self._model(req.name, rpc).triton_config(req.name))
+
+    async def repository_index(self, data: bytes, rpc: _Call) -> Any:
+        """Triton's ``RepositoryIndex``: every model (``ready``: the ready ones), as
+        ``/v2/repository/index`` lists them (the other workers' asked, never relayed)."""
+        pb = repository_messages()
+        req = self._parse(pb.RepositoryIndexRequest, data)
+        entry = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                entry(name=e.name, version=e.version, state=e.state, reason=e.reason)
+                for e in await self.models.listed(req.ready)
+            ]
+        )
 
     async def model_infer(self, data: bytes, rpc: _Call) -> Any:
         name, req = parse_infer(data, max_elements=self.body_limit)

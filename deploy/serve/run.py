@@ -56,8 +56,16 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
     from zoo.deploy.export.onnx_export import export_onnx
 
     out = workdir / ONNX_FILE
+    once = (  # what spares the next start this export
+        f"`zoo export {ref.shown}` once writes the file it serves"
+        if ref.kind in ("run", "model-folder")
+        else f"`zoo export {ref.shown} -o model.onnx` once and serve model.onnx"
+    )
     logging.getLogger("zoo.serve").warning(
-        "exporting %s to ONNX (dynamic batch) before serving", ref.shown
+        "exporting %s to ONNX (dynamic batch, through the parity gate) in a temporary folder "
+        "before serving, as on every start (%s)",
+        ref.shown,
+        once,
     )
     export_onnx(ref, out)
     return out

@@ -147,6 +147,10 @@ class ServedModels:
             only_ready = msgspec.json.decode(body, type=IndexRequest).ready if body else False
         except msgspec.DecodeError as exc:  # ValidationError included
             raise InputError(f'the repository index takes {{"ready": true|false}}: {exc}') from exc
+        return await self.listed(only_ready)
+
+    async def listed(self, only_ready: bool) -> list[IndexEntry]:
+        """The repository index's entries: every model's, or the ready ones' (both transports)."""
         entries = await self.entries()
         return [e for e in entries if e.state == "READY"] if only_ready else entries
 
