@@ -31,7 +31,7 @@ VariantOpt = Annotated[
         "--variant",
         help="use a derived file of the run or model folder (its variants/, listed by "
         "`zoo list`), by name or unique prefix: int8 → model/variants/int8-nncf.onnx (or "
-        "int8-static.onnx: onnxruntime's)",
+        "int8-static.onnx, onnxruntime's)",
     ),
 ]
 

@@ -101,8 +101,9 @@ def quantize_cmd(
         typer.Option(
             "-o",
             "--output",
-            help="default: a run's model/variants/int8-MODE.onnx (from variants/NAME.onnx: "
-            "variants/NAME-int8-MODE.onnx)",
+            help="default: a run's model/variants/int8-KIND.onnx, KIND the engine's (nncf) or "
+            "the mode (static, dynamic) of onnxruntime's (from variants/NAME.onnx: "
+            "variants/NAME-int8-KIND.onnx)",
         ),
     ] = D["output"],
     as_json: JsonOpt = False,

@@ -132,6 +132,11 @@ def test_a_model_folders_own_weights_say_how_to_make_them_again(tmp_path: Path) 
     assert f"Weights file {path} failed its hash check" in said
     assert "fetch it again" not in said and "restore the folder from a copy" in said
     assert "`zoo finetune`" in said
+    told = weights.availability(local).describe()  # what `zoo info FOLDER` says of it
+    assert told.startswith(f"no: {path} fails its pinned hash") and "restore the folder" in told
+    path.unlink()
+    told = weights.availability(local).describe()
+    assert told.startswith(f"no: {path} is not there") and "download" not in told
 
 
 @pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "ZOO_OFFLINE"])

@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 from tests.serving import NAME, free_port, kserve_request, metric, server, x_of
 from zoo.deploy.runtimes.loader import make_session
 from zoo.deploy.serve.auth import ENV_VAR
+from zoo.deploy.serve.grpc_protocol import repository_messages
 
 pytestmark = pytest.mark.serve
 
@@ -307,6 +308,10 @@ def test_fuzzed_requests_are_refused_by_status_never_internal(
         assert code_of(lambda: unknown(b"", metadata=AUTH)) == "UNIMPLEMENTED"
         index = channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
         assert code_of(lambda: index(b"\xff\xff\xff", metadata=AUTH)) == "INVALID_ARGUMENT"
+        other = repository_messages().RepositoryIndexRequest(repository_name="other")
+        assert code_of(lambda: index(other.SerializeToString(), metadata=AUTH)) == (
+            "INVALID_ARGUMENT"  # one repository, as Triton refuses a named one
+        )
     assert set(codes) <= CLIENT_ERRORS | {"OK"}, codes
     assert codes["INVALID_ARGUMENT"] > FUZZ_REQUESTS // 2, codes
     x = x_of(24)  # still right afterwards

@@ -142,7 +142,7 @@ def test_default_path_and_resolution(chain: Path, tmp_path: Path) -> None:
         resolve_variant(model, "fp16")
     # the file quantize's default engine writes: NNCF's where it is installed
     assert "writes an int8 variant in" in str(no.value)
-    assert "(int8-nncf.onnx, or int8-static.onnx without NNCF)" in str(no.value)
+    assert "(int8-nncf.onnx; int8-static.onnx without NNCF or for a quant" in str(no.value)
     two = tmp_path / "two"
     shutil.copytree(model, two)
     shutil.copy(two / "variants" / "int8-dynamic.onnx", two / "variants" / "int8-static.onnx")

@@ -523,7 +523,8 @@ def find_variant(folder: str | os.PathLike[str], name: str) -> Variant:
     calib = " --calib DIR" if run == str(folder) else ""  # a run calibrates on its own images
     quantize = (  # its default engine's file: int8-nncf, or int8-static where NNCF is absent
         f"`zoo quantize {folder / EXPORT_NAME}{calib}` writes an int8 variant in "
-        f"{variants_dir(folder)}/ (int8-nncf.onnx, or int8-static.onnx without NNCF)"
+        f"{variants_dir(folder)}/ (int8-nncf.onnx; int8-static.onnx without NNCF or for a "
+        "quantization-aware model)"
     )
     make = quantize if (folder / EXPORT_NAME).is_file() else f"`zoo export {run}`, then {quantize}"
     if matches:

@@ -94,6 +94,7 @@ class Availability:
     state: AvailabilityState
     path: str | None = None  # where the file is (or would be, for the torch hub cache)
     hash_checked: bool = False  # cached and matching the entry's sha256 (or hash prefix)
+    local: bool = False  # a model folder's own file: nothing can fetch it again
 
     @property
     def available(self) -> bool:
@@ -106,7 +107,10 @@ class Availability:
             pin = "hash checked" if self.hash_checked else "no pinned hash to check"
             return f"yes: cached at {self.path} ({pin})"
         if self.state == "corrupt":
-            return f"no: {self.path} fails its pinned hash (delete it and fetch it again)"
+            fix = LOCAL_FIX if self.local else "delete it and fetch it again"
+            return f"no: {self.path} fails its pinned hash ({fix})"
+        if self.state == "missing" and self.local:
+            return f"no: {self.path} is not there ({LOCAL_FIX})"
         if self.state == "missing":
             where = f" (would be {self.path})" if self.path else ""
             return f"no: not cached here{where}; needs a download, or --weights none"
@@ -133,14 +137,15 @@ def availability(source: WeightSource) -> Availability:
         path = _hub_cached(source)
     else:
         path = Path(source.path) if source.path else None
+    local = source.kind == "local"
     if path is None or not path.is_file():
-        return Availability("missing", str(path) if path is not None else None)
+        return Availability("missing", str(path) if path is not None else None, local=local)
     pinned = bool(source.sha256 or source.hash_prefix)
     try:
         if pinned:
             verify_file(path, sha256=source.sha256, prefix=source.hash_prefix)
     except WeightsIntegrityError:
-        return Availability("corrupt", str(path))
+        return Availability("corrupt", str(path), local=local)
     return Availability("cached", str(path), hash_checked=pinned)
 
 

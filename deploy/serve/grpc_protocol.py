@@ -198,7 +198,7 @@ def repository_messages() -> Any:
     proto has no such method), as a namespace of the two classes. Declared here from Triton's
     field numbers into a private descriptor pool: tritonclient's generated module, the only
     one that ships them, would clash with KServe's messages in the default pool (both
-    declare ``inference.*``), and it is a test dependency only."""
+    declare ``inference.*``)."""
     from types import SimpleNamespace
 
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory

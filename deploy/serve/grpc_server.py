@@ -191,7 +191,7 @@ class GrpcService:
 
         try:
             return message.FromString(data)
-        except DecodeError as exc:
+        except (DecodeError, UnicodeDecodeError) as exc:  # the latter: pure-Python protobuf
             raise InputError(f"the request is not a {message.__name__}: {exc}") from exc
 
     def _model(self, name: str, rpc: _Call) -> ModelServer:
@@ -249,6 +249,11 @@ class GrpcService:
         ``/v2/repository/index`` lists them (the other workers' asked, never relayed)."""
         pb = repository_messages()
         req = self._parse(pb.RepositoryIndexRequest, data)
+        if req.repository_name:  # as Triton's own server refuses it
+            raise InputError(
+                f"repository_name {req.repository_name!r}: zoo serve has one repository; "
+                "leave it empty"
+            )
         entry = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
             models=[

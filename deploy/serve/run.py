@@ -54,12 +54,13 @@ def resolve_onnx(model: str | ModelRef, workdir: Path) -> Path:
         if refusal is not None:  # refused before the export's warning, which would not come true
             raise refusal
     from zoo.deploy.export.onnx_export import export_onnx
+    from zoo.deploy.export.options import default_output
 
     out = workdir / ONNX_FILE
     once = (  # what spares the next start this export
         f"`zoo export {ref.shown}` once writes the file it serves"
         if ref.kind in ("run", "model-folder")
-        else f"`zoo export {ref.shown} -o model.onnx` once and serve model.onnx"
+        else f"`zoo export {ref.shown}` once writes {default_output(ref, 'onnx', None)}: serve that"
     )
     logging.getLogger("zoo.serve").warning(
         "exporting %s to ONNX (dynamic batch, through the parity gate) in a temporary folder "

@@ -75,14 +75,17 @@ def graceful_server(config: Any) -> Any:
         handler re-raises the signal after shutting down, which ends the process with -15.)"""
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if not self.should_exit:  # the first signal: said once (a second forces the exit)
-                logging.getLogger("zoo.serve").info(
-                    "zoo serve: %s: no new connections; the requests in flight finish "
-                    "(at most %s s), then it stops",
-                    signal.Signals(sig).name,
-                    self.config.timeout_graceful_shutdown,
-                )
-            super().handle_exit(sig, frame)
+            first = not self.should_exit  # said once (a second Ctrl-C forces the exit)
+            try:
+                if first:
+                    logging.getLogger("zoo.serve").info(
+                        "zoo serve: %s: no new connections; the requests in flight finish "
+                        "(at most %s s), then it stops",
+                        signal.Signals(sig).name,
+                        self.config.timeout_graceful_shutdown,
+                    )
+            finally:  # a log write the signal interrupted must not lose the signal
+                super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
