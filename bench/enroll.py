@@ -115,7 +115,9 @@ def measure(
     from zoo.train.enroll_images import reference_images
 
     net, run_embed = embed(run)
-    classes = list(read_config(ModelRef.parse(str(run)).model_folder).class_names)
+    run_folder = ModelRef.parse(str(run)).model_folder
+    run_config = read_config(run_folder)  # the classes before enrolment
+    classes = list(run_config.class_names)
     new = len(classes)
     y = np.array([i for _, i in old_test])
     before, f_old = run_embed([p for p, _ in old_test])
@@ -168,9 +170,7 @@ def measure(
     )
     from zoo.train.imprint import cap_bias, fit_new_row
 
-    ref = reference_images(
-        str(run), ModelRef.parse(str(run)).model_folder, {"class_names": classes}, None
-    )
+    ref = reference_images(str(run), run_folder, run_config, None)
     _, f_ref = run_embed(list(ref.paths))
     labels = np.asarray(ref.labels)
     fitted = fit_new_row(f_pos, f_ref, labels, w, b)
