@@ -76,7 +76,7 @@ class Judge:
         quantize_qdq(prepped, work / "ort.onnx", work / "ranges.json", cal)
         other = Calibration("minmax", True, reduce_range=not cal.reduce_range)
         quantize_qdq(prepped, work / "ort_other.onnx", work / "ranges.json", other)
-        nncf_quantize(prepped, work / "nncf.onnx", self.x_cal, name)
+        nncf_quantize(prepped, work / "nncf.onnx", self.x_cal, name, bits)
         y32 = logits(model, self.x_val, None).argmax(1)
         row: dict[str, Any] = {"fp32": self.acc(y32), "weight_bits": bits}
         y8 = logits(work / "ort_other.onnx", self.x_val, None).argmax(1)

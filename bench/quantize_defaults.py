@@ -15,7 +15,8 @@ Compared, each through zoo's own quantization code (``zoo.deploy.quantize.search
   ``reduce_range`` where the CPU has no VNNI), on ``--calib`` images;
 - onnxruntime S8S8 QDQ, symmetric, per-channel, with minmax / entropy / percentile ranges,
   ``reduce_range`` off and on, on ``--calib`` images;
-- NNCF (``--engine nncf``) on the same images;
+- NNCF (``--engine nncf``) on the same images, at this CPU's int8 weight bits (its default: 7
+  on every layer without VNNI, NNCF's overflow fix) and at the other bits (``--weight-bits``);
 - ``zoo quantize --mode dynamic``'s setting (int8 per-channel weights, uint8 activations
   quantized at run time), ``reduce_range`` off and on: not a candidate for the static default.
 
@@ -133,6 +134,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from zoo.deploy.quantize.search import logits
     from zoo.deploy.quantize.verdict import coverage, op_counts, wilson
     from zoo.deploy.runtimes.loader import make_session
+    from zoo.system import int8_weight_bits
 
     t0 = time.perf_counter()
     run = make_run(work)
@@ -206,9 +208,12 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         )
         settings = {"engine": "ort", "mode": "dynamic", "reduce_range": reduce}
         rows.append(judge(label, out, settings, 0, mode="dynamic"))
-    nncf_out = work_q / "nncf.onnx"
-    nncf_quantize(prepped, nncf_out, [x[None] for x in x_cal], name)
-    rows.append(judge("nncf", nncf_out, {"engine": "nncf"}, len(x_cal)))
+    cpu_bits = int8_weight_bits()
+    for bits in (cpu_bits, 15 - cpu_bits):  # zoo quantize's default here, then the other
+        label = "nncf" if bits == cpu_bits else f"nncf-weights-{bits}"
+        nncf_out = work_q / f"{label}.onnx"
+        nncf_quantize(prepped, nncf_out, [x[None] for x in x_cal], name, bits)
+        rows.append(judge(label, nncf_out, {"engine": "nncf", "weight_bits": bits}, len(x_cal)))
     seconds["quantize_and_measure"] = round(time.perf_counter() - t1, 1)
 
     static = [r for r in rows if r.get("mode") != "dynamic"]  # the static default's choice

@@ -90,7 +90,8 @@ def quantize_cmd(
         int | None,
         typer.Option(
             "--weight-bits",
-            help="static, --engine ort: the int8 weights' bits, 8 or 7 (reduce_range); "
+            help="static: the int8 weights' bits, 8 or 7 (onnxruntime's reduce_range, NNCF's "
+            "overflow fix on every layer); "
             "default: the fewer of a QAT model's and this CPU's (7 without VNNI). 8 on a CPU "
             "without VNNI makes a file for a VNNI server",
         ),

@@ -213,22 +213,42 @@ def test_quantize_static_and_dynamic_tell_the_truth(mobilenet_onnx: Path, tmp_pa
 
 def test_quantize_with_nncf_runs_every_layer_in_int8(mobilenet_onnx: Path, tmp_path: Path) -> None:
     """``--engine nncf`` on the real MobileNetV2: NNCF's ranges, and a graph onnxruntime runs
-    fully in int8 (its fused ops counted in the optimised graph), with the agreement's interval."""
+    fully in int8 (its fused ops counted in the optimised graph), with the agreement's interval;
+    ``--weight-bits 7`` (a CPU without VNNI's default) gives every convolution that sums across
+    channels 7-bit weights (NNCF's overflow fix on every layer; depthwise ones cannot saturate
+    and keep 8), said in the report and recorded in the file."""
     import onnxruntime as ort
+    from onnx import numpy_helper
 
     calib = sample_image_paths()[0].parent
     out = tmp_path / "n.onnx"
     r = zoo_here(
         *("quantize", str(mobilenet_onnx), "--engine", "nncf", "--calib", str(calib)),
-        *("-o", str(out), "--json"),
+        *("--weight-bits", "7", "-o", str(out), "--json"),
     )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["engine"] == "nncf" and rep["method"] is None
+    assert rep["engine"] == "nncf" and rep["method"] is None and rep["weight_bits"] == 7
     assert rep["coverage"] == {"heavy_ops": 53, "quantized": 52, "fp32_left": 1}  # the classifier
     low, high = rep["agreement_ci95"]
     assert low <= rep["top1_agreement"] <= high and rep["n_images"] == 2
-    assert read_metadata(out)["quantization"]["engine"] == "nncf"
+    said = read_metadata(out)["quantization"]
+    assert said["engine"] == "nncf" and said["weight_bits"] == 7
+    graph = onnx.load(out).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    weights = {
+        n.output[0]: inits[n.input[0]]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits
+    }
+    reach = {}  # conv → the largest |int8 weight|, grouped or not
+    for n in graph.node:
+        if n.op_type == "Conv" and n.input[1] in weights:
+            group = next((a.i for a in n.attribute if a.name == "group"), 1)
+            reach[n.name] = (group > 1, int(np.abs(weights[n.input[1]].astype(int)).max()))
+    dense = [m for grouped, m in reach.values() if not grouped]
+    assert len(dense) == 35 and max(dense) <= 64, dense
+    assert max(m for grouped, m in reach.values() if grouped) > 64  # 8 bits where it is safe
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "optimised.onnx")
     ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])

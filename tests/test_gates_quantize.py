@@ -344,6 +344,7 @@ def test_the_reports_derived_figures() -> None:
             mode="static",
             engine="ort",
             calibration=None,
+            weight_bits=8,
             size_mb=(4.0, 1.0),
             latency=Latency(8.0, 6.0, 1, 2),
             top1_agreement=1.0,

@@ -312,7 +312,6 @@ def test_auto_engine_is_nncf_where_it_applies() -> None:
     assert resolve_engine("auto", "static", None, None, 0.98) == "ort"
     assert resolve_engine("ort", "static", None, None, None) == "ort"
     assert resolve_engine("nncf", "static", None, None, None) == "nncf"
-    assert resolve_engine("auto", "static", None, None, None, weight_bits=8) == "ort"
 
 
 def test_weight_bits_decide_instead_of_the_rule_and_are_said(
@@ -320,14 +319,19 @@ def test_weight_bits_decide_instead_of_the_rule_and_are_said(
 ) -> None:
     """``--weight-bits`` overrides the rule (the fewer of a QAT model's bits and this CPU's),
     for a file that runs on another CPU; the plan says what that means, and nothing when the
-    bits asked are this CPU's anyway; bits other than 8 or 7, dynamic mode and NNCF are
-    refused by name."""
+    bits asked are this CPU's anyway; bits other than 8 or 7 and dynamic mode are refused by
+    name; NNCF takes them too."""
     from zoo.errors import InputError, UsageError
 
     avx2, vnni = frozenset({"avx2"}), frozenset({"avx2", "avx512_vnni"})
     assert not qo.default_calibration(flags=avx2, asked_bits=8).reduce_range
     assert qo.default_calibration(flags=vnni, asked_bits=7).reduce_range
     assert not qo.default_calibration(flags=avx2, weight_bits=7, asked_bits=8).reduce_range
+    # the rule both engines follow: asked, else the fewer of the trained bits and the CPU's
+    assert qo.shipped_weight_bits(None, None, avx2) == 7
+    assert qo.shipped_weight_bits(None, None, vnni) == 8
+    assert qo.shipped_weight_bits(7, None, vnni) == 7 and qo.shipped_weight_bits(8, None, avx2) == 7
+    assert qo.shipped_weight_bits(7, 8, avx2) == 8 and qo.shipped_weight_bits(None, 7, vnni) == 7
     monkeypatch.setattr(qo, "int8_weight_bits", lambda flags=None: 7)  # no VNNI here
     for_server = qo.weight_bits_note(False, None, 8)
     assert for_server is not None and "a file for a CPU with VNNI" in for_server
@@ -346,11 +350,18 @@ def test_weight_bits_decide_instead_of_the_rule_and_are_said(
     model = tmp_path / "m.onnx"
     with pytest.raises(UsageError, match="--weight-bits 6: int8 weights take 8 bits, or 7"):
         qo.QuantizeOptions(model, weight_bits=6)
-    with pytest.raises(InputError, match="got --mode dynamic --engine ort"):
+    with pytest.raises(InputError, match="use --mode static \\(got --mode dynamic\\)"):
         qo.QuantizeOptions(model, mode="dynamic", weight_bits=8)
-    with pytest.raises(InputError, match="got --mode static --engine nncf"):
-        qo.QuantizeOptions(model, engine="nncf", weight_bits=7)
-    assert qo.QuantizeOptions(model, weight_bits=8).resolved_engine == "ort"
+    # both engines take them: NNCF as its overflow fix (every layer at 7 bits, the first at 8)
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    from zoo.deploy.quantize.nncf_engine import overflow_fix
+
+    assert qo.QuantizeOptions(model, engine="nncf", weight_bits=7).weight_bits == 7
+    assert qo.QuantizeOptions(model, weight_bits=8).resolved_engine == qo.resolve_engine(
+        "auto", "static", None, None, None
+    )
+    assert overflow_fix(7) == OverflowFix.ENABLE and overflow_fix(8) == OverflowFix.FIRST_LAYER
     from typer.testing import CliRunner
 
     from zoo.cli.app import app

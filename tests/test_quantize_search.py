@@ -210,6 +210,7 @@ def test_cli_prints_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
             mode="static",
             engine="ort",
             calibration=result.calibration,
+            weight_bits=8,
             size_mb=(13.6, 4.0),
             latency=qr.Latency(8.0, 7.2, 1, 2),
             top1_agreement=0.9833,

@@ -37,6 +37,7 @@ from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_imag
 from zoo.deploy.quantize.options import (
     QuantizeOptions,
     default_calibration,
+    shipped_weight_bits,
     trained_weight_bits,
     weight_bits_note,
 )
@@ -133,19 +134,21 @@ def quantize(
     calib_imgs: list[Path] = []
     calib_description = None
     calibration = None
+    bits = None
     if mode == "static":
         calib_imgs, calib_description = calibration_images(
             model, o.calib, o.calib_size, held_out=images
         )
         if not images.proves_nothing:
             check_disjoint(calib_imgs, list(images.paths), from_run=o.calib is None)
+        bits = shipped_weight_bits(qat_bits, o.weight_bits)
         if engine == "ort":
             calibration = default_calibration(
                 o.method, o.per_channel, weight_bits=qat_bits, asked_bits=o.weight_bits
             )
-            note = weight_bits_note(calibration.reduce_range, qat_bits, o.weight_bits)
-            if on_plan is not None and note is not None:
-                on_plan(note)
+        note = weight_bits_note(bits == 7, qat_bits, o.weight_bits)
+        if on_plan is not None and note is not None:
+            on_plan(note)
     x_eval = np.stack([preprocess(open_image(p), pre) for p in images.paths])
     searched = None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +176,8 @@ def quantize(
             if engine == "nncf":
                 from zoo.deploy.quantize.nncf_engine import nncf_quantize
 
-                nncf_quantize(prepped, tmp_out, batches, sess_in)
+                assert bits is not None  # static
+                nncf_quantize(prepped, tmp_out, batches, sess_in, bits)
             elif target_agreement is not None:
                 assert calibration is not None  # engine ort, static: its weight bits
                 if on_plan is not None:
@@ -215,6 +219,7 @@ def quantize(
                     "method": None if calibration is None else calibration.method,
                     "per_channel": True if calibration is None else calibration.per_channel,
                     "calibration": None if calibration is None else calibration.to_dict(),
+                    "weight_bits": bits,
                     "source": str(model),
                     **(
                         {}
@@ -238,6 +243,7 @@ def quantize(
             mode=mode,
             engine=engine if mode == "static" else "ort",
             calibration=calibration,
+            weight_bits=bits,
             calib_description=calib_description,
             coverage=coverage(fp32_ops, tmp_out, mode),
             out=out,
@@ -282,6 +288,7 @@ def _measure(
     mode: QuantMode,
     engine: QuantEngine,
     calibration: Calibration | None,
+    weight_bits: int | None,
     calib_description: str | None,
     coverage: Coverage,
     out: Path,
@@ -314,6 +321,7 @@ def _measure(
         mode=mode,
         engine=engine,
         calibration=calibration,
+        weight_bits=weight_bits,
         size_mb=(mib(fp32.stat().st_size), mib(q.stat().st_size)),
         latency=latency,
         top1_agreement=acc["top1_agreement"],

@@ -9,11 +9,16 @@ onnxruntime's 66 %, at the same ~0.7× fp32 latency (docs/benchmarks.md, "int8")
 
 Two settings and one rewrite make its graph fast in onnxruntime (each was measured: without
 them NNCF's model ran 2.2× *slower* than fp32): per-tensor activation scales (onnxruntime's
-fused ``QLinearConv`` takes one input scale), the overflow fix on the first layer only (7-bit
-weights where uint8 × int8 sums would saturate on CPUs without VNNI), and NNCF's signed
-int8 activation pairs rewritten as uint8 with the zero point moved by 128 — the same real
-values — because onnxruntime fuses only uint8 activations on x86 (written here: neither library
-offers it).
+fused ``QLinearConv`` takes one input scale), and NNCF's signed int8 activation pairs rewritten
+as uint8 with the zero point moved by 128 — the same real values — because onnxruntime fuses
+only uint8 activations on x86 (written here: neither library offers it).
+
+The weights' bits follow the CPU, as onnxruntime's engine does (``--weight-bits``,
+:func:`zoo.deploy.quantize.options.shipped_weight_bits`): NNCF's overflow fix gives 7-bit
+weights to every layer where the CPU has no VNNI (its uint8 × int8 sums saturate 8-bit ones),
+else to the first layer only (NNCF's default). Measured on the digits run on an AVX2 CPU: the
+first layer only dropped 2.2 points, every layer 0.8 (top-1 agreement 95.0 → 97.8 %), at the
+same latency (docs/bench/quantize_defaults_avx2.json).
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ import numpy as np
 from zoo.errors import InputError
 
 
-def nncf_quantize(fp32: Path, out: Path, batches: list[np.ndarray], input_name: str) -> None:
+def nncf_quantize(
+    fp32: Path, out: Path, batches: list[np.ndarray], input_name: str, weight_bits: int
+) -> None:
     """Quantize the ONNX model at ``fp32`` with NNCF on the calibration ``batches`` and write
-    the int8 graph to ``out``.
+    the int8 graph to ``out``, its weights in ``weight_bits`` (8, or 7 on every layer:
+    :func:`overflow_fix`).
 
     Raises:
         InputError: NNCF is not installed (the way to get it).
@@ -46,14 +54,21 @@ def nncf_quantize(fp32: Path, out: Path, batches: list[np.ndarray], input_name: 
     dataset = nncf.Dataset(batches, lambda x: {input_name: x})
     # NNCF draws progress bars on stdout, where --json's report goes: they go to stderr
     with contextlib.redirect_stdout(sys.stderr):
-        quantized = _quantize(nncf, onnx.load(str(fp32)), dataset, len(batches))
+        quantized = _quantize(nncf, onnx.load(str(fp32)), dataset, len(batches), weight_bits)
     onnx.save(uint8_activations(quantized), str(out))
 
 
-def _quantize(nncf: Any, model: Any, dataset: Any, n: int) -> Any:
+def overflow_fix(weight_bits: int) -> Any:
+    """NNCF's ``OverflowFix`` for int8 weights of ``weight_bits``: 7 bits on every layer
+    (``ENABLE``) for 7, else on the first layer alone (``FIRST_LAYER``, NNCF's default)."""
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    return OverflowFix.ENABLE if weight_bits == 7 else OverflowFix.FIRST_LAYER
+
+
+def _quantize(nncf: Any, model: Any, dataset: Any, n: int, weight_bits: int) -> Any:
     from nncf.quantization.advanced_parameters import (
         AdvancedQuantizationParameters,
-        OverflowFix,
         QuantizationParameters,
     )
 
@@ -68,7 +83,7 @@ def _quantize(nncf: Any, model: Any, dataset: Any, n: int) -> Any:
         subset_size=n,
         fast_bias_correction=False,
         advanced_parameters=AdvancedQuantizationParameters(
-            overflow_fix=OverflowFix.FIRST_LAYER,
+            overflow_fix=overflow_fix(weight_bits),
             activations_quantization_params=QuantizationParameters(per_channel=False),
         ),
     )

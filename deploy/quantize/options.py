@@ -46,16 +46,15 @@ def resolve_engine(
     per_channel: bool | None,
     target_agreement: float | None,
     qat: bool = False,
-    weight_bits: int | None = None,
 ) -> QuantEngine:
     """``auto`` → ``nncf`` where NNCF is installed and nothing asked for onnxruntime's own
-    settings (``method``, ``per_channel``, ``target_agreement``, ``weight_bits``: it kept the
-    most accuracy: docs/bench/quantize_defaults.json), else ``ort``; and ``ort`` for a model
-    trained through onnxruntime's rounding (``qat``: zoo distill --qat; NNCF's own ranges lost
-    what QAT gained there: docs/bench/qat.json)."""
+    settings (``method``, ``per_channel``, ``target_agreement``: it kept the most accuracy:
+    docs/bench/quantize_defaults.json), else ``ort``; and ``ort`` for a model trained through
+    onnxruntime's rounding (``qat``: zoo distill --qat; NNCF's own ranges lost what QAT gained
+    there: docs/bench/qat.json). ``--weight-bits`` both engines take."""
     if engine != "auto":
         return engine
-    asked = (method, per_channel, target_agreement, weight_bits)
+    asked = (method, per_channel, target_agreement)
     ort_only = qat or any(a is not None for a in asked)
     if mode != "static" or ort_only:
         return "ort"
@@ -138,12 +137,20 @@ def default_calibration(
     ``asked_bits``: ``--weight-bits``, which decides instead (:func:`weight_bits_note`)."""
     from zoo.deploy.quantize.calibration import Calibration  # numpy: not at CLI start-up
 
-    bits = asked_bits if asked_bits is not None else min(weight_bits or 8, int8_weight_bits(flags))
     return Calibration(
         method=method or DEFAULT_METHOD,
         per_channel=True if per_channel is None else per_channel,
-        reduce_range=bits == 7,
+        reduce_range=shipped_weight_bits(weight_bits, asked_bits, flags) == 7,
     )
+
+
+def shipped_weight_bits(
+    trained: int | None, asked: int | None, flags: frozenset[str] | None = None
+) -> int:
+    """The int8 weights' bits a static quantization gives, with either engine: ``asked``
+    (``--weight-bits``) when given, else the fewer of a QAT model's ``trained`` bits and this
+    CPU's (:func:`zoo.system.int8_weight_bits`; ``flags``: this machine's by default)."""
+    return asked if asked is not None else min(trained or 8, int8_weight_bits(flags))
 
 
 def weight_bits_note(reduce_range: bool, trained: int | None, asked: int | None) -> str | None:
@@ -231,10 +238,10 @@ class QuantizeOptions:
             (:mod:`zoo.deploy.quantize.search`). ``max_accuracy_drop`` still applies.
         allow_drop: write the file even when it is below the floor
             (:func:`~zoo.deploy.quantize.verdict.check_floor`).
-        weight_bits: static, ``ort``: the int8 weights' bits, 8 or 7 (``reduce_range``);
-            default None: :func:`default_calibration`'s rule (the fewer of a QAT model's and
-            this CPU's). 8 on a CPU without VNNI makes a file for a VNNI server; said by
-            :func:`weight_bits_note`.
+        weight_bits: static: the int8 weights' bits, 8 or 7 (onnxruntime's ``reduce_range``,
+            NNCF's overflow fix on every layer); default None: :func:`shipped_weight_bits`'
+            rule (the fewer of a QAT model's and this CPU's). 8 on a CPU without VNNI makes a
+            file for a VNNI server; said by :func:`weight_bits_note`.
 
     Raises:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.
@@ -242,7 +249,7 @@ class QuantizeOptions:
             ``output`` not named ``.onnx``; ``weight_bits`` other than 8 or 7.
         InputError: ``model`` or ``output`` is an existing folder; ``engine`` nncf without static mode or with a ``method``;
             ``target_agreement`` without static ``ort`` mode, or with a ``method`` or
-            ``per_channel`` of its own; ``weight_bits`` without static ``ort`` mode.
+            ``per_channel`` of its own; ``weight_bits`` without static mode.
     """
 
     model: Path
@@ -278,7 +285,7 @@ class QuantizeOptions:
         if self.target_agreement is not None:
             self._check_search(self.target_agreement, engine)
         if self.weight_bits is not None:
-            self._check_weight_bits(self.weight_bits, engine)
+            self._check_weight_bits(self.weight_bits)
         if self.mode == "dynamic" and self.calib is not None:
             raise UsageError(
                 "--calib applies to --mode static: it calibrates activations, which --mode "
@@ -338,19 +345,18 @@ class QuantizeOptions:
                 )
             )
 
-    def _check_weight_bits(self, bits: int, engine: QuantEngine) -> None:
+    def _check_weight_bits(self, bits: int) -> None:
         """``weight_bits``' own checks."""
         if bits not in (7, 8):
             raise UsageError(
                 f"--weight-bits {bits}: int8 weights take 8 bits, or 7 (reduce_range).",
                 param_hint="--weight-bits",
             )
-        if self.mode != "static" or engine != "ort":
+        if self.mode != "static":
             raise InputError(
-                "--weight-bits sets onnxruntime's static int8 weights: use --mode static "
-                f"--engine ort (got --mode {self.mode} --engine {engine}). Dynamic mode keeps "
-                "8 bits (7 lost 18 points on the digits: docs/bench/quantize_defaults_avx2."
-                "json); NNCF sets its own."
+                "--weight-bits sets static int8 weights: use --mode static (got --mode "
+                f"{self.mode}). Dynamic mode keeps 8 bits (7 lost 18 points on the digits: "
+                "docs/bench/quantize_defaults_avx2.json)."
             )
 
     @property
@@ -363,7 +369,6 @@ class QuantizeOptions:
             self.per_channel,
             self.target_agreement,
             qat=trained_weight_bits(self.model) is not None,
-            weight_bits=self.weight_bits,
         )
 
     @property

@@ -49,6 +49,8 @@ class QuantizeReport:
         mode: ``dynamic`` or ``static``.
         engine: ``ort`` or ``nncf`` (``auto`` already decided).
         calibration: onnxruntime's static setting (None: dynamic mode or NNCF).
+        weight_bits: static: the int8 weights' bits, 8 or 7 (``reduce_range``, NNCF's overflow
+            fix on every layer); None: dynamic mode.
         size_mb: the fp32 and int8 file sizes, in MiB (:func:`zoo.system.mib`).
         latency: both models' median latency.
         top1_agreement: the share of images whose top-1 class int8 and fp32 agree on.
@@ -70,6 +72,7 @@ class QuantizeReport:
     mode: QuantMode
     engine: QuantEngine
     calibration: Calibration | None
+    weight_bits: int | None
     size_mb: tuple[float, float]
     latency: Latency
     top1_agreement: float
@@ -107,6 +110,7 @@ class QuantizeReport:
             "per_channel": True if c is None else c.per_channel,
             "calibration": None if c is None else c.to_dict(),
             "calibration_images": self.calib_description,
+            "weight_bits": self.weight_bits,
             "size_mb": {"fp32": self.size_mb[0], "int8": self.size_mb[1]},
             "size_ratio": round(self.size_mb[1] / self.size_mb[0], 3),
             "latency_ms": {
@@ -163,7 +167,8 @@ class QuantizeReport:
             lines.append(f"calibration: {self.calibration.describe()} on {self.calib_description}")
         elif self.engine == "nncf":
             lines.append(
-                f"calibration: NNCF's post-training quantization on {self.calib_description}"
+                f"calibration: NNCF's post-training quantization, {self.weight_bits}-bit weights, "
+                f"on {self.calib_description}"
             )
         if self.search is not None:
             lines += _search_lines(self.search)
