@@ -221,7 +221,8 @@ class Comparison:
 
     def lines(self) -> list[str]:
         """The table ``zoo runs compare`` prints: one column a run, each value at most
-        :data:`CELL_WIDTH` characters (a longer one ends in ``…``), two spaces between."""
+        :data:`CELL_WIDTH` terminal columns wide (a wide character takes two; a longer value ends
+        in ``…``), two spaces between."""
         width = min(CELL_WIDTH, max(12, *(cell_len(r.name) for r in self.runs)))
 
         def row(label: str, values: Any) -> str:

@@ -62,6 +62,11 @@ class WeightsNotFoundError(ZooError, FileNotFoundError):
     """Weights are neither cached nor downloadable (e.g. offline with an empty cache)."""
 
 
+REFETCH_FIX = "delete it and fetch it again"
+"""What to do about a downloaded weights file that fails its hash (a model folder's own file
+cannot be fetched again: :data:`zoo.weights.LOCAL_FIX`)."""
+
+
 class WeightsIntegrityError(ZooError, ValueError):
     """A weights file does not have the pinned hash."""
 
@@ -70,7 +75,7 @@ class WeightsIntegrityError(ZooError, ValueError):
         super().__init__(
             f"Weights file {path} failed its hash check: expected sha256 {expected}, "
             f"got {actual}. The file is corrupt or was tampered with; "
-            f"{fix or 'delete it and fetch it again'}."
+            f"{fix or REFETCH_FIX}."
         )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from zoo.errors import (
+    REFETCH_FIX,
     InputError,
     UnsafeWeightsError,
     WeightsIntegrityError,
@@ -107,7 +108,7 @@ class Availability:
             pin = "hash checked" if self.hash_checked else "no pinned hash to check"
             return f"yes: cached at {self.path} ({pin})"
         if self.state == "corrupt":
-            fix = LOCAL_FIX if self.local else "delete it and fetch it again"
+            fix = LOCAL_FIX if self.local else REFETCH_FIX
             return f"no: {self.path} fails its pinned hash ({fix})"
         if self.state == "missing" and self.local:
             return f"no: {self.path} is not there ({LOCAL_FIX})"
