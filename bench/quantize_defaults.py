@@ -214,9 +214,11 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         nncf_out = work_q / f"{label}.onnx"
         nncf_quantize(prepped, nncf_out, [x[None] for x in x_cal], name, bits)
         rows.append(judge(label, nncf_out, {"engine": "nncf", "weight_bits": bits}, len(x_cal)))
+    rows += openvino_rows(model, x_val, x_cal, labels, y32, cpu_bits)
     seconds["quantize_and_measure"] = round(time.perf_counter() - t1, 1)
 
-    static = [r for r in rows if r.get("mode") != "dynamic"]  # the static default's choice
+    # the static default's choice (zoo quantize's engines; OpenVINO's rows are another format)
+    static = [r for r in rows if r.get("mode") != "dynamic" and r["engine"] != "openvino-nncf"]
     best = max(static, key=lambda r: (r["accuracy"], r["top1_agreement"]))
     best_ort = max(
         (r for r in static if r["engine"] == "ort"),
@@ -247,6 +249,59 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     ]
     results["best_drop_points"] = round(100 * best["accuracy_drop"], 2)
     return results
+
+
+def openvino_rows(
+    model: Path,
+    x_val: np.ndarray,
+    x_cal: np.ndarray,
+    labels: np.ndarray,
+    y32: np.ndarray,
+    cpu_bits: int,
+) -> list[dict[str, Any]]:
+    """``zoo export --format openvino --precision int8``'s NNCF int8 of the same model at this
+    CPU's weight bits (its default) and the other; latency against OpenVINO's own fp32, the
+    agreement against onnxruntime's fp32 as every other row's."""
+    import openvino as ov
+
+    from zoo.deploy.bench.harness import time_session
+    from zoo.deploy.export.openvino import _nncf_int8
+    from zoo.deploy.quantize.verdict import wilson
+    from zoo.deploy.runtimes.openvino import compile_cpu
+
+    core = ov.Core()
+    one = x_val[:1]
+
+    def compiled(ir: Any) -> tuple[Any, float]:
+        c = compile_cpu(core, ir, "fp32", None)
+        return c, time_session(lambda: c(one), label="openvino")["p50_ms"]
+
+    _, t32 = compiled(core.read_model(str(model)))
+    acc32 = float((y32.argmax(1) == labels).mean())
+    rows = []
+    for bits in (cpu_bits, 15 - cpu_bits):
+        label = "openvino-nncf" if bits == cpu_bits else f"openvino-nncf-weights-{bits}"
+        ir = _nncf_int8(core.read_model(str(model)), [x[None] for x in x_cal], bits)
+        c, t8 = compiled(ir)
+        y8 = np.concatenate([c(x[None])[0] for x in x_val])
+        agree = float((y8.argmax(1) == y32.argmax(1)).mean())
+        acc = float((y8.argmax(1) == labels).mean())
+        row = {
+            "config": label,
+            "engine": "openvino-nncf",
+            "weight_bits": bits,
+            "n_calibration": len(x_cal),
+            "accuracy": round(acc, 4),
+            "accuracy_drop": round(acc32 - acc, 4),
+            "top1_agreement": round(agree, 4),
+            "agreement_ci95": wilson(agree, len(labels)),
+            "latency_p50_ms": t8,
+            "latency_ratio": round(t8 / t32, 3),
+            "latency_baseline": "openvino fp32",
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ DEBUG_ENV = "ZOO_DEBUG"
 
 # At exit, the interpreter would walk every object importing torch made: 1.0-1.3 s of each
 # command's wall clock on 2 cores (measured), for memory the OS takes back anyway. Frozen, they
-# are left to it. Nothing waits on a collector's finaliser (zoo.durable closes what it writes),
-# and the exit handlers registered after this one (torch's, a command's) run before it.
+# are left to it. The price: cyclic garbage left at exit is not finalised. Nothing of zoo's waits
+# on that (no __del__; zoo.durable closes what it writes), and the exit handlers registered after
+# this one (torch's, MLflow's, a command's) run before it. Any process importing this module
+# gets it, in-process test runs and notebooks included; only its exit changes.
 atexit.register(gc.freeze)
 
 app = typer.Typer(

@@ -90,8 +90,8 @@ def quantize_cmd(
         int | None,
         typer.Option(
             "--weight-bits",
-            help="static: the int8 weights' bits, 8 or 7 (onnxruntime's reduce_range, NNCF's "
-            "overflow fix on every layer); "
+            help="static: the int8 weights' bits, 8 or 7 (onnxruntime's reduce_range; NNCF's "
+            "overflow fix on every dense layer, depthwise ones keep 8); "
             "default: the fewer of a QAT model's and this CPU's (7 without VNNI). 8 on a CPU "
             "without VNNI makes a file for a VNNI server",
         ),

@@ -509,6 +509,11 @@ def quantize_defaults(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             "quantized at run time), not candidates for the static default."
             if any(row.get("mode") == "dynamic" for row in r["rows"])
             else ""
+        )
+        + (
+            " `openvino-*` rows run in OpenVINO: their × fp32 is against OpenVINO's own fp32."
+            if any(row.get("latency_baseline") == "openvino fp32" for row in r["rows"])
+            else ""
         ),
     ]
 

@@ -26,6 +26,7 @@ from zoo.deploy.bench.report import BenchRow, fastest_within
 from zoo.deploy.export import parity
 from zoo.errors import BackendUnavailableError, InputError, ModelRefError, ParityError
 from zoo.ref import ModelRef
+from zoo.system import int8_weight_bits
 
 ov = pytest.importorskip("openvino")
 SAMPLES = Path(__file__).resolve().parent.parent / "zoo" / "sample_images"
@@ -351,8 +352,20 @@ def test_int8_ir_is_judged_by_agreement_on_held_out_images(small_digits: Path, t
     meta = read_ir_file_metadata(out / "model.xml")
     assert meta["precision"] == "int8" and meta["openvino"]["int8"]["calib_images"] == 30
     assert meta["openvino"]["inference_precision"] == "f32"
-    ops = {op.get_type_name() for op in ov.Core().read_model(str(out / "model.xml")).get_ops()}
+    graph = ov.Core().read_model(str(out / "model.xml")).get_ops()
+    ops = {op.get_type_name() for op in graph}
     assert "FakeQuantize" in ops  # int8 in the graph, run by the CPU plugin's int8 kernels
+    # the weights take this CPU's bits (NNCF's overflow fix): 7 on every layer without VNNI,
+    # where 8-bit ones would saturate; else on the first layer alone
+    bits = int8_weight_bits()
+    assert meta["openvino"]["int8"]["weight_bits"] == bits
+    reach = [
+        int(np.abs(op.get_data().astype(int)).max())
+        for op in graph
+        if op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.i8
+    ]
+    assert len(reach) == 5 and reach[0] <= 64, reach  # simple_cnn's 5 layers; the first 7-bit
+    assert (max(reach) <= 64) == (bits == 7), reach
 
 
 @pytest.mark.slow

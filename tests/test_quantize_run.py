@@ -314,6 +314,16 @@ def test_auto_engine_is_nncf_where_it_applies() -> None:
     assert resolve_engine("nncf", "static", None, None, None) == "nncf"
 
 
+def test_nncf_overflow_fix_follows_the_bits() -> None:
+    """NNCF's weights take the bits asked: 7 on every dense layer (``ENABLE``), else 7 on the
+    first layer alone (``FIRST_LAYER``, its default); end to end: tests/test_deploy.py."""
+    advanced = pytest.importorskip("nncf.quantization.advanced_parameters")
+    from zoo.deploy.quantize.nncf_engine import overflow_fix
+
+    assert overflow_fix(7) == advanced.OverflowFix.ENABLE
+    assert overflow_fix(8) == advanced.OverflowFix.FIRST_LAYER
+
+
 def test_weight_bits_decide_instead_of_the_rule_and_are_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -348,20 +358,15 @@ def test_weight_bits_decide_instead_of_the_rule_and_are_said(
     assert for_avx2 is not None and "a file for a CPU without it" in for_avx2
     assert qo.weight_bits_note(False, 8, 8) is None
     model = tmp_path / "m.onnx"
-    with pytest.raises(UsageError, match="--weight-bits 6: int8 weights take 8 bits, or 7"):
+    with pytest.raises(UsageError, match="--weight-bits 6: int8 weights take 8 bits, or 7 \\(for"):
         qo.QuantizeOptions(model, weight_bits=6)
     with pytest.raises(InputError, match="use --mode static \\(got --mode dynamic\\)"):
         qo.QuantizeOptions(model, mode="dynamic", weight_bits=8)
-    # both engines take them: NNCF as its overflow fix (every layer at 7 bits, the first at 8)
-    from nncf.quantization.advanced_parameters import OverflowFix
-
-    from zoo.deploy.quantize.nncf_engine import overflow_fix
-
+    # both engines take them (NNCF as its overflow fix: test_nncf_overflow_fix_follows_the_bits)
     assert qo.QuantizeOptions(model, engine="nncf", weight_bits=7).weight_bits == 7
     assert qo.QuantizeOptions(model, weight_bits=8).resolved_engine == qo.resolve_engine(
         "auto", "static", None, None, None
     )
-    assert overflow_fix(7) == OverflowFix.ENABLE and overflow_fix(8) == OverflowFix.FIRST_LAYER
     from typer.testing import CliRunner
 
     from zoo.cli.app import app

@@ -35,7 +35,7 @@ from zoo.deploy.runtimes.openvino import (
 )
 from zoo.errors import ChoiceError, InputError, ParityError
 from zoo.ref import ModelRef
-from zoo.system import mib
+from zoo.system import int8_weight_bits, mib
 
 IR_FILES = ("model.xml", "model.bin")
 GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5 checked too)
@@ -59,13 +59,20 @@ def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: in
     return [preprocess(open_image(p), pre)[None] for p in images]
 
 
-def _nncf_int8(model: Any, batches: list[Any]) -> Any:
+def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
     """NNCF's post-training int8 of an OpenVINO model (its native backend: FakeQuantize nodes
-    that the CPU plugin runs as int8 kernels)."""
+    that the CPU plugin runs as int8 kernels), its weights in ``weight_bits``: this CPU's, as
+    ``zoo quantize``'s are (:func:`zoo.deploy.quantize.nncf_engine.overflow_fix`: 7 on every
+    dense layer without VNNI, NNCF's own advice for such CPUs). Measured side by side on the
+    digits run by bench/quantize_defaults.py (rows ``openvino-nncf*``; an AVX2 CPU's in
+    docs/bench/quantize_defaults_avx2.json)."""
     try:
         import nncf
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     except ImportError as exc:
         raise InputError(f"--precision int8 needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
+    from zoo.deploy.quantize.nncf_engine import overflow_fix
+
     name = model.inputs[0].get_any_name()
     # NNCF draws progress bars on stdout, where --json's report goes: they go to stderr
     with contextlib.redirect_stdout(sys.stderr):
@@ -75,6 +82,9 @@ def _nncf_int8(model: Any, batches: list[Any]) -> Any:
             preset=nncf.QuantizationPreset.MIXED,
             subset_size=len(batches),
             fast_bias_correction=False,
+            advanced_parameters=AdvancedQuantizationParameters(
+                overflow_fix=overflow_fix(weight_bits)
+            ),
         )
 
 
@@ -157,8 +167,9 @@ def export_openvino(
 
         meta = read_metadata(onnx_file)
         ir = ov.convert_model(str(onnx_file))
+    bits = int8_weight_bits()
     if batches is not None:
-        ir = _nncf_int8(ir, batches)
+        ir = _nncf_int8(ir, batches, bits)
     compiled = compile_cpu(core, ir, precision, None)
     request = compiled.create_infer_request()
 
@@ -199,7 +210,12 @@ def export_openvino(
         "openvino": {
             "version": ov.__version__,
             "inference_precision": HINTS[precision],
-            "int8": {"engine": "nncf", "preset": "mixed", "calib_images": len(batches)}
+            "int8": {
+                "engine": "nncf",
+                "preset": "mixed",
+                "calib_images": len(batches),
+                "weight_bits": bits,
+            }
             if batches is not None
             else None,
         },

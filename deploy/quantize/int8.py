@@ -73,8 +73,9 @@ def quantize(
 
     Args:
         options: what to quantize, how, and where to write it (checked on construction).
-        on_plan: told the engine chosen for a QAT model, and before a ``target_agreement`` search
-            starts, its estimated duration.
+        on_plan: told the engine chosen for a QAT model, what the int8 weights' bits mean when
+            they are not plainly this CPU's (:func:`weight_bits_note`), and before a
+            ``target_agreement`` search starts, its estimated duration.
 
     Returns:
         The :class:`QuantizeReport`; ``written`` is False when it is below the floor and

@@ -7,18 +7,19 @@ correction and overflow fix keep far more of the fp32 answers on depthwise netwo
 on the real ImageNet MobileNetV2, 500 held-out photo crops: 85 % top-1 agreement against
 onnxruntime's 66 %, at the same ~0.7× fp32 latency (docs/benchmarks.md, "int8").
 
-Two settings and one rewrite make its graph fast in onnxruntime (each was measured: without
+One setting and one rewrite make its graph fast in onnxruntime (each was measured: without
 them NNCF's model ran 2.2× *slower* than fp32): per-tensor activation scales (onnxruntime's
 fused ``QLinearConv`` takes one input scale), and NNCF's signed int8 activation pairs rewritten
 as uint8 with the zero point moved by 128 — the same real values — because onnxruntime fuses
 only uint8 activations on x86 (written here: neither library offers it).
 
 The weights' bits follow the CPU, as onnxruntime's engine does (``--weight-bits``,
-:func:`zoo.deploy.quantize.options.shipped_weight_bits`): NNCF's overflow fix gives 7-bit
-weights to every layer where the CPU has no VNNI (its uint8 × int8 sums saturate 8-bit ones),
-else to the first layer only (NNCF's default). Measured on the digits run on an AVX2 CPU: the
-first layer only dropped 2.2 points, every layer 0.8 (top-1 agreement 95.0 → 97.8 %), at the
-same latency (docs/bench/quantize_defaults_avx2.json).
+:func:`zoo.deploy.quantize.options.shipped_weight_bits`): for 7, NNCF's overflow fix gives 7-bit
+weights to every dense convolution and matmul (depthwise ones cannot saturate and keep 8) where
+the CPU has no VNNI (its uint8 × int8 sums saturate 8-bit ones); for 8, to the first layer alone
+(NNCF's default). Measured side by side on the digits run by bench/quantize_defaults.py (rows
+``nncf`` and ``nncf-weights-N``; an AVX2 CPU's in docs/bench/quantize_defaults_avx2.json, the
+README quotes them).
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ def nncf_quantize(
     fp32: Path, out: Path, batches: list[np.ndarray], input_name: str, weight_bits: int
 ) -> None:
     """Quantize the ONNX model at ``fp32`` with NNCF on the calibration ``batches`` and write
-    the int8 graph to ``out``, its weights in ``weight_bits`` (8, or 7 on every layer:
-    :func:`overflow_fix`).
+    the int8 graph to ``out``, its weights in ``weight_bits`` (8, or 7: :func:`overflow_fix`).
 
     Raises:
         InputError: NNCF is not installed (the way to get it).
@@ -59,8 +59,9 @@ def nncf_quantize(
 
 
 def overflow_fix(weight_bits: int) -> Any:
-    """NNCF's ``OverflowFix`` for int8 weights of ``weight_bits``: 7 bits on every layer
-    (``ENABLE``) for 7, else on the first layer alone (``FIRST_LAYER``, NNCF's default)."""
+    """NNCF's ``OverflowFix`` for int8 weights of ``weight_bits``: 7 bits on every dense
+    convolution and matmul (``ENABLE``; NNCF leaves depthwise ones at 8, which cannot saturate)
+    for 7, else on the first layer alone (``FIRST_LAYER``, NNCF's default)."""
     from nncf.quantization.advanced_parameters import OverflowFix
 
     return OverflowFix.ENABLE if weight_bits == 7 else OverflowFix.FIRST_LAYER

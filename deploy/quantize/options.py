@@ -163,9 +163,9 @@ def weight_bits_note(reduce_range: bool, trained: int | None, asked: int | None)
         if trained == 8 and reduce_range:
             return (
                 "note: this model trained (zoo distill --qat) for 8-bit int8 weights; this CPU "
-                "has no VNNI, where onnxruntime's kernels saturate 8-bit weights, so they get 7 "
-                "bits (reduce_range; on the digits 96.4-97.5% against 79.7-83.3% kept at 8: "
-                "docs/bench/qat_avx2.json). To ship the rounding it trained through, train for "
+                "has no VNNI, where int8 kernels saturate 8-bit weights, so they get 7 bits "
+                "(with onnxruntime's int8 on the digits 96.4-97.5% against 79.7-83.3% kept at "
+                "8: docs/bench/qat_avx2.json). To ship the rounding it trained through, train for "
                 "this CPU (zoo distill --qat --qat-weights 7), quantize with --weight-bits 8 "
                 "for a VNNI server, or quantize and run on a CPU with VNNI"
             )
@@ -238,8 +238,8 @@ class QuantizeOptions:
             (:mod:`zoo.deploy.quantize.search`). ``max_accuracy_drop`` still applies.
         allow_drop: write the file even when it is below the floor
             (:func:`~zoo.deploy.quantize.verdict.check_floor`).
-        weight_bits: static: the int8 weights' bits, 8 or 7 (onnxruntime's ``reduce_range``,
-            NNCF's overflow fix on every layer); default None: :func:`shipped_weight_bits`'
+        weight_bits: static: the int8 weights' bits, 8 or 7 (onnxruntime's ``reduce_range``;
+            NNCF's overflow fix: :func:`zoo.deploy.quantize.nncf_engine.overflow_fix`); default None: :func:`shipped_weight_bits`'
             rule (the fewer of a QAT model's and this CPU's). 8 on a CPU without VNNI makes a
             file for a VNNI server; said by :func:`weight_bits_note`.
 
@@ -349,7 +349,7 @@ class QuantizeOptions:
         """``weight_bits``' own checks."""
         if bits not in (7, 8):
             raise UsageError(
-                f"--weight-bits {bits}: int8 weights take 8 bits, or 7 (reduce_range).",
+                f"--weight-bits {bits}: int8 weights take 8 bits, or 7 (for CPUs without VNNI).",
                 param_hint="--weight-bits",
             )
         if self.mode != "static":

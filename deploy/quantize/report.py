@@ -49,8 +49,9 @@ class QuantizeReport:
         mode: ``dynamic`` or ``static``.
         engine: ``ort`` or ``nncf`` (``auto`` already decided).
         calibration: onnxruntime's static setting (None: dynamic mode or NNCF).
-        weight_bits: static: the int8 weights' bits, 8 or 7 (``reduce_range``, NNCF's overflow
-            fix on every layer); None: dynamic mode.
+        weight_bits: static: the int8 weights' bits, 8 or 7 (onnxruntime's ``reduce_range``;
+            NNCF's overflow fix: :func:`~zoo.deploy.quantize.nncf_engine.overflow_fix`); None:
+            dynamic mode.
         size_mb: the fp32 and int8 file sizes, in MiB (:func:`zoo.system.mib`).
         latency: both models' median latency.
         top1_agreement: the share of images whose top-1 class int8 and fp32 agree on.
