@@ -224,6 +224,11 @@ def main() -> None:
         qmb = static(t / "mb.onnx", t / "mb.int8.onnx", method="minmax", per_channel=True)
         # the same images, NNCF's ranges (zoo quantize --engine nncf)
         nncf_mb = static(t / "mb.onnx", t / "mb.nncf.onnx", engine="nncf")
+        # and each weight width forced (--weight-bits): what zoo's choice between them is worth
+        nncf_bits = {
+            bits: static(t / "mb.onnx", t / f"mb.nncf{bits}.onnx", engine="nncf", weight_bits=bits)
+            for bits in (7, 8)
+        }
         # the same images, the search (zoo quantize --target-agreement 0.98)
         started = time.perf_counter()
         search_mb = static(t / "mb.onnx", t / "mb.search.onnx", target_agreement=0.98)
@@ -278,6 +283,15 @@ def main() -> None:
             "latency_ms": nncf_mb["latency_ms"],
             "latency_ratio": nncf_mb["latency_ratio"],
             "coverage": nncf_mb["coverage"],
+            "weight_bits": nncf_mb["weight_bits"],
+            # zoo's choice where the CPU has no VNNI: agreement on the calibration crops
+            "weight_bits_agreement_on_calibration": nncf_mb["weight_bits_agreement"],
+            "top1_agreement_by_weight_bits": {
+                str(b): r["top1_agreement"] for b, r in nncf_bits.items()
+            },
+            "latency_ratio_by_weight_bits": {
+                str(b): r["latency_ratio"] for b, r in nncf_bits.items()
+            },
         }
         result["int8_static_mobilenet_v2_target_agreement"] = target_row(search_mb, search_s)
         if qmb["n_images"] != n_eval:

@@ -15,8 +15,9 @@ Compared, each through zoo's own quantization code (``zoo.deploy.quantize.search
   ``reduce_range`` where the CPU has no VNNI), on ``--calib`` images;
 - onnxruntime S8S8 QDQ, symmetric, per-channel, with minmax / entropy / percentile ranges,
   ``reduce_range`` off and on, on ``--calib`` images;
-- NNCF (``--engine nncf``) on the same images, at this CPU's int8 weight bits (its default: 7
-  on every layer without VNNI, NNCF's overflow fix) and at the other bits (``--weight-bits``);
+- NNCF (``--engine nncf``) on the same images: its default on this CPU (``nncf``: without VNNI
+  both weight widths made, the one agreeing more with fp32 on the calibration images kept), and
+  each width forced (``nncf-weights-7``, ``nncf-weights-8``: ``--weight-bits``);
 - ``zoo quantize --mode dynamic``'s setting (int8 per-channel weights, uint8 activations
   quantized at run time), ``reduce_range`` off and on: not a candidate for the static default.
 
@@ -129,12 +130,11 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     from zoo.deploy.bench.harness import time_session
     from zoo.deploy.quantize.calibration import Calibration, calibrate, quantize_qdq
-    from zoo.deploy.quantize.nncf_engine import nncf_quantize
-    from zoo.deploy.quantize.options import default_calibration
+    from zoo.deploy.quantize.nncf_engine import nncf_quantize, quantize_choosing_bits
+    from zoo.deploy.quantize.options import default_calibration, nncf_weight_bits_to_try
     from zoo.deploy.quantize.search import logits
     from zoo.deploy.quantize.verdict import coverage, op_counts, wilson
     from zoo.deploy.runtimes.loader import make_session
-    from zoo.system import int8_weight_bits
 
     t0 = time.perf_counter()
     run = make_run(work)
@@ -208,13 +208,20 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         )
         settings = {"engine": "ort", "mode": "dynamic", "reduce_range": reduce}
         rows.append(judge(label, out, settings, 0, mode="dynamic"))
-    cpu_bits = int8_weight_bits()
-    for bits in (cpu_bits, 15 - cpu_bits):  # zoo quantize's default here, then the other
-        label = "nncf" if bits == cpu_bits else f"nncf-weights-{bits}"
-        nncf_out = work_q / f"{label}.onnx"
-        nncf_quantize(prepped, nncf_out, [x[None] for x in x_cal], name, bits)
-        rows.append(judge(label, nncf_out, {"engine": "nncf", "weight_bits": bits}, len(x_cal)))
-    rows += openvino_rows(model, x_val, x_cal, labels, y32, cpu_bits)
+    cal = [x[None] for x in x_cal]
+    # zoo quantize's default (on a CPU without VNNI: both widths made, the one agreeing more
+    # with fp32 on the calibration images kept), then each width forced (--weight-bits)
+    choice = quantize_choosing_bits(
+        prepped, work_q / "nncf.onnx", cal, x_cal, name, nncf_weight_bits_to_try(None, None), None
+    )
+    said = {"engine": "nncf", "weight_bits": choice.bits, "weight_bits_agreement": choice.tried()}
+    rows.append(judge("nncf", work_q / "nncf.onnx", said, len(x_cal)))
+    for bits in (7, 8):
+        label = f"nncf-weights-{bits}"
+        nncf_quantize(prepped, work_q / f"{label}.onnx", cal, name, bits)
+        said = {"engine": "nncf", "weight_bits": bits}
+        rows.append(judge(label, work_q / f"{label}.onnx", said, len(x_cal)))
+    rows += openvino_rows(model, x_val, x_cal, labels, y32)
     seconds["quantize_and_measure"] = round(time.perf_counter() - t1, 1)
 
     # the static default's choice (zoo quantize's engines; OpenVINO's rows are another format)
@@ -257,15 +264,14 @@ def openvino_rows(
     x_cal: np.ndarray,
     labels: np.ndarray,
     y32: np.ndarray,
-    cpu_bits: int,
 ) -> list[dict[str, Any]]:
-    """``zoo export --format openvino --precision int8``'s NNCF int8 of the same model at this
-    CPU's weight bits (its default) and the other; latency against OpenVINO's own fp32, the
-    agreement against onnxruntime's fp32 as every other row's."""
+    """``zoo export --format openvino --precision int8``'s NNCF int8 of the same model as it
+    makes it on this CPU (``openvino-nncf``), and at each weight width forced; latency against
+    OpenVINO's own fp32, the agreement against onnxruntime's fp32 as every other row's."""
     import openvino as ov
 
     from zoo.deploy.bench.harness import time_session
-    from zoo.deploy.export.openvino import _nncf_int8
+    from zoo.deploy.export.openvino import _int8_choosing_bits, _nncf_int8
     from zoo.deploy.quantize.verdict import wilson
     from zoo.deploy.runtimes.openvino import compile_cpu
 
@@ -278,10 +284,18 @@ def openvino_rows(
 
     _, t32 = compiled(core.read_model(str(model)))
     acc32 = float((y32.argmax(1) == labels).mean())
+    cal = [x[None] for x in x_cal]
     rows = []
-    for bits in (cpu_bits, 15 - cpu_bits):
-        label = "openvino-nncf" if bits == cpu_bits else f"openvino-nncf-weights-{bits}"
-        ir = _nncf_int8(core.read_model(str(model)), [x[None] for x in x_cal], bits)
+    for label, forced in (
+        ("openvino-nncf", None),
+        *((f"openvino-nncf-weights-{b}", b) for b in (7, 8)),
+    ):
+        fp32_ir = core.read_model(str(model))
+        if forced is None:
+            ir, choice = _int8_choosing_bits(core, fp32_ir, cal)
+            bits, tried = choice.bits, choice.tried()
+        else:
+            ir, bits, tried = _nncf_int8(fp32_ir, cal, forced), forced, None
         c, t8 = compiled(ir)
         y8 = np.concatenate([c(x[None])[0] for x in x_val])
         agree = float((y8.argmax(1) == y32.argmax(1)).mean())
@@ -290,6 +304,7 @@ def openvino_rows(
             "config": label,
             "engine": "openvino-nncf",
             "weight_bits": bits,
+            "weight_bits_agreement": tried,
             "n_calibration": len(x_cal),
             "accuracy": round(acc, 4),
             "accuracy_drop": round(acc32 - acc, 4),

@@ -324,6 +324,27 @@ def test_nncf_overflow_fix_follows_the_bits() -> None:
     assert overflow_fix(8) == advanced.OverflowFix.FIRST_LAYER
 
 
+def test_nncf_tries_both_widths_only_where_nothing_else_decides() -> None:
+    """On a CPU without VNNI NNCF makes 7- and 8-bit weights and keeps the one agreeing more
+    with fp32 (a tie: 7, the first); ``--weight-bits``, a QAT model's bits or a VNNI CPU decide
+    alone; the choice is said with both agreements, and nothing is said without one."""
+    from zoo.deploy.quantize.nncf_engine import BitsChoice, better_bits
+
+    avx2, vnni = frozenset({"avx2"}), frozenset({"avx2", "avx512_vnni"})
+    assert qo.nncf_weight_bits_to_try(None, None, avx2) == (7, 8)
+    assert qo.nncf_weight_bits_to_try(None, None, vnni) == (8,)
+    assert qo.nncf_weight_bits_to_try(None, 8, avx2) == (8,)
+    assert qo.nncf_weight_bits_to_try(7, None, vnni) == (7,)
+    assert qo.nncf_weight_bits_to_try(8, None, avx2) == (7,)
+    assert better_bits({7: 0.9, 8: 0.9}) == 7 and better_bits({7: 0.8, 8: 0.85}) == 8
+    chose = BitsChoice(8, {7: 0.77, 8: 0.82}, 300)
+    said = chose.describe()
+    assert said is not None and said.startswith("weights: 8 bits, the better of two")
+    assert "300 calibration images: 7-bit 77.0%, 8-bit 82.0%" in said
+    assert chose.tried() == {"7": 0.77, "8": 0.82}
+    assert BitsChoice(7).describe() is None and BitsChoice(7).tried() is None
+
+
 def test_weight_bits_decide_instead_of_the_rule_and_are_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,8 @@ from zoo.deploy.export.graph_metadata import parity_summary
 from zoo.deploy.export.onnx_export import export_onnx, load_for_export
 from zoo.deploy.export.parity import TOLERANCES, check_parity, gate_images, real_images
 from zoo.deploy.export.result import ExportResult
+from zoo.deploy.quantize.nncf_engine import BitsChoice, better_bits
+from zoo.deploy.quantize.options import nncf_weight_bits_to_try
 from zoo.deploy.runtimes.openvino import (
     HINTS,
     META_KEY,
@@ -35,7 +37,7 @@ from zoo.deploy.runtimes.openvino import (
 )
 from zoo.errors import ChoiceError, InputError, ParityError
 from zoo.ref import ModelRef
-from zoo.system import int8_weight_bits, mib
+from zoo.system import mib
 
 IR_FILES = ("model.xml", "model.bin")
 GATE_BATCH = 2  # the batch the tensor check feeds (the axis is dynamic: 1, 2, 5 checked too)
@@ -61,11 +63,9 @@ def _calibration(calib: str | None, gate_images: list[Path], pre: Any, limit: in
 
 def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
     """NNCF's post-training int8 of an OpenVINO model (its native backend: FakeQuantize nodes
-    that the CPU plugin runs as int8 kernels), its weights in ``weight_bits``: this CPU's, as
-    ``zoo quantize``'s are (:func:`zoo.deploy.quantize.nncf_engine.overflow_fix`: 7 on every
-    dense layer without VNNI, NNCF's own advice for such CPUs). Measured side by side on the
-    digits run by bench/quantize_defaults.py (rows ``openvino-nncf*``; an AVX2 CPU's in
-    docs/bench/quantize_defaults_avx2.json)."""
+    that the CPU plugin runs as int8 kernels), its weights in ``weight_bits``
+    (:func:`zoo.deploy.quantize.nncf_engine.overflow_fix`; both widths measured side by side by
+    bench/quantize_defaults.py, rows ``openvino-nncf-weights-*``)."""
     try:
         import nncf
         from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
@@ -86,6 +86,27 @@ def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
                 overflow_fix=overflow_fix(weight_bits)
             ),
         )
+
+
+def _int8_choosing_bits(core: Any, ir: Any, batches: list[Any]) -> tuple[Any, BitsChoice]:
+    """NNCF's int8 of ``ir`` at the weight bits ``zoo quantize``'s NNCF engine takes here
+    (:func:`~zoo.deploy.quantize.options.nncf_weight_bits_to_try`): where there are two (a CPU
+    without VNNI), both are made and the one whose top-1 answers on the calibration images
+    agree more with fp32's is kept, as :func:`~zoo.deploy.quantize.nncf_engine.quantize_choosing_bits`
+    does for an ONNX file."""
+    candidates = nncf_weight_bits_to_try(None, None)
+    if len(candidates) == 1:
+        return _nncf_int8(ir, batches, candidates[0]), BitsChoice(candidates[0])
+
+    def top1(model: Any, precision: str) -> np.ndarray:
+        compiled = compile_cpu(core, model, precision, None)
+        return np.concatenate([compiled(b)[0] for b in batches]).argmax(1)
+
+    want = top1(ir, "fp32")
+    made = {bits: _nncf_int8(ir.clone(), batches, bits) for bits in candidates}
+    agreement = {bits: float((top1(m, "int8") == want).mean()) for bits, m in made.items()}
+    best = better_bits(agreement)
+    return made[best], BitsChoice(best, agreement, len(batches))
 
 
 def export_openvino(
@@ -167,9 +188,9 @@ def export_openvino(
 
         meta = read_metadata(onnx_file)
         ir = ov.convert_model(str(onnx_file))
-    bits = int8_weight_bits()
+    choice = None
     if batches is not None:
-        ir = _nncf_int8(ir, batches, bits)
+        ir, choice = _int8_choosing_bits(core, ir, batches)
     compiled = compile_cpu(core, ir, precision, None)
     request = compiled.create_infer_request()
 
@@ -214,9 +235,10 @@ def export_openvino(
                 "engine": "nncf",
                 "preset": "mixed",
                 "calib_images": len(batches),
-                "weight_bits": bits,
+                "weight_bits": choice.bits,
+                "weight_bits_agreement": choice.tried(),
             }
-            if batches is not None
+            if batches is not None and choice is not None
             else None,
         },
         "parity": {**meta["parity"], **parity_summary(parity)},

@@ -34,9 +34,11 @@ from zoo.deploy.quantize.calibration import (
     quantize_qdq,
 )
 from zoo.deploy.quantize.images import EvalImages, calibration_images, eval_images
+from zoo.deploy.quantize.nncf_engine import BitsChoice, quantize_choosing_bits
 from zoo.deploy.quantize.options import (
     QuantizeOptions,
     default_calibration,
+    nncf_weight_bits_to_try,
     shipped_weight_bits,
     trained_weight_bits,
     weight_bits_note,
@@ -136,6 +138,7 @@ def quantize(
     calib_description = None
     calibration = None
     bits = None
+    choice: BitsChoice | None = None  # NNCF's, where it made both bit widths
     if mode == "static":
         calib_imgs, calib_description = calibration_images(
             model, o.calib, o.calib_size, held_out=images
@@ -168,17 +171,24 @@ def quantize(
                 nodes_to_exclude=knn_nodes(prepped),  # the kNN score stays float
             )
         else:
-            batches = [preprocess(open_image(p), pre)[None] for p in calib_imgs]
+            x_cal = np.stack([preprocess(open_image(p), pre) for p in calib_imgs])
+            batches = list(x_cal[:, None])
             session = make_session(model)
             sess_in = session.get_inputs()[0].name
             fixed = static_batch_of(session)
             if fixed is not None and fixed > 1:  # --static-batch N: calibrated N at a time
-                batches = padded_chunks(np.concatenate(batches), fixed)
+                batches = padded_chunks(x_cal, fixed)
             if engine == "nncf":
-                from zoo.deploy.quantize.nncf_engine import nncf_quantize
-
-                assert bits is not None  # static
-                nncf_quantize(prepped, tmp_out, batches, sess_in, bits)
+                choice = quantize_choosing_bits(
+                    prepped,
+                    tmp_out,
+                    batches,
+                    x_cal,
+                    sess_in,
+                    nncf_weight_bits_to_try(qat_bits, o.weight_bits),
+                    o.threads,
+                )
+                bits = choice.bits
             elif target_agreement is not None:
                 assert calibration is not None  # engine ort, static: its weight bits
                 if on_plan is not None:
@@ -221,6 +231,7 @@ def quantize(
                     "per_channel": True if calibration is None else calibration.per_channel,
                     "calibration": None if calibration is None else calibration.to_dict(),
                     "weight_bits": bits,
+                    "weight_bits_agreement": None if choice is None else choice.tried(),
                     "source": str(model),
                     **(
                         {}
@@ -257,7 +268,12 @@ def quantize(
         )
         after = advice_after(fp32_ops, mode, report.latency.ratio)
         report = replace(
-            report, advice_before=advice, advice_after=after, gate=gate, search=searched
+            report,
+            advice_before=advice,
+            advice_after=after,
+            gate=gate,
+            search=searched,
+            bits_choice=choice,
         )
         if not report.failed:
             with durable.file_output(out) as final:

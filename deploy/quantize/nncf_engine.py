@@ -13,20 +13,24 @@ fused ``QLinearConv`` takes one input scale), and NNCF's signed int8 activation 
 as uint8 with the zero point moved by 128 — the same real values — because onnxruntime fuses
 only uint8 activations on x86 (written here: neither library offers it).
 
-The weights' bits follow the CPU, as onnxruntime's engine does (``--weight-bits``,
-:func:`zoo.deploy.quantize.options.shipped_weight_bits`): for 7, NNCF's overflow fix gives 7-bit
-weights to every dense convolution and matmul (depthwise ones cannot saturate and keep 8) where
-the CPU has no VNNI (its uint8 × int8 sums saturate 8-bit ones); for 8, to the first layer alone
-(NNCF's default). Measured side by side on the digits run by bench/quantize_defaults.py (rows
-``nncf`` and ``nncf-weights-N``; an AVX2 CPU's in docs/bench/quantize_defaults_avx2.json, the
-README quotes them).
+The int8 weights' bits: for 7, NNCF's overflow fix gives 7-bit weights to every dense
+convolution and matmul (depthwise ones cannot saturate and keep 8); for 8, to the first layer
+alone (NNCF's default). On a CPU with VNNI, 8 (nothing saturates). On one without, whose uint8
+× int8 sums can saturate 8-bit weights, neither width wins on every model (measured on an AVX2
+CPU: the digits run, bench/quantize_defaults.py, and the ImageNet MobileNetV2 on photo crops,
+bench/deploy_bench.py; the README quotes them), so both are made and the one that keeps more
+of fp32's top-1 answers on the calibration images is written (:func:`quantize_choosing_bits`);
+``--weight-bits`` (or a QAT model's bits) decides instead
+(:func:`zoo.deploy.quantize.options.nncf_weight_bits_to_try`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,74 @@ def nncf_quantize(
     with contextlib.redirect_stdout(sys.stderr):
         quantized = _quantize(nncf, onnx.load(str(fp32)), dataset, len(batches), weight_bits)
     onnx.save(uint8_activations(quantized), str(out))
+
+
+@dataclass(frozen=True)
+class BitsChoice:
+    """The int8 weights' bits NNCF's model was written with, and what decided them.
+
+    Attributes:
+        bits: the bits written (8, or 7: :func:`overflow_fix`).
+        agreement: each tried bit width's top-1 agreement with fp32 on the calibration images;
+            empty where only one was made (a VNNI CPU, ``--weight-bits``, a QAT model's bits).
+        n_images: the calibration images the agreement was measured on.
+    """
+
+    bits: int
+    agreement: dict[int, float] = field(default_factory=dict)
+    n_images: int = 0
+
+    def tried(self) -> dict[str, float] | None:
+        """``{"7": agreement, "8": agreement}`` for the JSON report and the file's metadata;
+        None where one bit width was made."""
+        return {str(b): a for b, a in self.agreement.items()} if len(self.agreement) > 1 else None
+
+    def describe(self) -> str | None:
+        """One line for the plan, where a choice was made; None where there was none."""
+        if len(self.agreement) < 2:
+            return None
+        tried = ", ".join(f"{b}-bit {a:.1%}" for b, a in self.agreement.items())
+        return (
+            f"weights: {self.bits} bits, the better of two on this CPU without VNNI (top-1 "
+            f"agreement with fp32 on the {self.n_images} calibration images: {tried}); "
+            "--weight-bits decides instead"
+        )
+
+
+def better_bits(agreement: dict[int, float]) -> int:
+    """The bits whose model kept the most answers; a tie goes to the first tried."""
+    return max(agreement, key=lambda b: agreement[b])
+
+
+def quantize_choosing_bits(
+    fp32: Path,
+    out: Path,
+    batches: list[np.ndarray],
+    x_cal: np.ndarray,
+    input_name: str,
+    candidates: tuple[int, ...],
+    threads: int | None,
+) -> BitsChoice:
+    """:func:`nncf_quantize` at each of ``candidates`` (weight bits, this CPU's first) and
+    ``out`` the one whose top-1 answers on the calibration images ``x_cal`` agree most with
+    fp32's (a tie: the first); one candidate is made without measuring."""
+    if len(candidates) == 1:
+        nncf_quantize(fp32, out, batches, input_name, candidates[0])
+        return BitsChoice(candidates[0])
+    from zoo.deploy.quantize.search import logits
+
+    want = logits(fp32, x_cal, threads).argmax(1)
+    made = {b: out.with_name(f"{out.stem}.w{b}{out.suffix}") for b in candidates}
+    agreement = {}
+    for bits, path in made.items():
+        nncf_quantize(fp32, path, batches, input_name, bits)
+        agreement[bits] = float((logits(path, x_cal, threads).argmax(1) == want).mean())
+    best = better_bits(agreement)
+    os.replace(made[best], out)
+    for bits, path in made.items():
+        if bits != best:
+            path.unlink()
+    return BitsChoice(best, agreement, len(x_cal))
 
 
 def overflow_fix(weight_bits: int) -> Any:

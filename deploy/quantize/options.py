@@ -153,6 +153,17 @@ def shipped_weight_bits(
     return asked if asked is not None else min(trained or 8, int8_weight_bits(flags))
 
 
+def nncf_weight_bits_to_try(
+    trained: int | None, asked: int | None, flags: frozenset[str] | None = None
+) -> tuple[int, ...]:
+    """The int8 weight bits NNCF makes, this CPU's first: both (7, 8) on a CPU without VNNI
+    when neither ``--weight-bits`` (``asked``) nor a QAT model's ``trained`` bits decide (neither
+    width wins on every model there: :mod:`zoo.deploy.quantize.nncf_engine`), else the one
+    :func:`shipped_weight_bits` gives."""
+    bits = shipped_weight_bits(trained, asked, flags)
+    return (7, 8) if asked is None and trained is None and bits == 7 else (bits,)
+
+
 def weight_bits_note(reduce_range: bool, trained: int | None, asked: int | None) -> str | None:
     """What ``zoo quantize`` says about the int8 weights' bits (``reduce_range``: 7) when they
     are not plainly right for this CPU: a QAT model trained for 8 given this CPU's 7, or

@@ -11,6 +11,7 @@ from typing import Any
 from zoo.deploy.choices import QuantEngine, QuantMode
 from zoo.deploy.quantize.calibration import Calibration
 from zoo.deploy.quantize.images import EvalImages
+from zoo.deploy.quantize.nncf_engine import BitsChoice
 from zoo.deploy.quantize.search import SearchResult
 from zoo.deploy.quantize.verdict import Coverage, Floor, wilson
 
@@ -66,6 +67,7 @@ class QuantizeReport:
         advice_after: what to try instead, when the result disappoints.
         gate: the ``max_accuracy_drop`` gate's verdict, when one was asked for.
         search: the ``target_agreement`` search's outcome, when one ran.
+        bits_choice: NNCF's weight bits and, where it made both, what chose them.
     """
 
     path: Path
@@ -88,6 +90,7 @@ class QuantizeReport:
     advice_after: str | None = None
     gate: dict[str, Any] | None = None
     search: SearchResult | None = None
+    bits_choice: BitsChoice | None = None
 
     @property
     def accuracy_drop(self) -> float | None:
@@ -112,6 +115,7 @@ class QuantizeReport:
             "calibration": None if c is None else c.to_dict(),
             "calibration_images": self.calib_description,
             "weight_bits": self.weight_bits,
+            "weight_bits_agreement": None if self.bits_choice is None else self.bits_choice.tried(),
             "size_mb": {"fp32": self.size_mb[0], "int8": self.size_mb[1]},
             "size_ratio": round(self.size_mb[1] / self.size_mb[0], 3),
             "latency_ms": {
@@ -167,9 +171,10 @@ class QuantizeReport:
         if self.calibration is not None and self.search is None:
             lines.append(f"calibration: {self.calibration.describe()} on {self.calib_description}")
         elif self.engine == "nncf":
+            chose = None if self.bits_choice is None else self.bits_choice.describe()
             lines.append(
                 f"calibration: NNCF's post-training quantization, {self.weight_bits}-bit weights, "
-                f"on {self.calib_description}"
+                f"on {self.calib_description}" + ("" if chose is None else f" ({chose})")
             )
         if self.search is not None:
             lines += _search_lines(self.search)
