@@ -61,8 +61,12 @@ class Judge:
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
         from zoo.deploy.quantize.calibration import Calibration, calibrate, quantize_qdq
-        from zoo.deploy.quantize.nncf_engine import nncf_quantize
-        from zoo.deploy.quantize.options import default_calibration, trained_weight_bits
+        from zoo.deploy.quantize.nncf_engine import quantize_choosing_bits
+        from zoo.deploy.quantize.options import (
+            default_calibration,
+            nncf_weight_bits_to_try,
+            trained_weight_bits,
+        )
         from zoo.deploy.quantize.search import logits
         from zoo.deploy.runtimes.loader import make_session
 
@@ -76,7 +80,11 @@ class Judge:
         quantize_qdq(prepped, work / "ort.onnx", work / "ranges.json", cal)
         other = Calibration("minmax", True, reduce_range=not cal.reduce_range)
         quantize_qdq(prepped, work / "ort_other.onnx", work / "ranges.json", other)
-        nncf_quantize(prepped, work / "nncf.onnx", self.x_cal, name, bits)
+        # as zoo quantize --engine nncf makes it (both widths tried on a CPU without VNNI
+        # unless the model trained for its bits)
+        tries = nncf_weight_bits_to_try(trained_weight_bits(model), None)
+        x = np.concatenate(self.x_cal)
+        quantize_choosing_bits(prepped, work / "nncf.onnx", self.x_cal, x, name, tries, None)
         y32 = logits(model, self.x_val, None).argmax(1)
         row: dict[str, Any] = {"fp32": self.acc(y32), "weight_bits": bits}
         y8 = logits(work / "ort_other.onnx", self.x_val, None).argmax(1)

@@ -292,7 +292,7 @@ def openvino_rows(
     ):
         fp32_ir = core.read_model(str(model))
         if forced is None:
-            ir, choice = _int8_choosing_bits(core, fp32_ir, cal)
+            ir, choice = _int8_choosing_bits(core, fp32_ir, cal, None)
             bits, tried = choice.bits, choice.tried()
         else:
             ir, bits, tried = _nncf_int8(fp32_ir, cal, forced), forced, None

@@ -92,8 +92,9 @@ def quantize_cmd(
             "--weight-bits",
             help="static: the int8 weights' bits, 8 or 7 (onnxruntime's reduce_range; NNCF's "
             "overflow fix on every dense layer, depthwise ones keep 8); "
-            "default: the fewer of a QAT model's and this CPU's (7 without VNNI). 8 on a CPU "
-            "without VNNI makes a file for a VNNI server",
+            "default: the fewer of a QAT model's and this CPU's (7 without VNNI, where NNCF "
+            "makes both and keeps the one agreeing more with fp32). 8 on a CPU without VNNI "
+            "makes a file for a VNNI server",
         ),
     ] = D["weight_bits"],
     threads: int | None = D["threads"],

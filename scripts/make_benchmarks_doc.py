@@ -465,6 +465,16 @@ def deploy_bench(name: str, d: dict[str, Any], out: Doc) -> list[str]:
             f"{pct(nn['agreement_ci95'][0])}–{pct(nn['agreement_ci95'][1])}",
             "(no labels)",
         )
+        for bits, agree in (nn.get("top1_agreement_by_weight_bits") or {}).items():
+            a.add(  # each weight width forced (--weight-bits), beside zoo's choice above
+                f"MobileNetV2, real ImageNet weights, `--engine nncf --weight-bits {bits}` "
+                f"(latency × {fmt(nn['latency_ratio_by_weight_bits'][bits], 3)})",
+                "the same",
+                "the same",
+                f"{pct(agree)}",
+                "",
+                "(no labels)",
+            )
     ta = r.get("int8_static_mobilenet_v2_target_agreement")
     if ta:  # the same images, zoo quantize --target-agreement (quantize_search.py)
         cal = ta["calibration"]

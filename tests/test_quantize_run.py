@@ -342,7 +342,9 @@ def test_nncf_tries_both_widths_only_where_nothing_else_decides() -> None:
     assert said is not None and said.startswith("weights: 8 bits, the better of two")
     assert "300 calibration images: 7-bit 77.0%, 8-bit 82.0%" in said
     assert chose.tried() == {"7": 0.77, "8": 0.82}
-    assert BitsChoice(7).describe() is None and BitsChoice(7).tried() is None
+    assert BitsChoice(7).describe() == "weights: 7 bits" and BitsChoice(7).tried() is None
+    tie = BitsChoice(7, {7: 1.0, 8: 1.0}, 2).describe()
+    assert tie.startswith("weights: 7 bits, a tie of the two") and "2 calibration images" in tie
 
 
 def test_weight_bits_decide_instead_of_the_rule_and_are_said(

@@ -26,8 +26,13 @@ from zoo.deploy.export.graph_metadata import parity_summary
 from zoo.deploy.export.onnx_export import export_onnx, load_for_export
 from zoo.deploy.export.parity import TOLERANCES, check_parity, gate_images, real_images
 from zoo.deploy.export.result import ExportResult
-from zoo.deploy.quantize.nncf_engine import BitsChoice, better_bits
-from zoo.deploy.quantize.options import nncf_weight_bits_to_try
+from zoo.deploy.quantize.nncf_engine import (
+    BitsChoice,
+    choose_bits,
+    overflow_fix,
+    require_nncf,
+)
+from zoo.deploy.quantize.options import nncf_weight_bits_to_try, trained_weight_bits
 from zoo.deploy.runtimes.openvino import (
     HINTS,
     META_KEY,
@@ -65,13 +70,12 @@ def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
     """NNCF's post-training int8 of an OpenVINO model (its native backend: FakeQuantize nodes
     that the CPU plugin runs as int8 kernels), its weights in ``weight_bits``
     (:func:`zoo.deploy.quantize.nncf_engine.overflow_fix`; both widths measured side by side by
-    bench/quantize_defaults.py, rows ``openvino-nncf-weights-*``)."""
-    try:
-        import nncf
-        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
-    except ImportError as exc:
-        raise InputError(f"--precision int8 needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
-    from zoo.deploy.quantize.nncf_engine import overflow_fix
+    bench/quantize_defaults.py, rows ``openvino-nncf-weights-*``); the kNN score's nodes stay
+    float, as in ``zoo quantize`` (:func:`zoo.deploy.quantize.calibration.knn_nodes`)."""
+    nncf = require_nncf("--precision int8")
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+
+    from zoo.knn import NODE_PREFIX
 
     name = model.inputs[0].get_any_name()
     # NNCF draws progress bars on stdout, where --json's report goes: they go to stderr
@@ -80,6 +84,7 @@ def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
             model,
             nncf.Dataset(batches, lambda x: {name: x}),
             preset=nncf.QuantizationPreset.MIXED,
+            ignored_scope=nncf.IgnoredScope(patterns=[f"{NODE_PREFIX}.*"], validate=False),
             subset_size=len(batches),
             fast_bias_correction=False,
             advanced_parameters=AdvancedQuantizationParameters(
@@ -88,25 +93,26 @@ def _nncf_int8(model: Any, batches: list[Any], weight_bits: int) -> Any:
         )
 
 
-def _int8_choosing_bits(core: Any, ir: Any, batches: list[Any]) -> tuple[Any, BitsChoice]:
+def _int8_choosing_bits(
+    core: Any, ir: Any, batches: list[Any], trained: int | None
+) -> tuple[Any, BitsChoice]:
     """NNCF's int8 of ``ir`` at the weight bits ``zoo quantize``'s NNCF engine takes here
-    (:func:`~zoo.deploy.quantize.options.nncf_weight_bits_to_try`): where there are two (a CPU
-    without VNNI), both are made and the one whose top-1 answers on the calibration images
-    agree more with fp32's is kept, as :func:`~zoo.deploy.quantize.nncf_engine.quantize_choosing_bits`
-    does for an ONNX file."""
-    candidates = nncf_weight_bits_to_try(None, None)
-    if len(candidates) == 1:
-        return _nncf_int8(ir, batches, candidates[0]), BitsChoice(candidates[0])
+    (:func:`~zoo.deploy.quantize.options.nncf_weight_bits_to_try`; ``trained``: a QAT model's
+    bits): where there are two (a CPU without VNNI), the one whose top-1 answers on the
+    calibration images agree more with fp32's (:func:`~zoo.deploy.quantize.nncf_engine.choose_bits`)."""
+    require_nncf("--precision int8")  # before the fp32 pass, not after it
 
     def top1(model: Any, precision: str) -> np.ndarray:
         compiled = compile_cpu(core, model, precision, None)
         return np.concatenate([compiled(b)[0] for b in batches]).argmax(1)
 
-    want = top1(ir, "fp32")
-    made = {bits: _nncf_int8(ir.clone(), batches, bits) for bits in candidates}
-    agreement = {bits: float((top1(m, "int8") == want).mean()) for bits, m in made.items()}
-    best = better_bits(agreement)
-    return made[best], BitsChoice(best, agreement, len(batches))
+    return choose_bits(
+        nncf_weight_bits_to_try(trained, None),
+        lambda bits: _nncf_int8(ir.clone(), batches, bits),
+        lambda model: top1(model, "int8"),
+        lambda: top1(ir, "fp32"),
+        len(batches),
+    )
 
 
 def export_openvino(
@@ -187,10 +193,11 @@ def export_openvino(
         from zoo.onnx_meta import read_metadata
 
         meta = read_metadata(onnx_file)
+        trained = trained_weight_bits(onnx_file)  # a QAT model's (its export's metadata)
         ir = ov.convert_model(str(onnx_file))
     choice = None
     if batches is not None:
-        ir, choice = _int8_choosing_bits(core, ir, batches)
+        ir, choice = _int8_choosing_bits(core, ir, batches, trained)
     compiled = compile_cpu(core, ir, precision, None)
     request = compiled.create_infer_request()
 

@@ -30,13 +30,30 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from zoo.errors import InputError
+
+M = TypeVar("M")  # an int8 model: an ONNX file's path, or an OpenVINO model
+
+
+def require_nncf(what: str) -> Any:
+    """The ``nncf`` module.
+
+    Raises:
+        InputError: it is not installed: ``what`` (the option that needs it) and how to get it.
+    """
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # NNCF imports it
+    try:
+        import nncf
+    except ImportError as exc:
+        raise InputError(f"{what} needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
+    return nncf
 
 
 def nncf_quantize(
@@ -48,11 +65,7 @@ def nncf_quantize(
     Raises:
         InputError: NNCF is not installed (the way to get it).
     """
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # NNCF imports it
-    try:
-        import nncf
-    except ImportError as exc:
-        raise InputError(f"--engine nncf needs NNCF: pip install 'zoo[nncf]' ({exc}).") from None
+    nncf = require_nncf("--engine nncf")
     import onnx
 
     dataset = nncf.Dataset(batches, lambda x: {input_name: x})
@@ -82,21 +95,43 @@ class BitsChoice:
         None where one bit width was made."""
         return {str(b): a for b, a in self.agreement.items()} if len(self.agreement) > 1 else None
 
-    def describe(self) -> str | None:
-        """One line for the plan, where a choice was made; None where there was none."""
+    def describe(self) -> str:
+        """The summary's line: the bits, and where two were made, why these."""
         if len(self.agreement) < 2:
-            return None
+            return f"weights: {self.bits} bits"
         tried = ", ".join(f"{b}-bit {a:.1%}" for b, a in self.agreement.items())
+        tie = len(set(self.agreement.values())) == 1
         return (
-            f"weights: {self.bits} bits, the better of two on this CPU without VNNI (top-1 "
-            f"agreement with fp32 on the {self.n_images} calibration images: {tried}); "
-            "--weight-bits decides instead"
+            f"weights: {self.bits} bits, "
+            + ("a tie of the two" if tie else "the better of two")
+            + f" on this CPU without VNNI (top-1 agreement with fp32 on the {self.n_images} "
+            f"calibration images: {tried}; --weight-bits decides instead)"
         )
 
 
 def better_bits(agreement: dict[int, float]) -> int:
     """The bits whose model kept the most answers; a tie goes to the first tried."""
     return max(agreement, key=lambda b: agreement[b])
+
+
+def choose_bits(
+    candidates: tuple[int, ...],
+    make: Callable[[int], M],
+    top1: Callable[[M], np.ndarray],
+    fp32_top1: Callable[[], np.ndarray],
+    n_images: int,
+) -> tuple[M, BitsChoice]:
+    """The int8 model at each of ``candidates`` (weight bits, this CPU's first; ``make``) and
+    the one whose top-1 answers on the calibration images (``top1``) agree most with fp32's
+    (``fp32_top1``; a tie: the first), for an ONNX file (:func:`quantize_choosing_bits`) or an
+    OpenVINO model alike. One candidate is made without measuring."""
+    if len(candidates) == 1:
+        return make(candidates[0]), BitsChoice(candidates[0])
+    want = fp32_top1()
+    made = {bits: make(bits) for bits in candidates}
+    agreement = {bits: float((top1(m) == want).mean()) for bits, m in made.items()}
+    best = better_bits(agreement)
+    return made[best], BitsChoice(best, agreement, n_images)
 
 
 def quantize_choosing_bits(
@@ -108,26 +143,30 @@ def quantize_choosing_bits(
     candidates: tuple[int, ...],
     threads: int | None,
 ) -> BitsChoice:
-    """:func:`nncf_quantize` at each of ``candidates`` (weight bits, this CPU's first) and
-    ``out`` the one whose top-1 answers on the calibration images ``x_cal`` agree most with
-    fp32's (a tie: the first); one candidate is made without measuring."""
-    if len(candidates) == 1:
-        nncf_quantize(fp32, out, batches, input_name, candidates[0])
-        return BitsChoice(candidates[0])
+    """:func:`choose_bits` for the ONNX file ``fp32``: :func:`nncf_quantize` at each width
+    beside ``out``, the chosen one moved to ``out``, the others removed (on failure too)."""
     from zoo.deploy.quantize.search import logits
 
-    want = logits(fp32, x_cal, threads).argmax(1)
-    made = {b: out.with_name(f"{out.stem}.w{b}{out.suffix}") for b in candidates}
-    agreement = {}
-    for bits, path in made.items():
+    require_nncf("--engine nncf")  # before the fp32 pass, not after it
+
+    def make(bits: int) -> Path:
+        path = out.with_name(f"{out.stem}.w{bits}{out.suffix}")
         nncf_quantize(fp32, path, batches, input_name, bits)
-        agreement[bits] = float((logits(path, x_cal, threads).argmax(1) == want).mean())
-    best = better_bits(agreement)
-    os.replace(made[best], out)
-    for bits, path in made.items():
-        if bits != best:
-            path.unlink()
-    return BitsChoice(best, agreement, len(x_cal))
+        return path
+
+    try:
+        chosen, choice = choose_bits(
+            candidates,
+            make,
+            lambda path: logits(path, x_cal, threads).argmax(1),
+            lambda: logits(fp32, x_cal, threads).argmax(1),
+            len(x_cal),
+        )
+        os.replace(chosen, out)
+    finally:
+        for bits in candidates:
+            out.with_name(f"{out.stem}.w{bits}{out.suffix}").unlink(missing_ok=True)
+    return choice
 
 
 def overflow_fix(weight_bits: int) -> Any:

@@ -147,9 +147,10 @@ def default_calibration(
 def shipped_weight_bits(
     trained: int | None, asked: int | None, flags: frozenset[str] | None = None
 ) -> int:
-    """The int8 weights' bits a static quantization gives, with either engine: ``asked``
-    (``--weight-bits``) when given, else the fewer of a QAT model's ``trained`` bits and this
-    CPU's (:func:`zoo.system.int8_weight_bits`; ``flags``: this machine's by default)."""
+    """The int8 weights' bits a static quantization gives (onnxruntime's; NNCF's where it
+    makes one width, :func:`nncf_weight_bits_to_try`): ``asked`` (``--weight-bits``) when
+    given, else the fewer of a QAT model's ``trained`` bits and this CPU's
+    (:func:`zoo.system.int8_weight_bits`; ``flags``: this machine's by default)."""
     return asked if asked is not None else min(trained or 8, int8_weight_bits(flags))
 
 
@@ -250,9 +251,10 @@ class QuantizeOptions:
         allow_drop: write the file even when it is below the floor
             (:func:`~zoo.deploy.quantize.verdict.check_floor`).
         weight_bits: static: the int8 weights' bits, 8 or 7 (onnxruntime's ``reduce_range``;
-            NNCF's overflow fix: :func:`zoo.deploy.quantize.nncf_engine.overflow_fix`); default None: :func:`shipped_weight_bits`'
-            rule (the fewer of a QAT model's and this CPU's). 8 on a CPU without VNNI makes a
-            file for a VNNI server; said by :func:`weight_bits_note`.
+            NNCF's overflow fix: :func:`zoo.deploy.quantize.nncf_engine.overflow_fix`); default
+            None: :func:`shipped_weight_bits`' rule (the fewer of a QAT model's and this CPU's;
+            NNCF on a CPU without VNNI makes both: :func:`nncf_weight_bits_to_try`). 8 on a
+            CPU without VNNI makes a file for a VNNI server; said by :func:`weight_bits_note`.
 
     Raises:
         ChoiceError: an unknown ``mode``, ``method`` or ``engine``.

@@ -171,11 +171,11 @@ class QuantizeReport:
         if self.calibration is not None and self.search is None:
             lines.append(f"calibration: {self.calibration.describe()} on {self.calib_description}")
         elif self.engine == "nncf":
-            chose = None if self.bits_choice is None else self.bits_choice.describe()
             lines.append(
-                f"calibration: NNCF's post-training quantization, {self.weight_bits}-bit weights, "
-                f"on {self.calib_description}" + ("" if chose is None else f" ({chose})")
+                f"calibration: NNCF's post-training quantization on {self.calib_description}"
             )
+            if self.bits_choice is not None:
+                lines.append(self.bits_choice.describe())
         if self.search is not None:
             lines += _search_lines(self.search)
         verdict = "ok" if self.floor.passed else ("ALLOWED" if self.floor.allowed else "FAILED")
