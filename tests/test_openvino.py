@@ -368,7 +368,7 @@ def test_int8_ir_is_judged_by_agreement_on_held_out_images(small_digits: Path, t
         for op in graph
         if op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.i8
     ]
-    assert len(reach) == 5 and reach[0] <= 64, reach  # simple_cnn's 5 layers; the first 7-bit
+    assert len(reach) == 5 and min(reach) <= 64, reach  # simple_cnn's 5 layers; the first 7-bit
     assert (max(reach) <= 64) == (bits == 7), reach
 
 
