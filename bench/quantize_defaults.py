@@ -133,7 +133,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from zoo.deploy.quantize.nncf_engine import nncf_quantize, quantize_choosing_bits
     from zoo.deploy.quantize.options import default_calibration, nncf_weight_bits_to_try
     from zoo.deploy.quantize.search import logits
-    from zoo.deploy.quantize.verdict import coverage, op_counts, wilson
+    from zoo.deploy.quantize.verdict import coverage, op_counts
     from zoo.deploy.runtimes.loader import make_session
 
     t0 = time.perf_counter()
@@ -158,20 +158,8 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         y8 = logits(path, x_val, args.threads)
         s8 = make_session(path, threads=args.threads)
         t8 = time_session(lambda: s8.run(None, {name: one}), label=label)["p50_ms"]
-        agree = float((y8.argmax(1) == y32.argmax(1)).mean())
-        acc = float((y8.argmax(1) == labels).mean())
-        row = {
-            "config": label,
-            **settings,
-            "n_calibration": n_calib,
-            "accuracy": round(acc, 4),
-            "accuracy_drop": round(acc32 - acc, 4),
-            "top1_agreement": round(agree, 4),
-            "agreement_ci95": wilson(agree, len(labels)),
-            "latency_p50_ms": t8,
-            "latency_ratio": round(t8 / t32, 3),
-            "coverage": coverage(fp32_ops, path, mode).to_dict(),
-        }
+        row = scored_row(label, settings, n_calib, (y8, y32, labels), (t8, t32))
+        row["coverage"] = coverage(fp32_ops, path, mode).to_dict()
         print(json.dumps(row), flush=True)
         return row
 
@@ -258,6 +246,33 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def scored_row(
+    label: str,
+    settings: dict[str, Any],
+    n_calib: int,
+    outputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    times: tuple[float, float],
+) -> dict[str, Any]:
+    """A setting's row: accuracy, drop and top-1 agreement (``outputs``: its logits, fp32's,
+    the labels) and its p50 latency against the baseline's (``times``)."""
+    from zoo.deploy.quantize.verdict import wilson
+
+    y8, y32, labels = outputs
+    agree = float((y8.argmax(1) == y32.argmax(1)).mean())
+    acc, acc32 = (float((y.argmax(1) == labels).mean()) for y in (y8, y32))
+    return {
+        "config": label,
+        **settings,
+        "n_calibration": n_calib,
+        "accuracy": round(acc, 4),
+        "accuracy_drop": round(acc32 - acc, 4),
+        "top1_agreement": round(agree, 4),
+        "agreement_ci95": wilson(agree, len(labels)),
+        "latency_p50_ms": times[0],
+        "latency_ratio": round(times[0] / times[1], 3),
+    }
+
+
 def openvino_rows(
     model: Path,
     x_val: np.ndarray,
@@ -272,7 +287,6 @@ def openvino_rows(
 
     from zoo.deploy.bench.harness import time_session
     from zoo.deploy.export.openvino import _int8_choosing_bits, _nncf_int8
-    from zoo.deploy.quantize.verdict import wilson
     from zoo.deploy.runtimes.openvino import compile_cpu
 
     core = ov.Core()
@@ -283,7 +297,6 @@ def openvino_rows(
         return c, time_session(lambda: c(one), label="openvino")["p50_ms"]
 
     _, t32 = compiled(core.read_model(str(model)))
-    acc32 = float((y32.argmax(1) == labels).mean())
     cal = [x[None] for x in x_cal]
     rows = []
     for label, forced in (
@@ -298,22 +311,9 @@ def openvino_rows(
             ir, bits, tried = _nncf_int8(fp32_ir, cal, forced), forced, None
         c, t8 = compiled(ir)
         y8 = np.concatenate([c(x[None])[0] for x in x_val])
-        agree = float((y8.argmax(1) == y32.argmax(1)).mean())
-        acc = float((y8.argmax(1) == labels).mean())
-        row = {
-            "config": label,
-            "engine": "openvino-nncf",
-            "weight_bits": bits,
-            "weight_bits_agreement": tried,
-            "n_calibration": len(x_cal),
-            "accuracy": round(acc, 4),
-            "accuracy_drop": round(acc32 - acc, 4),
-            "top1_agreement": round(agree, 4),
-            "agreement_ci95": wilson(agree, len(labels)),
-            "latency_p50_ms": t8,
-            "latency_ratio": round(t8 / t32, 3),
-            "latency_baseline": "openvino fp32",
-        }
+        said = {"engine": "openvino-nncf", "weight_bits": bits, "weight_bits_agreement": tried}
+        row = scored_row(label, said, len(x_cal), (y8, y32, labels), (t8, t32))
+        row["latency_baseline"] = "openvino fp32"
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
