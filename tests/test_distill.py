@@ -187,6 +187,34 @@ def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_pat
     assert [r["top"][0]["label"] for r in json.loads(onnx.stdout)] == [names[i] for i in top]
 
 
+def test_distill_into_a_cut_pretrained_backbone_then_export(
+    teacher: Path, digits16: Path, tmp_path: Path, mobilenet_weights: Path
+) -> None:
+    """A headless registry entry as the student (mobilenet_v2_s16: MobileNetV2's first 14
+    blocks from the whole network's real weights file, a head made for the data's classes):
+    the run ships a model folder that rebuilds without the registry's weights file, and its
+    export passes the gate."""
+    d = zoo_here(
+        "distill", str(teacher), "--student", "mobilenet_v2_s16", "--data", str(digits16),
+        "--epochs", "1", "--image-size", "32", "--strategy", "full", "--backbone-lr-mult", "1",
+        "--runs", str(tmp_path), "--name", "cut", "--num-workers", "0", "--no-progress",
+        "--no-report",
+    )  # fmt: skip
+    assert d.returncode == 0, d.stderr
+    said = " ".join(d.stderr.split())
+    assert "left out 78 tensors this architecture does not have" in said  # blocks 14-18
+    run = tmp_path / "cut"
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["base"] == "mobilenet_v2_s16.tv_in1k" and config["num_classes"] == 10
+    from zoo.factory import create_model
+
+    model = create_model(str(run))  # from the folder's own weights: nothing left out
+    assert model.zoo_load_report.unused == [] and len(model.features) == 14
+    ex = zoo_here("export", str(run), "--data", str(digits16), "--json")
+    assert ex.returncode == 0, ex.stderr
+    assert json.loads(ex.stdout)["parity"]["passed"]
+
+
 @pytest.mark.slow
 def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
     teacher: Path, digits16: Path, tmp_path: Path

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from zoo.errors import StateDictMismatchError
-from zoo.loading import LoadReport, _in_head, load_strict
+from zoo.loading import LoadReport, _under, load_strict
 
 
 def _net(classes: int = 3) -> nn.Module:
@@ -47,6 +47,7 @@ def test_exact_fit_loads_every_tensor(caplog: pytest.LogCaptureFixture) -> None:
         "reinitialised": [],
         "missing": [],
         "unexpected": [],
+        "unused": [],
     }
 
 
@@ -82,11 +83,11 @@ def test_adapt_head_never_reaches_outside_the_head() -> None:
     assert _load(_net(), {**sd}, adapt_head=True, head="2").reinitialised == ["2.0.weight"]
 
 
-def test_in_head_matches_whole_module_names_only() -> None:
-    assert _in_head("fc", "fc") and _in_head("fc.weight", "fc")
-    assert _in_head("classifier.1.bias", "classifier.1")
-    assert not _in_head("fc2.weight", "fc") and not _in_head("classifier.10.weight", "classifier.1")
-    assert not _in_head("fc.weight", None) and not _in_head("xfc.weight", "fc")
+def test_under_matches_whole_module_names_only() -> None:
+    assert _under("fc", "fc") and _under("fc.weight", "fc")
+    assert _under("classifier.1.bias", "classifier.1")
+    assert not _under("fc2.weight", "fc") and not _under("classifier.10.weight", "classifier.1")
+    assert not _under("fc.weight", None) and not _under("xfc.weight", "fc")
 
 
 def test_missing_and_unexpected_keys_are_named() -> None:
@@ -132,3 +133,19 @@ def test_no_hint_when_the_head_fits_or_is_absent() -> None:
     with pytest.raises(StateDictMismatchError) as exc:  # the declared head is not in the model
         _load(_net(), {**bogus_head, "fc.weight": torch.zeros(2, 2)}, head="fc")
     assert str(exc.value).endswith("(not in the model: fc.weight).")
+
+
+def test_unused_paths_are_skipped_and_reported_not_loaded() -> None:
+    """A network cut short (``ModelInfo.unused_weights``): the weights file's blocks it does not
+    have are listed, not errors; anything else unexpected still refuses."""
+    full = _weights()
+    short = nn.Sequential(nn.Linear(4, 6), nn.ReLU())
+    report = _load(short, full, head=None, unused=("2", "3"))
+    assert report.unused == ["2.0.weight", "2.0.bias", "3.weight", "3.bias"]
+    assert report.loaded == ["0.bias", "0.weight"] and report.unexpected == []
+    assert torch.equal(short[0].weight, full["0.weight"])
+    assert "left out 4 tensors this architecture does not have" in report.summary()
+    with pytest.raises(StateDictMismatchError, match=r"not in the model: 3\.weight, 3\.bias"):
+        _load(short, full, head=None, unused=("2",))
+    with pytest.raises(StateDictMismatchError, match=r"not in the model: 2\.0\.weight"):
+        _load(short, full, head=None, unused=("2.0.w", "3"))  # whole module names only

@@ -49,5 +49,6 @@ def test_card_commands_parse_and_name_this_entry(name: str) -> None:
         argv = zoo_argv(line)
         assert argv is not None
         _parse(group, argv)
-        assert argv[1] == name, f"{line!r} is about another entry than {name}"
+        about = argv[argv.index("--student") + 1] if "--student" in argv else argv[1]
+        assert about == name, f"{line!r} is about another entry than {name}"
         assert "--dynamic-batch" not in argv, "a no-op flag (the batch axis is the default)"

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 import zoo
-from zoo.errors import DuplicateModelError, StateDictMismatchError, UnknownModelError
+from zoo.errors import (
+    DuplicateModelError,
+    InputError,
+    StateDictMismatchError,
+    UnknownModelError,
+)
 from zoo.metadata import ModelInfo
 from zoo.profile import count_gflops, count_params
 from zoo.registry import register_model
@@ -25,6 +30,7 @@ EXPECTED_PARAMS = {
     "resnet34.a1_in1k": 21_797_672,
     "resnet50.a1_in1k": 25_557_032,
     "mobilenet_v2.tv_in1k": 3_504_872,
+    "mobilenet_v2_s16.tv_in1k": 542_528,  # headless: the backbone alone
 }
 
 
@@ -35,16 +41,23 @@ def test_every_documented_entry_is_registered() -> None:
 @pytest.mark.parametrize("name", zoo.list_models())
 def test_entry_builds_and_behaves(name: str) -> None:
     info = zoo.model_info(name)
-    model = zoo.create_model(name, weights="none")
-    assert count_params(model) == info.params == EXPECTED_PARAMS[name]
-    # the built model carries its entry's metadata (only the weight source says "random")
-    assert model.zoo_info.name == name and replace(model.zoo_info, weights=info.weights) == info
+    if info.headless:  # a backbone: built with a class count, its head counted apart
+        model = zoo.create_model(name, weights="none", num_classes=7)
+        head = model.get_submodule(info.classifier)
+        assert count_params(model) - count_params(head) == info.params == EXPECTED_PARAMS[name]
+        assert model.zoo_info.parent == name and model.zoo_info.num_classes == 7
+    else:
+        model = zoo.create_model(name, weights="none")
+        assert count_params(model) == info.params == EXPECTED_PARAMS[name]
+        # the built model carries its entry's metadata (only the weight source says "random")
+        assert model.zoo_info.name == name
+        assert replace(model.zoo_info, weights=info.weights) == info
     assert not model.training
     torch.manual_seed(0)
     x = torch.randn(2, *info.input_size)
     with torch.no_grad():
         y1, y2 = model(x), model(x)
-    assert y1.shape == (2, info.num_classes)
+    assert y1.shape == (2, info.num_classes or 7)
     assert torch.isfinite(y1).all()
     assert torch.equal(y1, y2), "eval mode must be deterministic"
     assert math.isclose(count_gflops(model, info.input_size), info.gflops, rel_tol=0.01)
@@ -56,7 +69,7 @@ def test_metadata_is_complete(name: str) -> None:
     assert len(info.mean) == len(info.std) == info.input_size[0]
     assert info.classifier, "every entry declares its classifier head"
     assert info.license
-    if info.weights.kind != "none":
+    if info.weights.kind != "none" and not info.headless:
         assert info.label_names is not None and len(info.label_names) == info.num_classes
     if info.weights.kind == "hub":
         assert not info.weights.pinned and "not pinned" in info.description
@@ -105,6 +118,28 @@ def test_head_reinit_and_strict_load(mobilenet_weights) -> None:
     assert model.zoo_info.num_classes == 5 and model.zoo_info.label_names is None
     ref = zoo.create_model("mobilenet_v2")
     assert torch.equal(model.features[0][0].weight, ref.features[0][0].weight)
+
+
+def test_cut_backbone_loads_its_blocks_of_the_real_weights(mobilenet_weights) -> None:
+    """mobilenet_v2_s16: MobileNetV2's first 14 blocks, from the whole network's weights file
+    (the rest named as left out), with a fresh head; without a class count it says what to
+    do instead of building a model with no head."""
+    model = zoo.create_model("mobilenet_v2_s16", num_classes=3)
+    report = model.zoo_load_report
+    ref = zoo.create_model("mobilenet_v2")
+    assert len(model.features) == 14 and model.classifier[1].in_features == 96
+    for key, tensor in model.features.state_dict().items():
+        assert torch.equal(tensor, ref.features.state_dict()[key]), key
+    assert report.unused and {k.split(".")[1] for k in report.unused} == {
+        str(i) for i in range(14, 19)
+    }
+    assert report.reinitialised == ["classifier.1.weight", "classifier.1.bias"]
+    assert not report.missing and not report.unexpected
+    info = model.zoo_info
+    assert info.num_classes == 3 and info.parent == "mobilenet_v2_s16.tv_in1k"
+    assert info.params == count_params(model)
+    with pytest.raises(InputError, match="pretrained backbone without a classifier head"):
+        zoo.create_model("mobilenet_v2_s16")
 
 
 def test_mismatch_outside_head_is_an_error(mobilenet_weights, tmp_path) -> None:

@@ -35,6 +35,19 @@ zoo finetune {name} --data ./my_images
 zoo export {name} -o {safe}.onnx
 ```"""
 
+_USAGE_HEADLESS = """```python
+import zoo
+
+# a backbone without a head: a class count builds a fresh one on the pretrained blocks
+model = zoo.create_model("{name}", num_classes=5)
+```
+
+```bash
+zoo info {name}
+zoo finetune {name} --data ./my_images --strategy full --backbone-lr-mult 1
+zoo distill runs/MY_RUN --student {name} --data ./my_images
+```"""
+
 
 def _card_data(
     info: ModelInfo, *, eval_results: list[EvalResult] | None, extra: dict[str, Any]
@@ -91,10 +104,10 @@ def registry_card(info: ModelInfo) -> str:
 
 ## Architecture and input
 - Architecture: `{info.arch}`, weight tag `{info.tag}`
-- Parameters: {info.params:,} at {info.num_classes} classes
+- Parameters: {info.params:,} {"without a head" if info.headless else f"at {info.num_classes} classes"}
 - GFLOPs: {info.gflops:g} at {"×".join(map(str, info.input_size))}, batch 1 (1 multiply-add = 1 FLOP, torchvision's convention)
 - Input: {"×".join(map(str, info.input_size))}; preprocessing: resize short side to {pre.resize_size} ({pre.interpolation}), center crop {pre.crop_size} (crop pct {pre.crop_pct}), scale to [0, 1], normalise with mean {list(pre.mean)} and std {list(pre.std)}
-- Output: raw logits for {info.num_classes} classes (no softmax in the head)
+- Output: {"none until trained: its weights hold no head (fine-tune it or distil into it)" if info.headless else f"raw logits for {info.num_classes} classes (no softmax in the head)"}
 
 ## Weights
 - Source: {info.weights.describe()}
@@ -110,7 +123,7 @@ def registry_card(info: ModelInfo) -> str:
 Source: {info.metrics_source or "—"}
 
 ## How to use with zoo
-{_USAGE.format(name=info.name, safe=info.name.replace(":", "_"))}
+{(_USAGE_HEADLESS if info.headless else _USAGE).format(name=info.name, safe=info.name.replace(":", "_"))}
 """
     data = _card_data(info, eval_results=_published_results(info), extra={})
     return f"---\n{data.to_yaml()}\n---\n{body}"

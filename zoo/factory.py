@@ -154,6 +154,13 @@ def create_model_with_report(
     info = entry.info
     source = weight_source(info, weights)
     n = num_classes if num_classes is not None else info.num_classes
+    if n < 1 and info.headless and num_classes is None:
+        raise InputError(
+            f"{info.name} is a pretrained backbone without a classifier head, so it needs a "
+            f"class count: fine-tune it (zoo finetune {info.name} --data DIR), distil into it "
+            f"(zoo distill TEACHER --student {info.name} --data DIR) or, in Python, "
+            f'zoo.create_model("{info.name}", num_classes=N).'
+        )
     if n < 1:
         raise InputError(f"num_classes must be at least 1, got {n}.")
     model = entry.builder(num_classes=n, **kwargs)
@@ -170,6 +177,7 @@ def create_model_with_report(
             head=info.classifier,
             source=source.describe(),
             adapt_head=n != info.num_classes,
+            unused=info.unused_weights,
         )
     labels = (
         tuple(label_names) if label_names else (info.label_names if n == info.num_classes else None)
@@ -199,7 +207,8 @@ def create_model(
             ``arch``, ``arch.tag``, ``timm:<name>``, ``hf:ORG/REPO[@REV]``,
             ``hf-hub:ORG/NAME``, or a run / model folder (not an ONNX file).
         num_classes: a different number of classes re-initialises the classifier head;
-            every other tensor still loads strictly.
+            every other tensor still loads strictly. Required for a headless entry
+            (:attr:`ModelInfo.headless`: a pretrained backbone without a head).
         weights: ``None`` for the entry's own weights (random init when it has none),
             ``"none"`` for random initialisation, or a path to a safetensors file / folder.
         **kwargs: passed to the architecture's builder.
@@ -215,7 +224,8 @@ def create_model(
         WeightsNotFoundError / WeightsIntegrityError: weights missing or failing their hash.
         UnsafeWeightsError: the weights could only be loaded by unpickling.
         StateDictMismatchError: weights do not fit outside the declared head.
-        InputError: ``num_classes`` < 1 (ModelRefError is one too).
+        InputError: ``num_classes`` < 1, or missing for a headless entry (ModelRefError is
+            one too).
     """
     model, info, report = create_model_with_report(
         name, num_classes=num_classes, weights=weights, **kwargs

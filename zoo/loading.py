@@ -22,19 +22,25 @@ class LoadReport:
     reinitialised: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    unused: list[str] = field(
+        default_factory=list
+    )  # left out on purpose (ModelInfo.unused_weights)
 
     def summary(self) -> str:
         s = f"loaded {len(self.loaded)} tensors from {self.source}"
         if self.reinitialised:
             s += f"; re-initialised head: {', '.join(self.reinitialised)}"
+        if self.unused:
+            s += f"; left out {len(self.unused)} tensors this architecture does not have"
         return s
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def _in_head(key: str, head: str | None) -> bool:
-    return head is not None and (key == head or key.startswith(head + "."))
+def _under(key: str, path: str | None) -> bool:
+    """``key`` is the module path ``path`` or a tensor under it."""
+    return path is not None and (key == path or key.startswith(path + "."))
 
 
 def load_strict(
@@ -44,22 +50,27 @@ def load_strict(
     head: str | None,
     source: str,
     adapt_head: bool,
+    unused: tuple[str, ...] = (),
 ) -> LoadReport:
     """Load ``state_dict`` into ``model``.
 
     With ``adapt_head``, head tensors (under the module path ``head``) whose shapes differ
-    are skipped and left at their fresh initialisation. Anything else missing, unexpected or
-    mis-shaped raises :class:`StateDictMismatchError` in plain words.
+    are skipped and left at their fresh initialisation. Tensors under the module paths
+    ``unused`` (:attr:`ModelInfo.unused_weights`: blocks a network cut short does not have) are
+    skipped and listed in the report. Anything else missing, unexpected or mis-shaped raises
+    :class:`StateDictMismatchError` in plain words.
     """
     own = model.state_dict()
     report = LoadReport(source=source)
     to_load: dict[str, torch.Tensor] = {}
     shape_errors = []
     for key, tensor in state_dict.items():
-        if key not in own:
+        if any(_under(key, path) for path in unused):
+            report.unused.append(key)
+        elif key not in own:
             report.unexpected.append(key)
         elif own[key].shape != tensor.shape:
-            if adapt_head and _in_head(key, head):
+            if adapt_head and _under(key, head):
                 report.reinitialised.append(key)
             else:
                 shape_errors.append(

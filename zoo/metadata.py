@@ -65,7 +65,11 @@ class ModelInfo:
     measured at ``input_size`` with batch 1 (ResNet-18: 1.81). ``input_size``, ``mean``,
     ``std``, ``interpolation`` and ``crop_pct`` make up :meth:`preprocessing`. ``classifier``
     names the head module that a different class count replaces; ``parent`` and ``lineage``
-    say what a fine-tuned entry descends from.
+    say what a fine-tuned entry descends from. ``num_classes`` 0 marks a pretrained backbone
+    whose weights hold no head for it (:attr:`headless`): it is built with a class count
+    (``zoo finetune`` and ``zoo distill --student`` take it from the data).
+    ``unused_weights`` names the module paths of the weights file that the architecture leaves
+    out on purpose (a network cut short): loading skips them and reports them.
     """
 
     arch: str
@@ -92,10 +96,16 @@ class ModelInfo:
     multi_label: bool = False
     thresholds: tuple[float, ...] | None = None  # multi-label: per-class sigmoid thresholds
     calibration: Calibration | None = None  # temperature and rejection (zoo/calibration.py)
+    unused_weights: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return f"{self.arch}.{self.tag}"
+
+    @property
+    def headless(self) -> bool:
+        """A pretrained backbone without a head of its own (``num_classes`` 0)."""
+        return self.num_classes == 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``zoo info --json``), with the weights' ``pinned`` and ``description``."""

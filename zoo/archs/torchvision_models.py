@@ -147,3 +147,48 @@ def mobilenet_v2(num_classes: int = 1000, **kw: object) -> nn.Module:
     import torchvision
 
     return torchvision.models.mobilenet_v2(num_classes=num_classes, **kw)
+
+
+MOBILENET_V2_S16_BLOCKS = 14
+"""``mobilenet_v2_s16`` keeps MobileNetV2's first 14 of 19 feature blocks: through the
+96-channel stage, the last at stride 16 (the cut DeepLabV3 and SSDLite read features from)."""
+
+
+@register_model(
+    ModelInfo(
+        arch="mobilenet_v2_s16",
+        tag="tv_in1k",
+        input_size=(3, 224, 224),
+        num_classes=0,
+        params=542_528,  # the backbone; a head adds 97 per class
+        gflops=0.21,
+        license="bsd-3-clause",
+        paper="arXiv:1801.04381",
+        source=_TV_RECIPE,
+        description=(
+            "MobileNetV2 cut after its stride-16 stage: the first 14 of its 19 feature blocks "
+            "(96 channels out) with torchvision's ImageNet-1k weights (IMAGENET1K_V1), then "
+            "average pooling and a new linear head. A pretrained backbone without a head of "
+            "its own: fine-tune it or distil into it. Made for small, fast students; the blocks "
+            "it keeps learnt mid-level features, so train all of it (--strategy full "
+            "--backbone-lr-mult 1) rather than the head first."
+        ),
+        weights=_tv_weights(
+            "mobilenet_v2-b0353104.pth",
+            "b03531047ffacf1e2488318dcd2aba1126cde36e3bfe1aa5cb07700aeeee9889",
+        ),
+        classifier="classifier.1",
+        unused_weights=tuple(f"features.{i}" for i in range(MOBILENET_V2_S16_BLOCKS, 19)),
+    )
+)
+def mobilenet_v2_s16(num_classes: int, **kw: object) -> nn.Module:
+    import torch
+    import torchvision
+
+    model = torchvision.models.mobilenet_v2(num_classes=num_classes, **kw)
+    model.features = model.features[:MOBILENET_V2_S16_BLOCKS]
+    head = torch.nn.Linear(96, num_classes)  # initialised as torchvision's MobileNetV2 head
+    torch.nn.init.normal_(head.weight, 0, 0.01)
+    torch.nn.init.zeros_(head.bias)
+    model.classifier[1] = head
+    return model
