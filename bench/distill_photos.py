@@ -6,13 +6,12 @@ code. The students (``--students``): ``simple_cnn`` from scratch at its 32 px; t
 own architecture from its ImageNet weights at half the teacher's input size (a quarter of the
 pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand);
 and ``mobilenet_v2_s16``, the same weights cut after the stride-16 stage (14 of 19 blocks,
-0.54 M parameters) at 44 px, with every layer at the head's learning rate for both of its arms
-(``+full``: ``--strategy full --backbone-lr-mult 1``; the cut network's last blocks must learn
-to be a head's input, and in a one-seed probe the cut at 64 channels reached 75 % by epoch 10
-under zoo's default gradual unfreezing). 44 px: at 48 it timed 0.30x the teacher in a probe of
-alternating windows, at 44 0.28x, 40 0.26x (95.0 % alone, one seed, against 96.2 % at 44 and
-48). All for 20 epochs (distillation needs patience: Beyer et al. 2022; at 6 epochs every
-MobileNetV2 run peaked at its last epoch).
+0.54 M parameters) at 44 px, which zoo trains whole at the head's learning rate by default (a
+headless backbone: ``zoo.train.config.default_strategy``). Why 44 px: in a one-off probe of
+alternating latency windows (not in this file) the cut network timed 0.30x the teacher at
+48 px, 0.28x at 44 and 0.26x at 40, against a goal of 0.3x; trained alone (one seed) it
+scored 96.2 % at 48 and 44 px, 95.0 % at 40. All for 20 epochs (distillation needs patience:
+Beyer et al. 2022; at 6 epochs every MobileNetV2 run peaked at its last epoch).
 
 The teacher trains 20 epochs. It trained 5 in this file's first two runs (2026-12-05): at
 92.5 % it was passed by the plain MobileNetV2 student at 48 px in 20 epochs (95.5 %, seed 0),
@@ -118,40 +117,24 @@ def teacher_on_views(teacher: Path, student: Path, val: Path) -> dict[str, float
 
 @dataclass(frozen=True)
 class Student:
-    """One student of the comparison: ``NAME[@SIZE]:EPOCHS[+full]`` on the command line
-    (``+full``: every layer at the head's LR, ``--strategy full --backbone-lr-mult 1``, for
-    both the distilled and the plain run)."""
+    """One student of the comparison: ``NAME[@SIZE]:EPOCHS`` on the command line."""
 
     name: str
     size: int | None  # its --image-size; None: the entry's own
     epochs: int
-    full: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> Student:
-        spec, plus, recipe = spec.partition("+")
-        if plus and recipe != "full":
-            raise ValueError(f"{spec}+{recipe}: the only recipe suffix is +full")
         model, epochs = spec.rsplit(":", 1)
         name, _, size = model.partition("@")
-        return cls(name, int(size) if size else None, int(epochs), bool(plus))
+        return cls(name, int(size) if size else None, int(epochs))
 
     @property
     def key(self) -> str:  # no dots or colons: headline keys
-        return (
-            self.name
-            + (f"_{self.size}px" if self.size else "")
-            + f"_e{self.epochs}"
-            + ("_full" if self.full else "")
-        )
+        return self.name + (f"_{self.size}px" if self.size else "") + f"_e{self.epochs}"
 
     def options(self) -> list[str]:
-        return [
-            "--epochs",
-            str(self.epochs),
-            *(["--image-size", str(self.size)] * bool(self.size)),
-            *(["--strategy", "full", "--backbone-lr-mult", "1"] * self.full),
-        ]
+        return ["--epochs", str(self.epochs), *(["--image-size", str(self.size)] * bool(self.size))]
 
 
 def compare_student(
@@ -182,7 +165,6 @@ def compare_student(
         "student": st.name,
         "image_size": st.size or info.preprocessing().crop_size,
         "epochs": st.epochs,
-        "recipe": "--strategy full --backbone-lr-mult 1" if st.full else "zoo's defaults",
         "weights": "none (from scratch)" if info.weights.kind == "none" else info.weights.kind,
         "command": f"zoo distill TEACHER_RUN --student {st.name} --data DIR -T T --alpha A "
         f"{' '.join(st.options())} --seed S; zoo finetune {st.name} --data DIR "
@@ -200,11 +182,7 @@ def compare_student(
 
 def headlines(key: str, s: dict[str, Any], head: str, teacher: str) -> list[dict[str, Any]]:
     """The three goals of one student: KD's gain, the gap to the teacher, the latency."""
-    label = (
-        f"{s['student']}"
-        + (f" at {s['image_size']} px" if s["image_size"] else "")
-        + (" (--strategy full)" if s.get("recipe", "").startswith("--strategy full") else "")
-    )
+    label = f"{s['student']}" + (f" at {s['image_size']} px" if s["image_size"] else "")
     ci = s["results"]["kd_gain_interval"][head]
     return [
         headline(
@@ -248,11 +226,11 @@ def main() -> None:
     p.add_argument("--teacher-size", type=int, default=96, help="the teacher's --image-size")
     p.add_argument(
         "--students",
-        default="simple_cnn:20,mobilenet_v2@48:20,mobilenet_v2_s16@44:20+full",
-        help="NAME[@SIZE]:EPOCHS[+full] each: a student from scratch (simple_cnn, 32 px), the "
+        default="simple_cnn:20,mobilenet_v2@48:20,mobilenet_v2_s16@44:20",
+        help="NAME[@SIZE]:EPOCHS each: a student from scratch (simple_cnn, 32 px), the "
         "teacher's own architecture from its ImageNet weights at half its input size, and "
-        "its first 14 blocks (mobilenet_v2_s16) at 44 px, every layer trained; with several "
-        "budgets of one student, the goals table shows the longest",
+        "its first 14 blocks (mobilenet_v2_s16) at 44 px; with several budgets of one "
+        "student, the goals table shows the longest",
     )
     p.add_argument(
         "--kd",
@@ -308,11 +286,7 @@ def main() -> None:
             h
             for st in students
             if st.epochs
-            == max(
-                o.epochs
-                for o in students
-                if (o.name, o.size, o.full) == (st.name, st.size, st.full)
-            )
+            == max(o.epochs for o in students if (o.name, o.size) == (st.name, st.size))
             for h in headlines(st.key, by_student[st.key], head, args.teacher)
         ],
     }

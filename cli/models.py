@@ -109,7 +109,7 @@ def list_cmd(
             f"{r['params']:,}",
             f"{r['gflops']:.3g}",
             "×".join(map(str, r["input_size"])),
-            str(r["num_classes"]),
+            str(r["num_classes"]) if r["num_classes"] else "none (backbone)",
             r["weights"]
             + ("" if r["pinned"] or r["weights"] == "none" else " (unpinned)")
             + ("" if r["weights_state"] == "not needed" else f", {_HERE[r['weights_state']]}"),
@@ -152,6 +152,12 @@ def info_cmd(
             continue
         if k == "lineage":
             v = " → ".join(v)
+        if k == "num_classes" and info.headless:
+            v = "0 (a backbone without a head: fine-tuning or distilling into it makes one)"
+        if k == "unused_weights":
+            if not v:
+                continue
+            v = f"{len(v)} blocks of the weights file left out: {', '.join(v)}"
         out.print(f"[bold]{k}[/bold]: {v}")
     if labels:
         out.print(f"[bold]labels[/bold]: {len(labels)} ({', '.join(labels[:5])}, …)")

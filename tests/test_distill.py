@@ -192,17 +192,18 @@ def test_distill_into_a_cut_pretrained_backbone_then_export(
 ) -> None:
     """A headless registry entry as the student (mobilenet_v2_s16: MobileNetV2's first 14
     blocks from the whole network's real weights file, a head made for the data's classes):
-    the run ships a model folder that rebuilds without the registry's weights file, and its
-    export passes the gate."""
+    it trains whole by default, the run ships a model folder that rebuilds without the
+    registry's weights file, and its export passes the gate."""
     d = zoo_here(
         "distill", str(teacher), "--student", "mobilenet_v2_s16", "--data", str(digits16),
-        "--epochs", "1", "--image-size", "32", "--strategy", "full", "--backbone-lr-mult", "1",
-        "--runs", str(tmp_path), "--name", "cut", "--num-workers", "0", "--no-progress",
+        "--epochs", "1", "--image-size", "32", "--runs", str(tmp_path), "--name", "cut", "--num-workers", "0", "--no-progress",
         "--no-report",
     )  # fmt: skip
     assert d.returncode == 0, d.stderr
     said = " ".join(d.stderr.split())
     assert "left out 78 tensors this architecture does not have" in said  # blocks 14-18
+    assert "backbone without a head: every layer trains from the start" in said
+    assert "(--strategy full, backbone LR × 1)" in said
     run = tmp_path / "cut"
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["base"] == "mobilenet_v2_s16.tv_in1k" and config["num_classes"] == 10

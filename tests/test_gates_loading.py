@@ -149,3 +149,29 @@ def test_unused_paths_are_skipped_and_reported_not_loaded() -> None:
         _load(short, full, head=None, unused=("2",))
     with pytest.raises(StateDictMismatchError, match=r"not in the model: 2\.0\.weight"):
         _load(short, full, head=None, unused=("2.0.w", "3"))  # whole module names only
+
+
+def test_fresh_head_reinitialises_the_head_whatever_the_weights_hold() -> None:
+    """A headless entry's weights hold another network's head or none: with ``fresh_head``
+    every head tensor stays fresh, even one of the same shape (a 1000-class head on ImageNet's
+    file would otherwise keep its bias), and a head absent from the file is not missing."""
+    sd = _weights()
+    model = _net()
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    report = _load(model, sd, fresh_head=True)
+    assert report.reinitialised == ["3.weight", "3.bias"] and not report.missing
+    assert torch.equal(model[3].bias, fresh["3.bias"]) and torch.equal(
+        model[0].weight, sd["0.weight"]
+    )
+    headless = {k: v for k, v in sd.items() if not k.startswith("3.")}
+    report = _load(_net(), headless, fresh_head=True)
+    assert report.reinitialised == ["3.weight", "3.bias"] and not report.missing
+    with pytest.raises(StateDictMismatchError, match=r"missing from the weights: 3\.weight"):
+        _load(_net(), headless)
+
+
+def test_unused_paths_the_model_has_are_an_error() -> None:
+    with pytest.raises(
+        StateDictMismatchError, match=r"declared left out of these weights: 2\.0\.weight"
+    ):
+        _load(_net(), _weights(), unused=("2",))

@@ -16,8 +16,8 @@ from zoo.train.strategy import set_phase, train_mode
 
 
 def _options(data: Path, tmp: Path, **kw) -> TrainConfig:
-    base = dict(num_workers=0, image_size=64, batch_size=32, progress=False)
-    return TrainConfig(model="mobilenet_v2", data=str(data), runs_root=str(tmp), **{**base, **kw})
+    base = dict(model="mobilenet_v2", num_workers=0, image_size=64, batch_size=32, progress=False)
+    return TrainConfig(data=str(data), runs_root=str(tmp), **{**base, **kw})
 
 
 def test_linear_probe_keeps_backbone_and_bn_stats_frozen(
@@ -34,6 +34,28 @@ def test_linear_probe_keeps_backbone_and_bn_stats_frozen(
         else:  # weights *and* BatchNorm running stats untouched
             assert torch.equal(v, ref[k]), k
     assert len(build_run(resolve_config(options)).optimizer.param_groups) == 1
+
+
+def test_a_headless_backbone_trains_whole_at_the_heads_lr_unless_told(
+    small_digits, tmp_path, mobilenet_weights, capfd
+) -> None:
+    """mobilenet_v2_s16 (no head of its own) defaults to --strategy full at backbone LR × 1,
+    said in the log; a strategy or multiplier the user gives is kept."""
+    cut = {"model": "mobilenet_v2_s16"}
+    cfg = resolve_config(_options(small_digits, tmp_path, **cut)).cfg
+    assert (cfg.strategy, cfg.backbone_lr_mult) == ("full", 1.0)
+    assert "backbone without a head: every layer trains from the start" in capfd.readouterr().err
+    cfg = resolve_config(_options(small_digits, tmp_path, backbone_lr_mult=0.5, **cut)).cfg
+    assert (cfg.strategy, cfg.backbone_lr_mult) == ("full", 0.5)
+    given = resolve_config(
+        _options(small_digits, tmp_path, backbone_lr_mult=0.1, **cut),
+        frozenset({"backbone_lr_mult"}),
+    ).cfg
+    assert (given.strategy, given.backbone_lr_mult) == ("full", 0.1)
+    cfg = resolve_config(_options(small_digits, tmp_path, strategy="gradual", **cut)).cfg
+    assert (cfg.strategy, cfg.backbone_lr_mult) == ("gradual", 0.1)
+    plain = resolve_config(_options(small_digits, tmp_path)).cfg  # whole MobileNetV2: unchanged
+    assert (plain.strategy, plain.backbone_lr_mult) == ("gradual", 0.1)
 
 
 def test_frozen_bn_stays_in_eval_mode(small_digits, tmp_path, mobilenet_weights) -> None:

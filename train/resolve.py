@@ -22,11 +22,13 @@ from zoo.registry import Entry
 from zoo.run_images import find_run
 from zoo.train import data as data_mod
 from zoo.train.config import (
+    HEADLESS_BACKBONE_LR_MULT,
     ImageCacheMode,
     TrainConfig,
     check_bounds,
     default_lr,
     default_strategy,
+    option_defaults,
 )
 from zoo.train.console import say
 from zoo.train.distill import Teacher, label_by_teacher, resolve_teacher
@@ -95,7 +97,18 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     source = weight_source(parent[0].info, cfg.weights)
     require_weights(source)  # here, before the data check: missing weights fail in seconds
     pretrained = source.kind != "none"
-    strategy = cfg.strategy or default_strategy(pretrained)
+    headless = pretrained and parent[0].info.headless
+    strategy = cfg.strategy or default_strategy(pretrained, headless)
+    if headless and cfg.strategy is None:
+        lr_mult_given = "backbone_lr_mult" in explicit or (
+            cfg.backbone_lr_mult != option_defaults()["backbone_lr_mult"]
+        )
+        if not lr_mult_given:
+            cfg = replace(cfg, backbone_lr_mult=HEADLESS_BACKBONE_LR_MULT)
+        say(
+            f"note: {parent[0].info.name} is a backbone without a head: every layer trains "
+            f"from the start (--strategy full, backbone LR × {cfg.backbone_lr_mult:g})"
+        )
     if not pretrained and strategy != "full":
         raise InputError(
             f"--strategy {strategy} freezes a backbone, but {cfg.model} has random weights "

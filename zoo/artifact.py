@@ -156,6 +156,7 @@ def info_from_config(folder: Path, config: ModelConfig, base: ModelInfo) -> Mode
         thresholds=config.thresholds,
         calibration=config.calibration,
         description=f"{base.arch} fine-tuned by zoo from {config.base}.",
+        unused_weights=(),  # the folder's weights are its own: nothing in them is left out
     )
 
 

@@ -16,6 +16,7 @@ from zoo.errors import InputError, UnsafeWeightsError, first_line, some_of
 from zoo.factory import create_model, info_of
 from zoo.loading import load_strict
 from zoo.model_config import ModelConfig
+from zoo.profile import count_params
 from zoo.ref import ModelRef
 from zoo.variants import variants_dir
 from zoo.weights import read_state_dict, sha256_file
@@ -153,6 +154,11 @@ def convert(
     if num_classes is None and head and f"{head}.weight" in state:
         num_classes = int(state[f"{head}.weight"].shape[0])
     info_n = num_classes or entry.info.num_classes
+    if info_n < 1:
+        raise InputError(
+            f"{entry.info.name} has no head of its own and {pth} holds no {head} weights to "
+            "count the classes from: pass --num-classes."
+        )
     model = entry.builder(num_classes=info_n)
     report = load_strict(model, state, head=head, source=str(pth), adapt_head=False)
     from dataclasses import replace
@@ -164,8 +170,10 @@ def convert(
         num_classes=info_n,
         tag=f"converted-{pth.stem}",
         label_names=entry.info.label_names if info_n == entry.info.num_classes else None,
+        params=count_params(model),
         weights=WeightSource(kind="local", path=str(pth)),
         parent=entry.info.name,
+        unused_weights=(),
     )
     config = _config_for(
         info,

@@ -44,7 +44,7 @@ model = zoo.create_model("{name}", num_classes=5)
 
 ```bash
 zoo info {name}
-zoo finetune {name} --data ./my_images --strategy full --backbone-lr-mult 1
+zoo finetune {name} --data ./my_images
 zoo distill runs/MY_RUN --student {name} --data ./my_images
 ```"""
 

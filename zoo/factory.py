@@ -144,7 +144,8 @@ def create_model_with_report(
         :class:`LoadReport`, or ``None`` for random initialisation.
 
     Raises:
-        InputError: ``num_classes`` < 1, or ``label_names`` of the wrong length.
+        InputError: ``num_classes`` < 1 or missing for a headless entry, or ``label_names``
+            of the wrong length.
         Everything :func:`create_model` raises.
     """
     from zoo.loading import load_strict
@@ -154,7 +155,7 @@ def create_model_with_report(
     info = entry.info
     source = weight_source(info, weights)
     n = num_classes if num_classes is not None else info.num_classes
-    if n < 1 and info.headless and num_classes is None:
+    if num_classes is None and info.headless:
         raise InputError(
             f"{info.name} is a pretrained backbone without a classifier head, so it needs a "
             f"class count: fine-tune it (zoo finetune {info.name} --data DIR), distil into it "
@@ -178,6 +179,7 @@ def create_model_with_report(
             source=source.describe(),
             adapt_head=n != info.num_classes,
             unused=info.unused_weights,
+            fresh_head=info.headless,
         )
     labels = (
         tuple(label_names) if label_names else (info.label_names if n == info.num_classes else None)

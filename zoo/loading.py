@@ -51,24 +51,30 @@ def load_strict(
     source: str,
     adapt_head: bool,
     unused: tuple[str, ...] = (),
+    fresh_head: bool = False,
 ) -> LoadReport:
     """Load ``state_dict`` into ``model``.
 
     With ``adapt_head``, head tensors (under the module path ``head``) whose shapes differ
-    are skipped and left at their fresh initialisation. Tensors under the module paths
-    ``unused`` (:attr:`ModelInfo.unused_weights`: blocks a network cut short does not have) are
-    skipped and listed in the report. Anything else missing, unexpected or mis-shaped raises
-    :class:`StateDictMismatchError` in plain words.
+    are skipped and left at their fresh initialisation. With ``fresh_head`` (a headless entry,
+    :attr:`ModelInfo.headless`: its weights hold no head for it) every head tensor is, whether
+    the weights hold one of that shape or none. Tensors under the module paths ``unused``
+    (:attr:`ModelInfo.unused_weights`: blocks a network cut short does not have) are skipped
+    and listed in the report; the model having a tensor under one of them is an error. Anything
+    else missing, unexpected or mis-shaped raises :class:`StateDictMismatchError` in plain words.
     """
     own = model.state_dict()
     report = LoadReport(source=source)
     to_load: dict[str, torch.Tensor] = {}
     shape_errors = []
+    shadowed = [k for k in own if any(_under(k, path) for path in unused)]
     for key, tensor in state_dict.items():
         if any(_under(key, path) for path in unused):
             report.unused.append(key)
         elif key not in own:
             report.unexpected.append(key)
+        elif fresh_head and _under(key, head):
+            report.reinitialised.append(key)
         elif own[key].shape != tensor.shape:
             if adapt_head and _under(key, head):
                 report.reinitialised.append(key)
@@ -78,8 +84,15 @@ def load_strict(
                 )
         else:
             to_load[key] = tensor
-    report.missing = [k for k in own if k not in state_dict]
+    absent = [k for k in own if k not in state_dict]
+    report.reinitialised += [k for k in absent if fresh_head and _under(k, head)]
+    report.missing = [k for k in absent if k not in report.reinitialised]
     problems = []
+    if shadowed:
+        problems.append(
+            "the model has tensors under the paths declared left out of these weights: "
+            + ", ".join(shadowed[:8])
+        )
     if shape_errors:
         problems.append("shape mismatch: " + "; ".join(shape_errors[:5]))
     if report.missing:
@@ -89,10 +102,11 @@ def load_strict(
     if problems:
         hint = ""
         head_w = f"{head}.weight"
-        if head_w in state_dict and head_w in own and state_dict[head_w].shape != own[head_w].shape:
+        theirs, ours = state_dict.get(head_w), own.get(head_w)
+        if theirs is not None and ours is not None and theirs.shape[0] != ours.shape[0]:
             hint = (
-                f" The classifier head has {state_dict[head_w].shape[0]} outputs in the weights but the "
-                f"model expects {own[head_w].shape[0]} classes: pass num_classes to re-initialise it, "
+                f" The classifier head has {theirs.shape[0]} outputs in the weights but the "
+                f"model expects {ours.shape[0]} classes: pass num_classes to re-initialise it, "
                 "or fix the class list that goes with these weights."
             )
         raise StateDictMismatchError(

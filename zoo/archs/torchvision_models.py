@@ -151,7 +151,7 @@ def mobilenet_v2(num_classes: int = 1000, **kw: object) -> nn.Module:
 
 MOBILENET_V2_S16_BLOCKS = 14
 """``mobilenet_v2_s16`` keeps MobileNetV2's first 14 of 19 feature blocks: through the
-96-channel stage, the last at stride 16 (the cut DeepLabV3 and SSDLite read features from)."""
+96-channel stage, the last one at output stride 16."""
 
 
 @register_model(
@@ -169,9 +169,9 @@ MOBILENET_V2_S16_BLOCKS = 14
             "MobileNetV2 cut after its stride-16 stage: the first 14 of its 19 feature blocks "
             "(96 channels out) with torchvision's ImageNet-1k weights (IMAGENET1K_V1), then "
             "average pooling and a new linear head. A pretrained backbone without a head of "
-            "its own: fine-tune it or distil into it. Made for small, fast students; the blocks "
-            "it keeps learnt mid-level features, so train all of it (--strategy full "
-            "--backbone-lr-mult 1) rather than the head first."
+            "its own: fine-tune it or distil into it, a small, fast student. Its blocks end in "
+            "mid-level features, so zoo trains all of it at the head's learning rate unless "
+            "told otherwise (--strategy full --backbone-lr-mult 1)."
         ),
         weights=_tv_weights(
             "mobilenet_v2-b0353104.pth",
@@ -187,7 +187,8 @@ def mobilenet_v2_s16(num_classes: int, **kw: object) -> nn.Module:
 
     model = torchvision.models.mobilenet_v2(num_classes=num_classes, **kw)
     model.features = model.features[:MOBILENET_V2_S16_BLOCKS]
-    head = torch.nn.Linear(96, num_classes)  # initialised as torchvision's MobileNetV2 head
+    # initialised as torchvision's MobileNetV2 head
+    head = torch.nn.Linear(model.features[-1].out_channels, num_classes)
     torch.nn.init.normal_(head.weight, 0, 0.01)
     torch.nn.init.zeros_(head.bias)
     model.classifier[1] = head
