@@ -7,7 +7,7 @@ own architecture from its ImageNet weights at half the teacher's input size (a q
 pixels: the cheap way to a faster pretrained model when no smaller pretrained one is at hand);
 and ``mobilenet_v2_s16``, the same weights cut after the stride-16 stage (14 of 19 blocks,
 0.54 M parameters) at 44 px, which zoo trains whole at the head's learning rate by default (a
-headless backbone: ``zoo.train.config.default_strategy``). Why 44 px: in a one-off probe of
+network cut short: ``zoo.train.config.default_strategy`` and ``default_backbone_lr_mult``). Why 44 px: in a one-off probe of
 alternating latency windows (not in this file) the cut network timed 0.30x the teacher at
 48 px, 0.28x at 44 and 0.26x at 40, against a goal of 0.3x; trained alone (one seed) it
 scored 96.2 % at 48 and 44 px, 95.0 % at 40. All for 20 epochs (distillation needs patience:

@@ -131,7 +131,13 @@ LrOpt = Annotated[
     ),
 ]
 BackboneLrMultOpt = Annotated[
-    float, typer.Option(**in_range("backbone_lr_mult", "backbone LR = lr × this"))
+    float | None,
+    typer.Option(
+        **in_range(
+            "backbone_lr_mult",
+            "backbone LR = lr × this (default 0.1; 1 for a network cut short, mobilenet_v2_s16)",
+        )
+    ),
 ]
 ClassWeightsOpt = Annotated[
     ClassWeights,

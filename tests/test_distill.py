@@ -202,8 +202,10 @@ def test_distill_into_a_cut_pretrained_backbone_then_export(
     assert d.returncode == 0, d.stderr
     said = " ".join(d.stderr.split())
     assert "left out 78 tensors this architecture does not have" in said  # blocks 14-18
-    assert "backbone without a head: every layer trains from the start" in said
-    assert "(--strategy full, backbone LR × 1)" in said
+    assert (
+        "note: mobilenet_v2_s16.tv_in1k is a network cut short, ending in mid-level features: "
+        "--strategy full, backbone LR × 1 (its defaults: every layer trains from the start)"
+    ) in said
     run = tmp_path / "cut"
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["base"] == "mobilenet_v2_s16.tv_in1k" and config["num_classes"] == 10
@@ -211,6 +213,15 @@ def test_distill_into_a_cut_pretrained_backbone_then_export(
 
     model = create_model(str(run))  # from the folder's own weights: nothing left out
     assert model.zoo_load_report.unused == [] and len(model.features) == 14
+    assert model.zoo_info.unused_weights == () and not model.zoo_info.cut_short
+    # a headless backbone cannot teach: refused before any work, saying what to do
+    refused = zoo_here(
+        "distill", "mobilenet_v2_s16", "--student", "mlp", "--data", str(digits16),
+        "--runs", str(tmp_path), "--name", "no",
+    )  # fmt: skip
+    assert refused.returncode == 1 and "backbone without a head" in refused.stderr
+    assert "Fine-tune it first" in " ".join(refused.stderr.split())
+    assert not (tmp_path / "no").exists()
     ex = zoo_here("export", str(run), "--data", str(digits16), "--json")
     assert ex.returncode == 0, ex.stderr
     assert json.loads(ex.stdout)["parity"]["passed"]

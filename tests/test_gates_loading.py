@@ -175,3 +175,17 @@ def test_unused_paths_the_model_has_are_an_error() -> None:
         StateDictMismatchError, match=r"declared left out of these weights: 2\.0\.weight"
     ):
         _load(_net(), _weights(), unused=("2",))
+
+
+def test_the_class_count_hint_only_where_the_head_was_not_adapted() -> None:
+    """The hint says to pass num_classes; where the head was re-initialised (asked for) and
+    something else fails, it would tell the user to do what they did."""
+    sd = _weights(classes=5)
+    sd.pop("0.weight")
+    with pytest.raises(StateDictMismatchError) as exc:
+        _load(_net(), sd)
+    assert "5 outputs in the weights but the model expects 3 classes" in str(exc.value)
+    with pytest.raises(StateDictMismatchError) as exc:
+        _load(_net(), sd, adapt_head=True)
+    assert "missing from the weights: 0.weight" in str(exc.value)
+    assert "pass num_classes" not in str(exc.value)

@@ -120,7 +120,7 @@ def test_head_reinit_and_strict_load(mobilenet_weights) -> None:
     assert torch.equal(model.features[0][0].weight, ref.features[0][0].weight)
 
 
-def test_cut_backbone_loads_its_blocks_of_the_real_weights(mobilenet_weights) -> None:
+def test_cut_backbone_loads_its_blocks_of_the_real_weights(mobilenet_weights, tmp_path) -> None:
     """mobilenet_v2_s16: MobileNetV2's first 14 blocks, from the whole network's weights file
     (the rest named as left out), with a fresh head; without a class count it says what to
     do instead of building a model with no head."""
@@ -140,6 +140,19 @@ def test_cut_backbone_loads_its_blocks_of_the_real_weights(mobilenet_weights) ->
     assert info.params == count_params(model)
     with pytest.raises(InputError, match="pretrained backbone without a classifier head"):
         zoo.create_model("mobilenet_v2_s16")
+    # a head of ImageNet's 1000 classes is fresh too: the file's bias has that shape
+    wide = zoo.create_model("mobilenet_v2_s16", num_classes=1000)
+    assert wide.zoo_load_report.reinitialised == ["classifier.1.weight", "classifier.1.bias"]
+    assert not wide.classifier[1].bias.any()
+    # the user's own weights for it (a trained head included) load as they are
+    from safetensors.torch import save_file
+
+    save_file(model.state_dict(), tmp_path / "s16.safetensors")
+    mine = zoo.create_model(
+        "mobilenet_v2_s16", num_classes=3, weights=str(tmp_path / "s16.safetensors")
+    )
+    assert mine.zoo_load_report.reinitialised == [] and mine.zoo_load_report.unused == []
+    assert torch.equal(mine.classifier[1].weight, model.classifier[1].weight)
 
 
 def test_mismatch_outside_head_is_an_error(mobilenet_weights, tmp_path) -> None:

@@ -36,26 +36,24 @@ def test_linear_probe_keeps_backbone_and_bn_stats_frozen(
     assert len(build_run(resolve_config(options)).optimizer.param_groups) == 1
 
 
-def test_a_headless_backbone_trains_whole_at_the_heads_lr_unless_told(
-    small_digits, tmp_path, mobilenet_weights, capfd
+def test_a_cut_network_trains_whole_at_the_heads_lr_unless_told(
+    small_digits, tmp_path, mobilenet_weights
 ) -> None:
-    """mobilenet_v2_s16 (no head of its own) defaults to --strategy full at backbone LR × 1,
-    said in the log; a strategy or multiplier the user gives is kept."""
+    """mobilenet_v2_s16 (cut short of the network its weights were trained as) defaults to
+    --strategy full at backbone LR × 1, and each of the two alone keeps the other's default;
+    what the user gives is kept, wherever resolve_config is called from (lr-find, tune)."""
     cut = {"model": "mobilenet_v2_s16"}
-    cfg = resolve_config(_options(small_digits, tmp_path, **cut)).cfg
-    assert (cfg.strategy, cfg.backbone_lr_mult) == ("full", 1.0)
-    assert "backbone without a head: every layer trains from the start" in capfd.readouterr().err
-    cfg = resolve_config(_options(small_digits, tmp_path, backbone_lr_mult=0.5, **cut)).cfg
-    assert (cfg.strategy, cfg.backbone_lr_mult) == ("full", 0.5)
-    given = resolve_config(
-        _options(small_digits, tmp_path, backbone_lr_mult=0.1, **cut),
-        frozenset({"backbone_lr_mult"}),
-    ).cfg
-    assert (given.strategy, given.backbone_lr_mult) == ("full", 0.1)
-    cfg = resolve_config(_options(small_digits, tmp_path, strategy="gradual", **cut)).cfg
-    assert (cfg.strategy, cfg.backbone_lr_mult) == ("gradual", 0.1)
-    plain = resolve_config(_options(small_digits, tmp_path)).cfg  # whole MobileNetV2: unchanged
-    assert (plain.strategy, plain.backbone_lr_mult) == ("gradual", 0.1)
+
+    def chosen(**kw) -> tuple[str | None, float | None]:
+        cfg = resolve_config(_options(small_digits, tmp_path, **kw)).cfg
+        return cfg.strategy, cfg.backbone_lr_mult
+
+    assert chosen(**cut) == ("full", 1.0)
+    assert chosen(backbone_lr_mult=0.1, **cut) == ("full", 0.1)  # no `explicit` needed
+    assert chosen(strategy="gradual", **cut) == ("gradual", 1.0)
+    assert chosen(strategy="full", **cut) == ("full", 1.0)
+    assert chosen() == ("gradual", 0.1)  # the whole MobileNetV2: zoo's usual defaults
+    assert chosen(weights="none", **cut) == ("full", 0.1)  # random init: not a cut network
 
 
 def test_frozen_bn_stays_in_eval_mode(small_digits, tmp_path, mobilenet_weights) -> None:

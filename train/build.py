@@ -117,6 +117,13 @@ def build_run(resolved: Resolved) -> RunParts:
     model, info, report = create_model_with_report(
         entry, num_classes=len(data.classes), weights=cfg.weights, label_names=data.classes
     )
+    if entry.info.cut_short and report is not None:
+        whole = (cfg.strategy, cfg.backbone_lr_mult) == ("full", 1.0)
+        say(
+            f"note: {entry.info.name} is a network cut short, ending in mid-level features: "
+            f"--strategy {cfg.strategy}, backbone LR × {cfg.backbone_lr_mult:g}"
+            + (" (its defaults: every layer trains from the start)" if whole else "")
+        )
     if cfg.image_size:
         info = replace(info, input_size=(info.input_size[0], cfg.image_size, cfg.image_size))
     if cfg.sync_bn and comm.world > 1:

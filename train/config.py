@@ -104,12 +104,12 @@ class TrainConfig:
     model: str
     data: str
     weights: str | None = None  # None: the entry's own; "none": random init
-    strategy: Strategy | None = None  # default: gradual for pretrained, full for random init
+    strategy: Strategy | None = None  # default_strategy: gradual for pretrained, else full
     epochs: int = 5
     freeze_epochs: int = 1
     batch_size: int = 32
     lr: float | Literal["auto"] | None = None  # head LR; default 1e-3 (AdamW) / 0.1 (SGD)
-    backbone_lr_mult: float = 0.1
+    backbone_lr_mult: float | None = None  # default_backbone_lr_mult: 0.1 (1: a cut network)
     weight_decay: float = 0.05
     optimizer: OptimizerName = "adamw"
     momentum: float = 0.9
@@ -345,19 +345,20 @@ def default_lr(optimizer: OptimizerName) -> float:
     return 1e-3 if optimizer == "adamw" else 0.1
 
 
-HEADLESS_BACKBONE_LR_MULT = 1.0
-"""A headless backbone's LR multiplier when none is given (see :func:`default_strategy`)."""
-
-
-def default_strategy(pretrained: bool, headless: bool = False) -> Strategy:
+def default_strategy(pretrained: bool, cut_short: bool = False) -> Strategy:
     """How a model trains when no strategy is given: ``gradual`` from pretrained weights,
-    ``full`` from random ones, and ``full`` (at :data:`HEADLESS_BACKBONE_LR_MULT`) for a
-    headless backbone (:attr:`ModelInfo.headless`): a network cut short ends in mid-level
-    features that must learn to feed a head, and frozen first, then at a tenth of the head's
-    LR, they did not (mobilenet_v2_s16 on the photo patches of bench/distill_photos.py at
-    44 px, 20 epochs, one seed: 96.2 % trained fully at the head's LR, 82.0 % by zoo's
-    gradual default)."""
-    return "full" if headless or not pretrained else "gradual"
+    ``full`` from random ones and for a network cut short (:attr:`ModelInfo.cut_short`,
+    mobilenet_v2_s16): its last blocks end in mid-level features that must learn to feed a
+    head, and frozen first, then at a tenth of the head's LR, they did not (mobilenet_v2_s16 on
+    the photo patches of bench/distill_photos.py at 44 px, 20 epochs, one seed, a one-off
+    probe: 96.2 % trained whole at the head's LR, 82.0 % by the gradual default)."""
+    return "full" if cut_short or not pretrained else "gradual"
+
+
+def default_backbone_lr_mult(cut_short: bool) -> float:
+    """The backbone's LR as a multiple of the head's when none is given: 0.1, and 1 for a
+    network cut short (see :func:`default_strategy`)."""
+    return 1.0 if cut_short else 0.1
 
 
 def option_defaults() -> dict[str, Any]:

@@ -52,6 +52,7 @@ from zoo.transforms import eval_transform
 from zoo.weights import fetch_weights, sha256_file
 
 if TYPE_CHECKING:
+    from zoo.metadata import ModelInfo
     from zoo.train.data import Splits
 
 Teacher = tuple[Entry, Path | None]  # the teacher resolved: its entry (and model folder)
@@ -132,6 +133,7 @@ def resolve_teacher(cfg: TrainConfig, splits: Splits) -> tuple[DistillConfig, Te
         )
     teacher = resolve(d.teacher)
     info = teacher[0].info
+    _refuse_headless(d.teacher, info)
     source = weight_source(info, None)
     require_weights(source)
     # a resumed run's teacher first: changed weights may have changed its classes too
@@ -381,6 +383,20 @@ def cached_teacher_logits(
     return logits
 
 
+def _refuse_headless(name: str, info: ModelInfo) -> None:
+    """A teacher must have a head: a headless backbone (:attr:`ModelInfo.headless`) has no
+    answers to teach.
+
+    Raises:
+        InputError: ``info`` is headless; the message says to fine-tune it first.
+    """
+    if info.headless:
+        raise InputError(
+            f"The teacher {name} is a backbone without a head: it has no answers to teach. "
+            f"Fine-tune it first (zoo finetune {name} --data DIR), then distil from that run."
+        )
+
+
 def label_by_teacher(cfg: TrainConfig) -> Splits:
     """A new ``--unlabelled`` run's splits: the images of ``cfg.data``, in any layout
     (:func:`zoo.train.data.scan_unlabelled`), each labelled with the teacher's top-1 answer
@@ -399,6 +415,7 @@ def label_by_teacher(cfg: TrainConfig) -> Splits:
     assert d is not None and d.unlabelled
     root, rels = scan_unlabelled(cfg.data, val_fraction=cfg.val_fraction, seed=cfg.seed)
     teacher = resolve(d.teacher)
+    _refuse_headless(d.teacher, teacher[0].info)
     require_weights(weight_source(teacher[0].info, None))
     names = list(teacher[0].info.label_names or ())
     if not names:

@@ -33,8 +33,9 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW or SGD (Nesterov) over the strategy's parameter groups (one group when the whole
     random-init model trains)."""
-    lr = cfg.lr
+    lr, mult = cfg.lr, cfg.backbone_lr_mult
     assert isinstance(lr, int | float)  # resolved: a number, never None or 'auto'
+    assert mult is not None  # resolved (zoo.train.resolve)
     if groups is None or (cfg.strategy == "full" and not pretrained):
         params: list[dict[str, Any]] = [
             {
@@ -49,7 +50,7 @@ def build_optimizer(
             groups,
             cfg.strategy or "full",
             lr,
-            cfg.backbone_lr_mult,
+            mult,
             cfg.weight_decay,
             layers=layer_groups(model, groups) if cfg.layer_decay is not None else None,
             layer_decay=cfg.layer_decay or 1.0,

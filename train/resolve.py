@@ -22,13 +22,12 @@ from zoo.registry import Entry
 from zoo.run_images import find_run
 from zoo.train import data as data_mod
 from zoo.train.config import (
-    HEADLESS_BACKBONE_LR_MULT,
     ImageCacheMode,
     TrainConfig,
     check_bounds,
+    default_backbone_lr_mult,
     default_lr,
     default_strategy,
-    option_defaults,
 )
 from zoo.train.console import say
 from zoo.train.distill import Teacher, label_by_teacher, resolve_teacher
@@ -97,18 +96,8 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
     source = weight_source(parent[0].info, cfg.weights)
     require_weights(source)  # here, before the data check: missing weights fail in seconds
     pretrained = source.kind != "none"
-    headless = pretrained and parent[0].info.headless
-    strategy = cfg.strategy or default_strategy(pretrained, headless)
-    if headless and cfg.strategy is None:
-        lr_mult_given = "backbone_lr_mult" in explicit or (
-            cfg.backbone_lr_mult != option_defaults()["backbone_lr_mult"]
-        )
-        if not lr_mult_given:
-            cfg = replace(cfg, backbone_lr_mult=HEADLESS_BACKBONE_LR_MULT)
-        say(
-            f"note: {parent[0].info.name} is a backbone without a head: every layer trains "
-            f"from the start (--strategy full, backbone LR × {cfg.backbone_lr_mult:g})"
-        )
+    cut_short = pretrained and parent[0].info.cut_short
+    strategy = cfg.strategy or default_strategy(pretrained, cut_short)
     if not pretrained and strategy != "full":
         raise InputError(
             f"--strategy {strategy} freezes a backbone, but {cfg.model} has random weights "
@@ -152,6 +141,9 @@ def resolve_config(options: TrainConfig, explicit: frozenset[str] = frozenset())
         cfg,
         image_cache=image_cache_mode(cfg, parent[0].info, splits),
         strategy=strategy,
+        backbone_lr_mult=cfg.backbone_lr_mult
+        if cfg.backbone_lr_mult is not None
+        else default_backbone_lr_mult(cut_short),
         monitor=cfg.monitor or ("val/macro_f1" if cfg.multi_label else "val/acc"),
         lr=cfg.lr if cfg.lr is not None else default_lr(cfg.optimizer),
         schedule_segments=cfg.schedule_segments

@@ -156,8 +156,9 @@ def convert(
     info_n = num_classes or entry.info.num_classes
     if info_n < 1:
         raise InputError(
-            f"{entry.info.name} has no head of its own and {pth} holds no {head} weights to "
-            "count the classes from: pass --num-classes."
+            f"{pth} holds no {head} weights: it is no trained {entry.info.name} to convert "
+            f"({entry.info.name} has no head of its own). To train one from these weights: "
+            f"zoo finetune {entry.info.name} --weights FILE.safetensors --data DIR."
         )
     model = entry.builder(num_classes=info_n)
     report = load_strict(model, state, head=head, source=str(pth), adapt_head=False)

@@ -155,6 +155,12 @@ def create_model_with_report(
     info = entry.info
     source = weight_source(info, weights)
     n = num_classes if num_classes is not None else info.num_classes
+    if info.headless and not info.classifier:
+        raise InputError(
+            f"{info.name} has no head of its own and declares no classifier module to make "
+            "one in: zoo cannot give it one (use a registry entry or timm model with a "
+            "classifier)."
+        )
     if num_classes is None and info.headless:
         raise InputError(
             f"{info.name} is a pretrained backbone without a classifier head, so it needs a "
@@ -179,7 +185,7 @@ def create_model_with_report(
             source=source.describe(),
             adapt_head=n != info.num_classes,
             unused=info.unused_weights,
-            fresh_head=info.headless,
+            fresh_head=info.headless and weights is None,  # the entry's file: another head
         )
     labels = (
         tuple(label_names) if label_names else (info.label_names if n == info.num_classes else None)

@@ -103,7 +103,12 @@ def load_strict(
         hint = ""
         head_w = f"{head}.weight"
         theirs, ours = state_dict.get(head_w), own.get(head_w)
-        if theirs is not None and ours is not None and theirs.shape[0] != ours.shape[0]:
+        if (
+            not (adapt_head or fresh_head)
+            and theirs is not None
+            and ours is not None
+            and theirs.shape[0] != ours.shape[0]
+        ):
             hint = (
                 f" The classifier head has {theirs.shape[0]} outputs in the weights but the "
                 f"model expects {ours.shape[0]} classes: pass num_classes to re-initialise it, "

@@ -107,6 +107,12 @@ class ModelInfo:
         """A pretrained backbone without a head of its own (``num_classes`` 0)."""
         return self.num_classes == 0
 
+    @property
+    def cut_short(self) -> bool:
+        """A network cut short of the one its weights file was trained as (``unused_weights``):
+        its last blocks end in mid-level features (:func:`zoo.train.config.default_strategy`)."""
+        return bool(self.unused_weights)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (``zoo info --json``), with the weights' ``pinned`` and ``description``."""
         d = asdict(self)

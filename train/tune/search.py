@@ -132,7 +132,7 @@ def plan_search(
 
     base = replace(base, monitor=metric, progress=False)
     resolve_config(base)  # the shared options, checked before any trial's
-    space = default_space(_pretrained(base))
+    space = default_space(_starts_from(base)[0])
     if space_file is not None:
         space = read_space(space_file, space)
     return SearchSpec(
@@ -236,12 +236,15 @@ def _run(book: SearchBook, tracked: TrialTracking | None) -> SearchResult:
     return SearchResult(book.folder, tuple(book.trials.values()), best, book.spec)
 
 
-def _pretrained(base: TrainConfig) -> bool:
+def _starts_from(base: TrainConfig) -> tuple[bool, bool]:
     """Whether the search's model starts from pretrained weights (its space then varies how
-    the backbone trains)."""
+    the backbone trains), and whether it is a pretrained network cut short (the trainer's
+    defaults for it differ: :func:`zoo.train.config.default_strategy`)."""
     from zoo.factory import resolve, weight_source
 
-    return weight_source(resolve(base.model)[0].info, base.weights).kind != "none"
+    info = resolve(base.model)[0].info
+    pretrained = weight_source(info, base.weights).kind != "none"
+    return pretrained, pretrained and info.cut_short
 
 
 def _draw(spec: SearchSpec) -> dict[str, TrialRecord]:
@@ -253,13 +256,15 @@ def _draw(spec: SearchSpec) -> dict[str, TrialRecord]:
     """
     from zoo.train.resolve import resolve_config
 
+    pretrained, cut_short = _starts_from(spec.base)
     draws = sample_trials(
         spec.space,
         spec.trials,
         spec.seed,
         baseline=spec.baseline,
         base=spec.base,
-        pretrained=_pretrained(spec.base),
+        pretrained=pretrained,
+        cut_short=cut_short,
     )
     width = max(3, len(str(spec.trials - 1)))
     trials = {

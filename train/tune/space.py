@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zoo.errors import UsageError
-from zoo.train.config import BOUNDS, Bounds, TrainConfig, default_lr, default_strategy
+from zoo.train.config import (
+    BOUNDS,
+    Bounds,
+    TrainConfig,
+    default_backbone_lr_mult,
+    default_lr,
+    default_strategy,
+)
 
 Kind = Literal["fixed", "choice", "uniform", "loguniform", "randint"]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
@@ -213,6 +220,7 @@ def sample_trials(
     baseline: bool = False,
     base: TrainConfig | None = None,
     pretrained: bool = True,
+    cut_short: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` distinct trial settings drawn from ``space`` (the same for the same seed); with
     ``baseline``, the first is :func:`baseline_params` and ``n - 1`` are drawn. Settings are
@@ -228,12 +236,12 @@ def sample_trials(
     rng = np.random.default_rng(seed)
     shared = base if base is not None else TrainConfig("", "")
     trials: list[dict[str, Any]] = [baseline_params(space, shared)] if baseline else []
-    seen = {_identity(t, shared, pretrained) for t in trials}
+    seen = {_identity(t, shared, pretrained, cut_short) for t in trials}
     if len(trials) == n:
         return trials
     for _ in range(100 * n):
         params = _prune({key: dim.sample(rng) for key, dim in space.items()}, shared)
-        key = _identity(params, shared, pretrained)
+        key = _identity(params, shared, pretrained, cut_short)
         if key not in seen:
             seen.add(key)
             trials.append(params)
@@ -260,12 +268,16 @@ def _prune(params: dict[str, Any], base: TrainConfig) -> dict[str, Any]:
     return params
 
 
-def _identity(params: dict[str, Any], base: TrainConfig, pretrained: bool) -> str:
+def _identity(
+    params: dict[str, Any], base: TrainConfig, pretrained: bool, cut_short: bool = False
+) -> str:
     """What a trial trains, as a key: every tunable option's value over ``base``, the
     trainer's own choices (strategy, LR) filled in, less what the trial never reads."""
     cfg = dataclasses.replace(base, **params)
     values = {k: getattr(cfg, k) for k in TUNABLE}
-    values["strategy"] = cfg.strategy or default_strategy(pretrained)
+    values["strategy"] = cfg.strategy or default_strategy(pretrained, cut_short)
+    if cfg.backbone_lr_mult is None:
+        values["backbone_lr_mult"] = default_backbone_lr_mult(pretrained and cut_short)
     values["lr"] = cfg.lr if cfg.lr is not None else default_lr(cfg.optimizer)
     return json.dumps(_prune(values, base), sort_keys=True, default=str)
 
