@@ -74,3 +74,29 @@ def test_doctor_json() -> None:
     ):
         assert key in d
     assert "CPUExecutionProvider" in d["ort_providers"]
+
+
+def test_a_headless_entry_says_what_it_is_and_a_command_on_it_says_what_to_do(
+    tmp_path, mobilenet_weights
+) -> None:
+    """mobilenet_v2_s16 has no head: `zoo list` says backbone, `zoo info` what it leaves out of
+    its weights file; predicting with the bare entry exits 1 naming the ways to give it one."""
+    r = zoo_here("list", "mobilenet_v2*")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "mobilenet_v2_s16" in ln)
+    assert "none (backbone)" in line and "542,528" in line
+    info = zoo_here("info", "mobilenet_v2_s16")
+    assert "num_classes: 0 (a backbone without a head" in info.stdout
+    assert "unused_weights: 5 blocks of the weights file left out: features.14" in info.stdout
+    assert "unused_weights" not in zoo_here("info", "mobilenet_v2").stdout
+    d = json.loads(zoo_here("info", "mobilenet_v2_s16", "--json").stdout)
+    assert d["num_classes"] == 0 and d["unused_weights"][0] == "features.14"
+    image = tmp_path / "x.png"
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), (90, 30, 200)).save(image)
+    p = zoo_here("predict", "mobilenet_v2_s16", str(image))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    said = " ".join(p.stderr.split())
+    assert "pretrained backbone without a classifier head" in said
+    assert "zoo finetune mobilenet_v2_s16.tv_in1k --data DIR" in said

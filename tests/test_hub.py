@@ -380,6 +380,32 @@ class _Legacy:
     pass
 
 
+def test_convert_a_cut_network_counts_its_own_parameters_and_refuses_a_headless_file(
+    tmp_path: Path, mobilenet_weights: Path
+) -> None:
+    """A trained mobilenet_v2_s16 checkpoint converts with its head's classes and its own
+    parameter count (not the entry's head-less one); a checkpoint holding no head is no trained
+    model: exit 1, saying how to train one from it, nothing written."""
+    model = zoo.create_model("mobilenet_v2_s16", num_classes=4)
+    trained = tmp_path / "s16.pth"
+    torch.save(model.state_dict(), trained)
+    r = zoo_here("convert", str(trained), "--arch", "mobilenet_v2_s16", "-o", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    from zoo.profile import count_params
+
+    assert cfg["num_classes"] == 4 and cfg["params"] == count_params(model)
+    back = zoo.create_model(str(tmp_path / "c"))
+    assert torch.equal(back.classifier[1].weight, model.classifier[1].weight)
+    bare = tmp_path / "bare.pth"
+    torch.save({k: v for k, v in model.state_dict().items() if "classifier" not in k}, bare)
+    no = zoo_here("convert", str(bare), "--arch", "mobilenet_v2_s16", "-o", str(tmp_path / "n"))
+    said = " ".join(no.stderr.split())
+    assert no.returncode == 1 and "holds no classifier.1 weights" in said, no.stderr
+    assert "zoo finetune mobilenet_v2_s16.tv_in1k --weights" in said
+    assert not (tmp_path / "n").exists()
+
+
 def test_list_shows_runs_with_parent_and_lineage(digits_run: Path) -> None:
     r = run_zoo("list", "--json", "--runs", str(digits_run.parent), "--base", "mlp")
     assert r.returncode == 0, r.stderr
