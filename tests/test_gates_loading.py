@@ -144,7 +144,9 @@ def test_unused_paths_are_skipped_and_reported_not_loaded() -> None:
     assert report.unused == ["2.0.weight", "2.0.bias", "3.weight", "3.bias"]
     assert report.loaded == ["0.bias", "0.weight"] and report.unexpected == []
     assert torch.equal(short[0].weight, full["0.weight"])
-    assert "left out 4 tensors this architecture does not have" in report.summary()
+    assert report.summary() == (
+        "loaded 2 tensors from w.safetensors; left out 4 tensors this architecture does not have"
+    )
     with pytest.raises(StateDictMismatchError, match=r"not in the model: 3\.weight, 3\.bias"):
         _load(short, full, head=None, unused=("2",))
     with pytest.raises(StateDictMismatchError, match=r"not in the model: 2\.0\.weight"):
@@ -171,6 +173,13 @@ def test_fresh_head_reinitialises_the_head_whatever_the_weights_hold() -> None:
 
 
 def test_unused_paths_the_model_has_are_an_error() -> None:
+    """Named, the first eight of them, comma-separated."""
+    deep = nn.Sequential(nn.Linear(4, 6), nn.Sequential(*[nn.Linear(6, 6) for _ in range(5)]))
+    sd = {k: v.clone() for k, v in deep.state_dict().items()}
+    with pytest.raises(StateDictMismatchError) as exc:
+        _load(deep, sd, head=None, unused=("1",))
+    listed = [f"1.{i}.{p}" for i in range(5) for p in ("weight", "bias")][:8]
+    assert f"declared left out of these weights: {', '.join(listed)})" in str(exc.value)
     with pytest.raises(
         StateDictMismatchError, match=r"declared left out of these weights: 2\.0\.weight"
     ):
