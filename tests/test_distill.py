@@ -117,6 +117,39 @@ def test_cached_logits_are_the_teachers_and_are_not_recomputed(
     assert len(calls) == online.steps_per_epoch
 
 
+def test_online_teacher_judges_each_view_at_its_own_size(
+    teacher: Path, digits16: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The mlp takes 28 px, the teacher 32 px: batches are rendered at 32 px, the teacher
+    judges them as they are and the student trains on them scaled down to 28 px. With
+    deterministic views the teacher's online logits are its cached ones (its own eval view
+    of each image), not its answers on a 28 px view scaled up."""
+    from zoo.train.build import build_run
+    from zoo.train.resolve import resolve_config
+
+    cached = build_run(resolve_config(student_cfg(teacher, digits16, tmp_path, augment=False)))
+    cfg = student_cfg(teacher, digits16, tmp_path, augment=False, kd={"logits": "online"})
+    parts = build_run(resolve_config(cfg))
+    kd = parts.distill
+    assert kd is not None and kd.cached is None and cached.distill is not None
+    assert kd.student_side == 28 and kd.pre.crop_size == 32
+    said = " ".join(capfd.readouterr().err.split())
+    assert "training views rendered at the teacher's 32 px" in said
+    assert "the student sees it scaled down to 28 px" in said
+    x, _, idx = next(iter(parts.train_loader))
+    assert tuple(x.shape[-2:]) == (32, 32)
+    torch.testing.assert_close(kd.teacher_logits(x, idx), cached.distill.cached[idx])
+    seen: list[tuple[int, ...]] = []
+    parts.model.register_forward_hook(lambda _m, args, _o: seen.append(tuple(args[0].shape)))
+    parts.model(kd.student_view(x))
+    assert seen == [(len(x), 1, 28, 28)]
+    xv, _, _ = next(iter(parts.val_loader))  # validation: the student's own eval view
+    assert tuple(xv.shape[-2:]) == (28, 28)
+    # a teacher of the student's size, or logits cached: batches are the student's own size
+    assert cached.distill.student_side is None
+    assert cached.distill.student_view(x) is x
+
+
 def test_refusals(teacher: Path, digits16: Path, tmp_path: Path) -> None:
     from zoo.train.resolve import resolve_config
 
@@ -157,9 +190,9 @@ def test_distill_then_export_then_predict(teacher: Path, digits16: Path, tmp_pat
     run = tmp_path / "s"
     assert d.stdout.strip() == str(run)
     assert "teacher logits online (random training views (--augment)" in d.stderr
-    # the mlp's 28 px views, judged online by the 32 px teacher: the user is told
+    # the mlp's 28 px views, rendered at the 32 px teacher's size: the user is told
     said = " ".join(d.stderr.split())
-    assert "warning: the teacher judges the student's 28 px views scaled up to its 32 px" in said
+    assert "training views rendered at the teacher's 32 px" in said
     summary = json.loads((run / "report.json").read_text())["distill"]
     assert summary["teacher_logits"] == "online"
     assert (summary["temperature"], summary["alpha"]) == (3.0, 0.7)
@@ -352,22 +385,3 @@ def test_scan_unlabelled_keeps_a_train_val_layout_and_splits_the_rest(tmp_path: 
     (tmp_path / "none").mkdir()
     with pytest.raises(DataError, match="No images for the train split"):
         scan_unlabelled(tmp_path / "none")
-
-
-def test_online_logits_on_smaller_views_warn(capfd: pytest.CaptureFixture[str]) -> None:
-    from zoo.preprocessing import Preprocessing
-    from zoo.train.distill import say_if_views_shrink
-
-    def pre(size: int) -> Preprocessing:
-        return Preprocessing((3, size, size), 0.875, "bilinear", (0.5,) * 3, (0.25,) * 3)
-
-    say_if_views_shrink(pre(96), pre(96))
-    say_if_views_shrink(pre(128), pre(96))  # larger views: the teacher's own detail, or more
-    assert capfd.readouterr().err == ""
-    say_if_views_shrink(pre(48), pre(96))
-    err = " ".join(capfd.readouterr().err.split())
-    assert err.startswith("warning: the teacher judges the student's 48 px views scaled up")
-    assert "--image-size 96 where it takes that size" in err
-    assert (
-        "--teacher-logits cached with deterministic views (--no-augment, no --auto-augment" in err
-    )

@@ -23,6 +23,7 @@ from zoo.errors import DataError
 from zoo.factory import create_model_with_report, resolve
 from zoo.loading import LoadReport
 from zoo.metadata import ModelInfo
+from zoo.preprocessing import Preprocessing
 from zoo.registry import Entry
 from zoo.system import available_cpus
 from zoo.train import data as data_mod
@@ -95,6 +96,11 @@ class RunParts:
     def device(self) -> torch.device:
         return self.comm.device
 
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A training batch (after any recipe) as the model takes it: a distilling teacher's
+        larger views scaled down (:meth:`Distiller.student_view`), else ``x`` itself."""
+        return x if self.distill is None else self.distill.student_view(x)
+
 
 def build_run(resolved: Resolved) -> RunParts:
     """Build every part of the run, fresh (``fit`` then restores a ``--resume``'s checkpoint
@@ -151,7 +157,15 @@ def build_run(resolved: Resolved) -> RunParts:
     workers = cfg.num_workers if cfg.num_workers is not None else auto_workers(comm.device)
     if cache is not None and cache.spec != CacheSpec.for_model(info.preprocessing()):
         cache = ImageCache(CacheSpec.for_model(info.preprocessing()))  # read-through
-    train_set, val_set = _datasets(cfg, info, data, cache)
+    distill = (
+        Distiller.build(
+            cfg.distill, resolved.teacher, data.samples["train"], info.preprocessing(), comm.device
+        )
+        if cfg.distill is not None and resolved.teacher is not None
+        else None
+    )
+    views = info.preprocessing() if distill is None else distill.views(info.preprocessing())
+    train_set, val_set = _datasets(cfg, info, views, data, cache)
     trained = model
     if cfg.cache_features:
         assert info.classifier  # linear strategy: split_head found it
@@ -229,11 +243,7 @@ def build_run(resolved: Resolved) -> RunParts:
         ema=Ema.build(model, cfg.ema_decay, info.classifier if cfg.cache_features else None)
         if cfg.ema
         else None,
-        distill=Distiller.build(
-            cfg.distill, resolved.teacher, data.samples["train"], info.preprocessing(), comm.device
-        )
-        if cfg.distill is not None and resolved.teacher is not None
-        else None,
+        distill=distill,
     )
 
 
@@ -289,32 +299,41 @@ def _augmented_where(dataset: Any, device: torch.device) -> str:
 def _datasets(
     cfg: TrainConfig,
     info: ModelInfo,
+    views: Preprocessing,
     data: RunData,
     cache: ImageCache | None,
 ) -> tuple[Any, Any]:
     """Train and val datasets: from the image cache (cropped in the workers, finished where
-    the model runs), or decoded by PIL each epoch."""
+    the model runs), or decoded by PIL each epoch. Training views are rendered with
+    ``views`` (the model's preprocessing, or a distilling teacher's size of it:
+    :meth:`Distiller.views`), validation images with the model's own."""
     augment = cfg.augment and not cfg.cache_features
     pre = info.preprocessing()
     if cache is not None:
-        return tuple(  # type: ignore[return-value]
+        spec = CacheSpec.for_model(views)
+        train_cache = cache if spec == cache.spec else ImageCache(spec)  # read-through
+        return (
             CachedImageDataset(
-                data.samples[split],
-                cache,
-                Augment.for_model(pre, train=train, policy=cfg.auto_augment if train else None),
+                data.samples["train"],
+                train_cache,
+                Augment.for_model(
+                    views, train=augment, policy=cfg.auto_augment if augment else None
+                ),
                 seed=cfg.seed,
-            )
-            for split, train in (("train", augment), ("val", False))
+            ),
+            CachedImageDataset(
+                data.samples["val"], cache, Augment.for_model(pre, train=False), seed=cfg.seed
+            ),
         )
     aa = (
-        policy(cfg.auto_augment, pre.crop_size, tuple(pre.mean), pre.interpolation)
+        policy(cfg.auto_augment, views.crop_size, tuple(views.mean), views.interpolation)
         if cfg.auto_augment
         else None
     )
     train_set = data_mod.ImageFolderDataset(
-        data.samples["train"], train_transform(info, augment=augment, policy=aa), seed=cfg.seed
+        data.samples["train"], train_transform(views, augment=augment, policy=aa), seed=cfg.seed
     )
-    val_set = data_mod.ImageFolderDataset(data.samples["val"], eval_transform(info), seed=cfg.seed)
+    val_set = data_mod.ImageFolderDataset(data.samples["val"], eval_transform(pre), seed=cfg.seed)
     return train_set, val_set
 
 

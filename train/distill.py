@@ -477,19 +477,15 @@ def view_adapter(student: Preprocessing, teacher: Preprocessing) -> Callable[[An
     return adapt
 
 
-def say_if_views_shrink(student: Preprocessing, teacher: Preprocessing) -> None:
-    """Warn that online teacher logits judge the student's smaller views, upsampled: a
-    teacher answers worse on those than on its own (the bench's ``teacher_on_views``)."""
-    if student.crop_size >= teacher.crop_size:
-        return
-    s, t = student.crop_size, teacher.crop_size
+def say_views(student: Preprocessing, teacher: Preprocessing) -> None:
+    """Say how the teacher judges the student's smaller training views: each random view is
+    rendered at the teacher's crop size, and the student trains on it scaled down to its own
+    (:meth:`Distiller.student_view`); upsampling the student's view instead costs the
+    teacher answers (the bench's ``teacher_on_views``)."""
     say(
-        f"warning: the teacher judges the student's {s} px views scaled up to its {t} px, and "
-        "answers less well on them than on its own views. To teach from its full-size "
-        f"answers: train the student at --image-size {t} where it takes that size, or use "
-        "--teacher-logits cached with deterministic views (--no-augment, no --auto-augment, "
-        "--random-erasing, --mixup or --cutmix): the teacher then judges each image once, at "
-        "its own size."
+        f"distill: training views rendered at the teacher's {teacher.crop_size} px: the teacher "
+        f"judges each at its own size, the student sees it scaled down to "
+        f"{student.crop_size} px"
     )
 
 
@@ -501,9 +497,12 @@ class Distiller:
     cfg: DistillConfig
     teacher: nn.Module  # eval mode, no gradients, on the run's device
     pre: Preprocessing  # the teacher's eval preprocessing
-    adapt: Callable[[torch.Tensor], torch.Tensor]  # the student's batch → the teacher's input
+    adapt: Callable[[torch.Tensor], torch.Tensor]  # a training batch → the teacher's input
     cached: torch.Tensor | None  # (train images, classes) by training index; None: online
     teacher_run: Path | None = None  # the run the teacher comes from (its split.json)
+    # online with a teacher of larger input: batches come at the teacher's crop size and the
+    # student sees them scaled down to this side; None: batches are the student's own size
+    student_side: int | None = None
 
     @classmethod
     def build(
@@ -518,16 +517,32 @@ class Distiller:
         training image ``train`` holds, in its order (the training set's indices)."""
         model, pre = load_teacher(d, teacher, device)
         cached = None
+        side = None
         if d.logits == "cached":
             assert d.teacher_sha256 is not None
             paths = [p for p, _ in train]
             cached = cached_teacher_logits(model, pre, d.teacher_sha256, paths, device)
-        else:
-            say_if_views_shrink(student, pre)
-        return cls(d, model, pre, view_adapter(student, pre), cached, teacher_run(teacher))
+        elif student.crop_size < pre.crop_size:
+            say_views(student, pre)
+            side, student = student.crop_size, student.at_size(pre.crop_size)
+        adapt = view_adapter(student, pre)
+        return cls(d, model, pre, adapt, cached, teacher_run(teacher), student_side=side)
+
+    def views(self, student: Preprocessing) -> Preprocessing:
+        """The preprocessing the training views are rendered with: the student's, at the
+        teacher's crop size when the student sees them scaled down (``student_side``)."""
+        return student if self.student_side is None else student.at_size(self.pre.crop_size)
+
+    def student_view(self, x: torch.Tensor) -> torch.Tensor:
+        """A training batch (after any recipe) as the student sees it: scaled down to its
+        side when the views come at the teacher's size, else ``x`` itself."""
+        if self.student_side is None:
+            return x
+        side = (self.student_side, self.student_side)
+        return F.interpolate(x, size=side, mode="bilinear", antialias=True, align_corners=False)
 
     def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """The teacher's logits of a training batch: ``x`` (the student's view, after any
+        """The teacher's logits of a training batch: ``x`` (the batch as rendered, after any
         recipe) or, cached, the rows of the batch's image indices ``idx``."""
         if self.cached is not None:
             return self.cached[idx.cpu()].to(x.device, non_blocking=True)
@@ -692,8 +707,8 @@ __all__ = [
     "random_views",
     "real_paths",
     "resolve_teacher",
-    "say_if_views_shrink",
     "say_rejection",
+    "say_views",
     "teacher_rejection",
     "teacher_run",
     "teacher_split",

@@ -85,7 +85,7 @@ def train_epoch(parts: RunParts, run: RunDir, progress: Any) -> TrainPass | None
         if parts.recipe is not None:  # erasing, mixing: seeded by the step, so a resume replays
             x, y = parts.recipe(x, y, batch_seed(cfg.seed, s.global_step, comm.rank))
         parts.optimizer.zero_grad(set_to_none=True)
-        logits = forward(parts, parts.train_forward, x)
+        logits = forward(parts, parts.train_forward, parts.model_input(x))
         loss = parts.loss_fn(logits.float(), y)
         if parts.distill is not None:  # the teacher's soft targets beside the hard labels
             loss = parts.distill.loss(logits.float(), loss, x, idx)

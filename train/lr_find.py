@@ -155,7 +155,7 @@ def _sweep(parts: RunParts, lrs: list[float], sweep: int) -> list[float]:
             x, y = move_to((x, y), parts.device, non_blocking=True)
             if parts.recipe is not None:  # erased and mixed batches, as the run trains on
                 x, y = parts.recipe(x, y, batch_seed(cfg.seed + 7919 * sweep, len(raw), 0))
-            loss = parts.loss_fn(forward(parts, model, x).float(), y)
+            loss = parts.loss_fn(forward(parts, model, parts.model_input(x)).float(), y)
             value = float(loss.detach())
             if not math.isfinite(value):  # diverged for good: the curve ends before it
                 break

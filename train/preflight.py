@@ -58,7 +58,7 @@ def preflight(parts: RunParts) -> dict[str, Any]:
     trainable = count_params(parts.model, trainable_only=True)
     first = [(i, 0) for i in range(min(len(parts.train_set), cfg.batch_size))]
     x, _, _ = next(iter(loader(parts.train_set, first, cfg.batch_size, 0, cfg.seed, device)))
-    x = x.to(device)
+    x = parts.model_input(x.to(device))
     plan = phases(strategy, cfg.freeze_epochs, cfg.epochs, state.epoch)
     timed = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

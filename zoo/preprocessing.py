@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zoo.errors import ArtifactError
@@ -99,6 +99,10 @@ class Preprocessing:
     def resize_size(self) -> int:
         """Short side after the resize, before the crop."""
         return resize_for(self.crop_size, self.crop_pct)
+
+    def at_size(self, side: int) -> Preprocessing:
+        """The same pipeline with a ``side × side`` crop (the resize keeps ``crop_pct``)."""
+        return replace(self, input_size=(self.channels, side, side))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``config.json`` and ONNX metadata (the keys of schema 1)."""
