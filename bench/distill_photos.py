@@ -42,7 +42,7 @@ calibration temperature (``zoo finetune`` fits it on the validation images): bel
 logits are softer than its accuracy warrants, and T 4 flattens them further, so a second arm
 distils at T 1 (same α).
 
-Reported per student: the teacher's accuracy on the student's views, the student's parameters
+Reported per student: the teacher's accuracy on the student's views scaled up, the student's parameters
 and size; per seed the KD and plain students' validation accuracy; the KD gain paired by seed
 with its 95 % t interval, and the KD student's gap to the teacher; the ONNX Runtime CPU latency
 (batch 1) of the teacher's and the student's exports in alternating windows. Accuracy figures do not depend on the load; the latency

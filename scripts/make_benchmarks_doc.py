@@ -1257,7 +1257,7 @@ def distill_photos(name: str, d: dict[str, Any], out: Doc) -> list[str]:
     r, st = d["results"], d["results"]["setup"]
     t = Table(
         name, "student", "arm", "val accuracy (mean over seeds)",
-        "gain over alone (95% t interval)", "teacher on the student's views",
+        "gain over alone (95% t interval)", "teacher on the student's views scaled up",
         "student/teacher latency",
     )  # fmt: skip
     for s in r["students"].values():

@@ -117,36 +117,57 @@ def test_cached_logits_are_the_teachers_and_are_not_recomputed(
     assert len(calls) == online.steps_per_epoch
 
 
+@pytest.mark.parametrize("image_cache", ["on", "off"])
 def test_online_teacher_judges_each_view_at_its_own_size(
-    teacher: Path, digits16: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    teacher: Path,
+    digits16: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    image_cache: str,
 ) -> None:
-    """The mlp takes 28 px, the teacher 32 px: batches are rendered at 32 px, the teacher
-    judges them as they are and the student trains on them scaled down to 28 px. With
-    deterministic views the teacher's online logits are its cached ones (its own eval view
-    of each image), not its answers on a 28 px view scaled up."""
+    """The mlp takes 28 px, the teacher 32 px: batches are rendered at 32 px (from the image
+    cache's entries at that size, or by PIL), the teacher judges them as they are and the
+    training step hands the student them scaled down to 28 px. With deterministic views the
+    teacher's online logits are its cached ones (its own eval view of each image), not its
+    answers on a 28 px view scaled up."""
     from zoo.train.build import build_run
+    from zoo.train.loop import train_epoch
     from zoo.train.resolve import resolve_config
+    from zoo.train.run_dir import RunDir
 
     cached = build_run(resolve_config(student_cfg(teacher, digits16, tmp_path, augment=False)))
-    cfg = student_cfg(teacher, digits16, tmp_path, augment=False, kd={"logits": "online"})
+    cfg = student_cfg(
+        teacher, digits16, tmp_path, augment=False, image_cache=image_cache,
+        kd={"logits": "online"},
+    )  # fmt: skip
     parts = build_run(resolve_config(cfg))
     kd = parts.distill
     assert kd is not None and kd.cached is None and cached.distill is not None
-    assert kd.student_side == 28 and kd.pre.crop_size == 32
+    assert kd.student is not None and kd.student.crop_size == 28 and kd.pre.crop_size == 32
     said = " ".join(capfd.readouterr().err.split())
     assert "training views rendered at the teacher's 32 px" in said
     assert "the student sees it scaled down to 28 px" in said
+    n = len(parts.data.samples["train"])
+    assert (f"{n} training images ready at the views' 32 px" in said) == (image_cache == "on")
     x, _, idx = next(iter(parts.train_loader))
     assert tuple(x.shape[-2:]) == (32, 32)
     torch.testing.assert_close(kd.teacher_logits(x, idx), cached.distill.cached[idx])
+    # the training step: the student sees 28 px, the teacher 32 px
     seen: list[tuple[int, ...]] = []
+    judged: list[tuple[int, ...]] = []
     parts.model.register_forward_hook(lambda _m, args, _o: seen.append(tuple(args[0].shape)))
-    parts.model(kd.student_view(x))
-    assert seen == [(len(x), 1, 28, 28)]
+    kd.teacher.register_forward_hook(lambda _m, args, _o: judged.append(tuple(args[0].shape)))
+    assert train_epoch(parts, RunDir(tmp_path / "run"), None) is not None
+    assert len(seen) == len(judged) == parts.steps_per_epoch
+    assert {s[1:] for s in seen} == {(1, 28, 28)}  # the grey mlp
+    assert {s[1:] for s in judged} == {(kd.pre.channels, 32, 32)}
+    # the student's view: the batch scaled down, antialiased, with its filter
+    small = F.interpolate(x, size=(28, 28), mode="bilinear", antialias=True)
+    torch.testing.assert_close(kd.student_view(x), small)
     xv, _, _ = next(iter(parts.val_loader))  # validation: the student's own eval view
     assert tuple(xv.shape[-2:]) == (28, 28)
     # a teacher of the student's size, or logits cached: batches are the student's own size
-    assert cached.distill.student_side is None
+    assert cached.distill.student is None
     assert cached.distill.student_view(x) is x
 
 
@@ -261,15 +282,17 @@ def test_distill_into_a_cut_pretrained_backbone_then_export(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("views", ["--no-augment", "--augment"])
 def test_kill_mid_run_then_resume_equals_the_uninterrupted_run(
-    teacher: Path, digits16: Path, tmp_path: Path
+    teacher: Path, digits16: Path, tmp_path: Path, views: str
 ) -> None:
-    """Cached teacher logits (deterministic views): SIGKILLed right after a mid-epoch step
-    save, resumed; the same run, checkpoints and weights bitwise, report included."""
+    """Cached teacher logits (deterministic views) or online ones (random views rendered at
+    the teacher's 32 px, the mlp's at 28): SIGKILLed right after a mid-epoch step save,
+    resumed; the same run, checkpoints and weights bitwise, report included."""
     ctx = crash.fork_server()
     walk = [
         "distill", str(teacher), "--student", "mlp", "--data", str(digits16), "--epochs", "2",
-        "--batch-size", "16", "--save-every-steps", "2", "--no-augment", "--name", "r",
+        "--batch-size", "16", "--save-every-steps", "2", views, "--name", "r",
         "--num-workers", "0", "--no-progress", "--no-report",
     ]  # fmt: skip
     ref_root, root = tmp_path / "ref", tmp_path / "killed"

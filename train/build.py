@@ -311,7 +311,16 @@ def _datasets(
     pre = info.preprocessing()
     if cache is not None:
         spec = CacheSpec.for_model(views)
-        train_cache = cache if spec == cache.spec else ImageCache(spec)  # read-through
+        train_cache = cache
+        if spec != cache.spec:  # views at a distilling teacher's size: its own entries
+            t0 = time.perf_counter()
+            train_cache = ImageCache(spec)
+            built = train_cache.build([p for p, _ in data.samples["train"]], progress=cfg.progress)
+            say(
+                f"image cache: {len(data.samples['train'])} training images ready at the "
+                f"views' {views.crop_size} px in {time.perf_counter() - t0:.1f}s ({built} "
+                f"decoded; {spec.tag})"
+            )
         return (
             CachedImageDataset(
                 data.samples["train"],

@@ -501,8 +501,9 @@ class Distiller:
     cached: torch.Tensor | None  # (train images, classes) by training index; None: online
     teacher_run: Path | None = None  # the run the teacher comes from (its split.json)
     # online with a teacher of larger input: batches come at the teacher's crop size and the
-    # student sees them scaled down to this side; None: batches are the student's own size
-    student_side: int | None = None
+    # student sees them scaled down to its own (this, its preprocessing); None: batches are
+    # the student's own size
+    student: Preprocessing | None = None
 
     @classmethod
     def build(
@@ -517,29 +518,37 @@ class Distiller:
         training image ``train`` holds, in its order (the training set's indices)."""
         model, pre = load_teacher(d, teacher, device)
         cached = None
-        side = None
         if d.logits == "cached":
             assert d.teacher_sha256 is not None
             paths = [p for p, _ in train]
             cached = cached_teacher_logits(model, pre, d.teacher_sha256, paths, device)
-        elif student.crop_size < pre.crop_size:
+        scaled = cached is None and student.crop_size < pre.crop_size
+        if scaled:
             say_views(student, pre)
-            side, student = student.crop_size, student.at_size(pre.crop_size)
-        adapt = view_adapter(student, pre)
-        return cls(d, model, pre, adapt, cached, teacher_run(teacher), student_side=side)
+        adapt = view_adapter(student.at_size(pre.crop_size) if scaled else student, pre)
+        own = student if scaled else None
+        return cls(d, model, pre, adapt, cached, teacher_run(teacher), student=own)
 
     def views(self, student: Preprocessing) -> Preprocessing:
         """The preprocessing the training views are rendered with: the student's, at the
-        teacher's crop size when the student sees them scaled down (``student_side``)."""
-        return student if self.student_side is None else student.at_size(self.pre.crop_size)
+        teacher's crop size when the student sees them scaled down (``self.student``)."""
+        return student if self.student is None else student.at_size(self.pre.crop_size)
 
     def student_view(self, x: torch.Tensor) -> torch.Tensor:
-        """A training batch (after any recipe) as the student sees it: scaled down to its
-        side when the views come at the teacher's size, else ``x`` itself."""
-        if self.student_side is None:
+        """A training batch (normalised, after any recipe) as the student sees it: scaled down
+        to its crop with its own filter (antialiased, as PIL resizes its eval view; bicubic
+        clamped to the pixel range) when the views come at the teacher's size, else ``x``."""
+        s = self.student
+        if s is None:
             return x
-        side = (self.student_side, self.student_side)
-        return F.interpolate(x, size=side, mode="bilinear", antialias=True, align_corners=False)
+        mode = s.interpolation if s.interpolation in ("bilinear", "bicubic") else "bilinear"
+        side = (s.crop_size, s.crop_size)
+        y = F.interpolate(x, size=side, mode=mode, antialias=True, align_corners=False)
+        if mode == "bicubic":  # overshoot past black or white, which uint8 pixels cannot hold
+            mean = torch.tensor(s.mean, device=y.device).view(1, -1, 1, 1)
+            std = torch.tensor(s.std, device=y.device).view(1, -1, 1, 1)
+            y = torch.maximum(torch.minimum(y, (1 - mean) / std), -mean / std)
+        return y
 
     def teacher_logits(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The teacher's logits of a training batch: ``x`` (the batch as rendered, after any
